@@ -1,0 +1,3 @@
+from rollstream.cli.main import main
+
+main()

@@ -1,0 +1,61 @@
+"""``rollstream up``: everything on one machine in one command — Redis (embedded unless
+one is named), the three worker pools, and a live status view until Ctrl-C."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.live import Live
+
+from rollstream.cli.common import console, redis_for, settings_from
+from rollstream.cli.status_view import render
+from rollstream.workers.pool import WorkerPool
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def up(redis: Optional[str] = typer.Option(None, "--redis", help="Redis URL (else an embedded one)."),
+           namespace: Optional[str] = typer.Option(None, "--namespace"),
+           data_dir: Optional[Path] = typer.Option(None, "--data-dir"),
+           processes: int = typer.Option(1, help="Processes per stage."),
+           concurrency: int = typer.Option(64, help="Jobs in flight per process."),
+           quiet: bool = typer.Option(False, help="No live view; just run until SIGTERM.")):
+        """Start Redis (embedded unless --redis/REDIS_URL) and the init, run and eval pools."""
+        from rollstream.cli.main import _rate_sampler
+
+        settings = settings_from(redis, namespace, data_dir)
+        with redis_for(settings) as url:
+            pool = WorkerPool(redis_url=url, namespace=settings.namespace, data_dir=settings.data_dir,
+                              log_dir=settings.data_dir / "logs")
+            pool.start_all(processes=processes, concurrency=concurrency)
+            console.print(f"[bold]rollstream up[/bold]: REDIS_URL={url}  logs in {settings.data_dir / 'logs'}")
+            stop = asyncio.Event()
+
+            async def watch():
+                loop = asyncio.get_running_loop()
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.add_signal_handler(sig, stop.set)
+                gen = _rate_sampler(url, settings.namespace)
+                with Live(console=console, refresh_per_second=2, transient=quiet) as view:
+                    async for st, rate in gen:
+                        if not quiet:
+                            view.update(render(st, rate))
+                        if not pool.alive():
+                            console.print("[red]all worker processes exited; see the logs[/red]")
+                            break
+                        try:
+                            await asyncio.wait_for(stop.wait(), 1.0)
+                            break
+                        except asyncio.TimeoutError:
+                            pass
+                await gen.aclose()
+
+            try:
+                asyncio.run(watch())
+            finally:
+                console.print("stopping workers (they finish or hand back their jobs)...")
+                pool.stop(timeout_s=settings.shutdown_grace_s + 10)

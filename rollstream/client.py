@@ -1,0 +1,229 @@
+"""The Python client a trainer (or any program) uses: submit jobs and groups, iterate
+results exactly once, cancel, read job state. ``AsyncClient`` for asyncio code, ``Client``
+for plain code; both speak to Redis directly, the HTTP API offers the same operations."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import redis
+
+from rollstream.config import Settings, load_settings
+from rollstream.errors import InvalidJob, RedisUnavailable
+from rollstream.messages import Job, Result, new_id
+from rollstream.pipeline import cancel as cancel_flags
+from rollstream.pipeline.codec import unpack
+from rollstream.pipeline.connection import async_redis, check_async
+from rollstream.pipeline.groups import ensure_group
+from rollstream.pipeline.jobstate import JobState, read_state
+from rollstream.pipeline.keys import RESULTS_GROUP, Keys
+from rollstream.pipeline.submission import enqueue
+from rollstream.tasks.registry import validate_instance
+
+
+class AsyncClient:
+    """Submit and collect rollouts. One client is one submitter: its results arrive on
+    ``{ns}:results:{submitter}`` and each result is yielded once (acknowledged when the
+    next one is asked for, so a crashed consumer sees an unacknowledged result again)."""
+
+    def __init__(self, redis_url: str | None = None, *, submitter: str | None = None,
+                 settings: Settings | None = None, validate_tasks: bool = True):
+        self.settings = settings or load_settings(redis_url=redis_url)
+        url = redis_url or self.settings.redis_url
+        if not url:
+            raise RedisUnavailable("no Redis URL: pass redis_url, set REDIS_URL, or start "
+                                   "'rollstream up' and use the URL it prints")
+        self.url = url
+        self.r = async_redis(url)
+        self.keys = Keys(self.settings.namespace)
+        self.submitter = submitter or f"client-{uuid.uuid4().hex[:8]}"
+        self.validate_tasks = validate_tasks
+        self._results_stream = self.keys.results(self.submitter)
+        self._consumer = f"c-{uuid.uuid4().hex[:8]}"
+        self._group_ready = False
+        self._to_ack: list[bytes] = []
+
+    async def __aenter__(self) -> "AsyncClient":
+        await check_async(self.r, self.url)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._ack_pending()
+        await self.r.aclose()
+
+    # -- submitting --------------------------------------------------------------------
+    def _prepare(self, job: Job | dict) -> Job:
+        if isinstance(job, dict):
+            try:
+                job = Job.model_validate({"submitter": self.submitter, **job})
+            except Exception as exc:
+                raise InvalidJob(f"malformed job: {exc}") from exc
+        elif job.submitter == "default":
+            job = job.model_copy(update={"submitter": self.submitter})
+        if self.validate_tasks:
+            validate_instance(job.task, job.instance)
+        return job
+
+    async def _ensure_results_group(self) -> None:
+        if not self._group_ready:
+            await ensure_group(self.r, self._results_stream, RESULTS_GROUP)
+            self._group_ready = True
+
+    async def submit(self, job: Job | dict) -> str:
+        """Queue one job; returns its id. Raises ``InvalidJob`` before queuing anything bad."""
+        return (await self.submit_many([job]))[0]
+
+    async def submit_many(self, jobs: list[Job | dict]) -> list[str]:
+        prepared = [self._prepare(j) for j in jobs]
+        await self._ensure_results_group()
+        return await enqueue(self.r, self.keys, prepared, max_job_bytes=self.settings.max_job_bytes)
+
+    async def submit_group(self, job: Job | dict, n: int, *, group_id: str | None = None) -> tuple[str, list[str]]:
+        """Queue ``n`` rollouts of the same instance as one group (GRPO/DAPO); returns
+        the group id and the job ids."""
+        if n < 1:
+            raise InvalidJob("a group needs n ≥ 1 jobs")
+        template = self._prepare(job)
+        group_id = group_id or new_id()
+        now = time.time()
+        members = [template.model_copy(update={"job_id": new_id(), "group_id": group_id, "submitted_at": now})
+                   for _ in range(n)]
+        return group_id, await self.submit_many(members)
+
+    # -- results -----------------------------------------------------------------------
+    async def _ack_pending(self) -> None:
+        if self._to_ack:
+            ids, self._to_ack = self._to_ack, []
+            async with self.r.pipeline(transaction=True) as pipe:
+                pipe.xack(self._results_stream, RESULTS_GROUP, *ids)
+                pipe.xdel(self._results_stream, *ids)
+                await pipe.execute()
+
+    async def results(self, timeout_s: float | None = None, *, max_results: int | None = None,
+                      batch: int = 256) -> AsyncIterator[Result]:
+        """Yield results as they arrive. Stops after ``timeout_s`` without a new result
+        (None waits forever) or after ``max_results``."""
+        await self._ensure_results_group()
+        yielded = 0
+        backlog = True  # first re-deliver what an earlier consumer of ours left unacknowledged
+        while max_results is None or yielded < max_results:
+            await self._ack_pending()
+            block_ms = None if backlog else (0 if timeout_s is None else max(1, int(timeout_s * 1000)))
+            resp = await self.r.xreadgroup(RESULTS_GROUP, self._consumer, {self._results_stream: "0" if backlog else ">"},
+                                           count=batch, block=block_ms)
+            entries = resp[0][1] if resp else []
+            if backlog:
+                backlog = False
+                resp = await self.r.xautoclaim(self._results_stream, RESULTS_GROUP, self._consumer, 0,
+                                               start_id="0-0", count=batch)
+                entries = list(entries) + [(m, f) for m, f in resp[1] if f]
+                if not entries:
+                    continue
+            if not entries:
+                return
+            for msg_id, fields in entries:
+                self._to_ack.append(msg_id)
+                yield unpack(Result, fields[b"data"])
+                yielded += 1
+                if max_results is not None and yielded >= max_results:
+                    break
+        await self._ack_pending()
+
+    async def collect(self, n: int, timeout_s: float = 60.0) -> list[Result]:
+        """The next ``n`` results; raises TimeoutError if they do not all come in time."""
+        out: list[Result] = []
+        deadline = time.monotonic() + timeout_s
+        while len(out) < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            async for result in self.results(timeout_s=left, max_results=n - len(out)):
+                out.append(result)
+        await self._ack_pending()
+        if len(out) < n:
+            raise TimeoutError(f"got {len(out)} of {n} results in {timeout_s}s; check 'rollstream status' "
+                               "for stuck stages or dead workers")
+        return out
+
+    # -- control -----------------------------------------------------------------------
+    async def cancel(self, *, job_id: str | None = None, group_id: str | None = None,
+                     everything: bool = False) -> None:
+        """Cancel one job, a group, or everything this submitter has in flight. Each
+        cancelled job still yields one result, with status 'cancelled'."""
+        await cancel_flags.cancel(self.r, self.keys, job_id=job_id, group_id=group_id,
+                                  submitter=self.submitter if everything else None,
+                                  ttl_s=self.settings.job_state_ttl_s)
+
+    async def status(self, job_id: str) -> JobState | None:
+        return await read_state(self.r, self.keys, job_id)
+
+    async def set_policy_version(self, version: int) -> None:
+        await self.r.set(self.keys.policy_version, int(version))
+
+    async def policy_version(self) -> int:
+        return int(await self.r.get(self.keys.policy_version) or 0)
+
+
+class Client:
+    """The same operations without asyncio (runs a private event loop)."""
+
+    def __init__(self, redis_url: str | None = None, **kwargs: Any):
+        self._loop = asyncio.new_event_loop()
+        self._client = AsyncClient(redis_url, **kwargs)
+        self._run(check_async(self._client.r, self._client.url))
+
+    def _run(self, coro):
+        return self._loop.run_until_complete(coro)
+
+    @property
+    def submitter(self) -> str:
+        return self._client.submitter
+
+    def submit(self, job: Job | dict) -> str:
+        return self._run(self._client.submit(job))
+
+    def submit_many(self, jobs: list[Job | dict]) -> list[str]:
+        return self._run(self._client.submit_many(jobs))
+
+    def submit_group(self, job: Job | dict, n: int, **kw) -> tuple[str, list[str]]:
+        return self._run(self._client.submit_group(job, n, **kw))
+
+    def results(self, timeout_s: float | None = None, *, max_results: int | None = None) -> Iterator[Result]:
+        agen = self._client.results(timeout_s, max_results=max_results)
+        try:
+            while True:
+                try:
+                    yield self._run(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            self._run(agen.aclose())
+
+    def collect(self, n: int, timeout_s: float = 60.0) -> list[Result]:
+        return self._run(self._client.collect(n, timeout_s))
+
+    def cancel(self, **kw) -> None:
+        self._run(self._client.cancel(**kw))
+
+    def status(self, job_id: str) -> JobState | None:
+        return self._run(self._client.status(job_id))
+
+    def close(self) -> None:
+        try:
+            self._run(self._client.close())
+        except (redis.RedisError, OSError):
+            pass
+        self._loop.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

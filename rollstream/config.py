@@ -1,0 +1,62 @@
+"""All of rollstream's settings in one place: one pydantic-settings object, read from
+environment variables (prefix ``ROLLSTREAM_``, plus plain ``REDIS_URL``) and CLI flags.
+Every field documents its unit and default; ``rollstream --help`` shows the same text."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_node() -> str:
+    return socket.gethostname().split(".")[0] or "node"
+
+
+def _default_data_dir() -> Path:
+    return Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "rollstream"
+
+
+class Settings(BaseSettings):
+    """Settings shared by the client, the workers and the CLI."""
+
+    model_config = SettingsConfigDict(env_prefix="ROLLSTREAM_", extra="ignore", populate_by_name=True)
+
+    redis_url: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("REDIS_URL", "ROLLSTREAM_REDIS_URL"),
+        description="Redis to use (redis://, rediss://, unix://). Unset: the CLI starts a private "
+        "embedded redis-server in data_dir.",
+    )
+    namespace: str = Field("rs", description="Prefix of every Redis key and stream.")
+    node: str = Field(default_factory=_default_node, description="Name of this node; run and eval "
+                      "streams are per node because a sandbox lives on one node.")
+    data_dir: Path = Field(default_factory=_default_data_dir,
+                           description="Folder for the embedded Redis (AOF), sandboxes and outputs.")
+
+    visibility_timeout_s: float = Field(30.0, description="A message idle this long in a consumer's "
+                                        "pending list is reclaimed by another worker.")
+    heartbeat_interval_s: float = Field(5.0, description="How often a worker refreshes its in-flight "
+                                        "messages and its liveness key.")
+    worker_ttl_s: float = Field(20.0, description="A worker (and a node) whose heartbeat is older than "
+                                "this is considered dead.")
+    max_deliveries: int = Field(3, description="A job delivered or failed this many times in a stage "
+                                "goes to the dead-letter stream.")
+    shutdown_grace_s: float = Field(30.0, description="On SIGTERM, how long in-flight jobs may run "
+                                    "before they are handed back to the stream.")
+    job_state_ttl_s: int = Field(24 * 3600, description="How long a finished job's state hash is kept.")
+    results_maxlen: int = Field(1_000_000, description="Approximate cap on each results stream.")
+    dead_maxlen: int = Field(100_000, description="Approximate cap on the dead-letter stream.")
+    max_sandboxes_per_node: int = Field(64, description="Init pulls work only while this node holds "
+                                        "fewer live sandboxes (back-pressure).")
+    read_block_ms: int = Field(1000, description="XREADGROUP block time; bounds shutdown latency.")
+    max_job_bytes: int = Field(4 * 1024 * 1024, description="Largest accepted job message.")
+
+
+def load_settings(**overrides) -> Settings:
+    """Settings from the environment with explicit overrides (CLI flags) on top."""
+    clean = {k: v for k, v in overrides.items() if v is not None}
+    return Settings(**clean)

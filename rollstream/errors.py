@@ -1,0 +1,35 @@
+"""rollstream's own exceptions. Each message says what went wrong and what to do about it."""
+
+from __future__ import annotations
+
+
+class RollstreamError(Exception):
+    """Base of every error rollstream raises on purpose."""
+
+
+class RedisUnavailable(RollstreamError):
+    """No Redis answered at the configured address."""
+
+
+class InvalidJob(RollstreamError):
+    """A job failed validation: malformed, too large, or naming an unknown task."""
+
+
+class UnknownTask(InvalidJob):
+    """The job names a task that no installed plugin provides."""
+
+
+class JobFailed(RollstreamError):
+    """A stage could not complete a job. ``retryable`` says whether another attempt may help."""
+
+    def __init__(self, message: str, *, retryable: bool = True):
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class JobCancelled(RollstreamError):
+    """The job (or its group, or its submitter's whole batch) was cancelled."""
+
+
+class StaleDelivery(RollstreamError):
+    """This worker no longer owns the message (it was reclaimed by another worker)."""

@@ -1,0 +1,364 @@
+"""Token-in/token-out clients for LLM inference servers, used by the run stage's agent loop:
+unmodified vLLM's OpenAI-compatible /v1/completions (also spoken by the built-in server) and
+SGLang's native /generate. Output ids and logprobs are the server's own, never re-tokenized."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Literal, Protocol, runtime_checkable
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 600.0
+# A backend that is down refuses or drops the connection at once; waiting long for the
+# TCP handshake only delays the retry on another backend.
+CONNECT_TIMEOUT_S = 5.0
+
+
+class SamplingParams(BaseModel):
+    """Sampling parameters, named as vLLM names them. Fields left None are not sent, so the
+    server's defaults apply; unknown extra fields are passed through to the server as is."""
+
+    model_config = ConfigDict(extra="allow")
+
+    max_tokens: int = Field(256, ge=1, description="most tokens to generate this turn")
+    temperature: float = Field(1.0, ge=0.0, description="0 means greedy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(-1, description="-1 (or 0) disables top-k")
+    min_p: float = 0.0
+    seed: int | None = Field(None, description="per-request sampling seed")
+    stop: list[str] | None = Field(None, description="stop strings (text is cut before them)")
+    stop_token_ids: list[int] | None = Field(None, description="ids that end generation besides EOS")
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    def extra_fields(self) -> dict:
+        return dict(self.model_extra or {})
+
+
+class Generation(BaseModel):
+    """One model turn as the server produced it: token ids and one logprob per id."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    text: str = ""
+    stop_reason: int | str | None = None
+    prompt_tokens: int | None = None
+    backend: str = ""
+    # Only servers that know it report it (the built-in server, SGLang's weight_version).
+    policy_version: int | None = None
+
+
+class BackendError(RuntimeError):
+    """An inference backend failed a request. `retryable` is True when another backend (or
+    the same one later) may succeed: connection errors, timeouts, 5xx, overload."""
+
+    def __init__(self, backend: str, reason: str, *, retryable: bool = True, status_code: int | None = None):
+        self.backend = backend
+        self.reason = reason
+        self.retryable = retryable
+        self.status_code = status_code
+        hint = "retry on another backend" if retryable else "fix the request; retrying will not help"
+        super().__init__(f"backend {backend} failed: {reason} ({hint})")
+
+
+class ContextLengthError(BackendError):
+    """The prompt plus max_tokens exceeds the model's context window (finish reason `context`)."""
+
+    def __init__(self, backend: str, reason: str, status_code: int | None = 400):
+        super().__init__(backend, reason, retryable=False, status_code=status_code)
+
+
+@runtime_checkable
+class CompletionBackend(Protocol):
+    """What the agent loop needs from an inference server: ids in, ids + logprobs out."""
+
+    async def generate(
+        self, base_url: str, prompt_ids: list[int], params: SamplingParams, timeout_s: float | None = None
+    ) -> Generation: ...
+
+    async def health(self, base_url: str, timeout_s: float = 5.0) -> bool: ...
+
+    async def aclose(self) -> None: ...
+
+
+def _looks_like_context_error(message: str) -> bool:
+    text = message.lower()
+    return "context length" in text or "maximum context" in text or "too long" in text
+
+
+class _HTTPBackend:
+    """Shared pooled httpx client, error mapping and health check."""
+
+    kind = "http"
+
+    def __init__(self, max_connections: int = 256, api_key: str | None = None):
+        self._max_connections = max_connections
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client: httpx.AsyncClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _http(self) -> httpx.AsyncClient:
+        # An httpx client is bound to the event loop that first used it; a worker that
+        # runs several loops over its life (tests, asyncio.run per batch) gets a fresh one.
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop or self._client.is_closed:
+            limits = httpx.Limits(max_connections=self._max_connections, max_keepalive_connections=64)
+            self._client = httpx.AsyncClient(limits=limits, headers=self._headers)
+            self._loop = loop
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._client is not None and not self._client.is_closed:
+            try:
+                await self._client.aclose()
+            except RuntimeError:
+                pass  # its loop is gone; the sockets went with it
+        self._client = None
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+    async def _request(self, method: str, url: str, base_url: str, timeout_s: float | None, **kw) -> dict:
+        total = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+        timeout = httpx.Timeout(total, connect=min(CONNECT_TIMEOUT_S, total))
+        try:
+            resp = await self._http().request(method, url, timeout=timeout, **kw)
+        except httpx.TimeoutException as exc:
+            raise BackendError(base_url, f"{self.kind} request timed out after {total:.1f}s ({type(exc).__name__})") from exc
+        except httpx.HTTPError as exc:
+            raise BackendError(base_url, f"{self.kind} unreachable: {type(exc).__name__}: {exc}") from exc
+        if resp.status_code >= 400:
+            message = _error_message(resp)
+            if resp.status_code == 400 and _looks_like_context_error(message):
+                raise ContextLengthError(base_url, message, status_code=resp.status_code)
+            # 408/429 and 5xx are the server's trouble; other 4xx are the request's.
+            retryable = resp.status_code >= 500 or resp.status_code in (408, 429)
+            raise BackendError(
+                base_url, f"{self.kind} HTTP {resp.status_code}: {message}", retryable=retryable, status_code=resp.status_code
+            )
+        try:
+            return resp.json()
+        except ValueError as exc:
+            raise BackendError(base_url, f"{self.kind} returned non-JSON body: {resp.text[:200]!r}") from exc
+
+    async def health(self, base_url: str, timeout_s: float = 5.0) -> bool:
+        """True when GET /health answers 200 within timeout_s (vLLM, SGLang and the
+        built-in server all serve it)."""
+        try:
+            resp = await self._http().get(f"{base_url.rstrip('/')}/health", timeout=timeout_s)
+        except httpx.HTTPError:
+            return False
+        return resp.status_code == 200
+
+
+def _error_message(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text[:500]
+    if isinstance(body, dict):
+        err = body.get("error", body.get("detail", body.get("message", body)))
+        if isinstance(err, dict):
+            err = err.get("message", err)
+        return str(err)[:500]
+    return str(body)[:500]
+
+
+def _parse_token_id(token: str) -> int:
+    # vLLM renders tokens as "token_id:123" when return_tokens_as_token_ids is set.
+    if not token.startswith("token_id:"):
+        raise ValueError(f"token {token!r} is not in 'token_id:N' form")
+    return int(token[len("token_id:") :])
+
+
+class VLLMClient(_HTTPBackend):
+    """Client for vLLM's OpenAI-compatible server (and the built-in server, which serves the
+    same subset). The prompt goes as a list of ids; `return_token_ids` makes vLLM (>= 0.10.2)
+    return the generated ids, and `return_tokens_as_token_ids` makes older versions name
+    each logprob's token as 'token_id:N', which is the fallback parsed here."""
+
+    kind = "vllm"
+
+    def __init__(self, model: str | None = None, max_connections: int = 256, api_key: str | None = None):
+        super().__init__(max_connections=max_connections, api_key=api_key)
+        self.model = model
+        self._models: dict[str, str] = {}
+
+    async def _model_name(self, base_url: str, timeout_s: float | None) -> str:
+        if self.model is not None:
+            return self.model
+        if base_url not in self._models:
+            body = await self._request("GET", f"{base_url}/v1/models", base_url, min(timeout_s or 30.0, 30.0))
+            try:
+                self._models[base_url] = body["data"][0]["id"]
+            except (KeyError, IndexError, TypeError) as exc:
+                raise BackendError(base_url, f"/v1/models lists no model: {body!r:.200}", retryable=False) from exc
+        return self._models[base_url]
+
+    def request_body(self, model: str, prompt_ids: list[int], params: SamplingParams) -> dict:
+        body = {
+            "model": model,
+            "prompt": list(prompt_ids),
+            "stream": False,
+            "n": 1,
+            # One top logprob is enough: the sampled token's own logprob is always included.
+            "logprobs": 1,
+            "return_tokens_as_token_ids": True,
+            "return_token_ids": True,
+        }
+        body.update(params.model_dump(exclude_none=True, exclude=set(params.model_extra or {})))
+        body.update(params.extra_fields())
+        return body
+
+    def parse_response(self, base_url: str, body: dict) -> Generation:
+        try:
+            choice = body["choices"][0]
+        except (KeyError, IndexError, TypeError) as exc:
+            raise BackendError(base_url, f"vllm response has no choices: {body!r:.300}", retryable=False) from exc
+        lp = choice.get("logprobs") or {}
+        token_logprobs = lp.get("token_logprobs")
+        if token_logprobs is None:
+            raise BackendError(base_url, "vllm response has no logprobs; is 'logprobs' disabled on the server?", retryable=False)
+        token_ids = choice.get("token_ids")
+        if token_ids is None:
+            try:
+                token_ids = [_parse_token_id(t) for t in lp.get("tokens") or []]
+            except ValueError as exc:
+                raise BackendError(
+                    base_url, f"cannot recover token ids ({exc}); upgrade vLLM to >= 0.10.2 for return_token_ids", retryable=False
+                ) from exc
+        if len(token_ids) != len(token_logprobs):
+            raise BackendError(
+                base_url, f"{len(token_ids)} token ids but {len(token_logprobs)} logprobs in the response", retryable=False
+            )
+        usage = body.get("usage") or {}
+        version = body.get("policy_version")
+        return Generation(
+            token_ids=[int(t) for t in token_ids],
+            # A None logprob (vLLM gives it for -inf) becomes -inf, never a silent 0.
+            logprobs=[float("-inf") if x is None else float(x) for x in token_logprobs],
+            finish_reason=choice.get("finish_reason") or "stop",
+            text=choice.get("text") or "",
+            stop_reason=choice.get("stop_reason"),
+            prompt_tokens=usage.get("prompt_tokens"),
+            backend=base_url,
+            policy_version=int(version) if version is not None else None,
+        )
+
+    async def generate(
+        self, base_url: str, prompt_ids: list[int], params: SamplingParams, timeout_s: float | None = None
+    ) -> Generation:
+        base_url = base_url.rstrip("/")
+        model = await self._model_name(base_url, timeout_s)
+        body = self.request_body(model, prompt_ids, params)
+        data = await self._request("POST", f"{base_url}/v1/completions", base_url, timeout_s, json=body)
+        return self.parse_response(base_url, data)
+
+
+class SGLangClient(_HTTPBackend):
+    """Client for SGLang's native /generate endpoint: `input_ids` in, `output_ids` and
+    meta_info.output_token_logprobs ([logprob, token_id, text] triples) out."""
+
+    kind = "sglang"
+
+    def request_body(self, prompt_ids: list[int], params: SamplingParams) -> dict:
+        sampling: dict = {
+            "max_new_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "top_k": params.top_k if params.top_k > 0 else -1,
+            "min_p": params.min_p,
+            "ignore_eos": params.ignore_eos,
+            "min_new_tokens": params.min_tokens,
+            "skip_special_tokens": params.skip_special_tokens,
+            # SGLang trims the matched stop string from the text unless told not to.
+            "no_stop_trim": params.include_stop_str_in_output,
+        }
+        optional = {
+            "stop": params.stop,
+            "stop_token_ids": params.stop_token_ids,
+            "repetition_penalty": params.repetition_penalty,
+            "presence_penalty": params.presence_penalty,
+            "frequency_penalty": params.frequency_penalty,
+            # SGLang names the per-request seed sampling_seed; it honours it only when
+            # launched with deterministic sampling support, otherwise it is ignored.
+            "sampling_seed": params.seed,
+        }
+        sampling.update({k: v for k, v in optional.items() if v is not None})
+        sampling.update(params.extra_fields())
+        return {"input_ids": list(prompt_ids), "sampling_params": sampling, "return_logprob": True, "stream": False}
+
+    def parse_response(self, base_url: str, body: dict) -> Generation:
+        if isinstance(body, list):  # a batch answer to a single prompt
+            body = body[0]
+        meta = body.get("meta_info") if isinstance(body, dict) else None
+        if not isinstance(meta, dict):
+            raise BackendError(base_url, f"sglang response has no meta_info: {body!r:.300}", retryable=False)
+        triples = meta.get("output_token_logprobs")
+        if triples is None:
+            raise BackendError(base_url, "sglang response has no output_token_logprobs; send return_logprob", retryable=False)
+        logprobs = [float("-inf") if t[0] is None else float(t[0]) for t in triples]
+        token_ids = body.get("output_ids")
+        if token_ids is None:
+            token_ids = [int(t[1]) for t in triples]
+        if len(token_ids) != len(logprobs):
+            raise BackendError(base_url, f"{len(token_ids)} output ids but {len(logprobs)} logprobs", retryable=False)
+        finish = meta.get("finish_reason")
+        finish_type, matched = "stop", None
+        if isinstance(finish, dict):
+            finish_type = finish.get("type", "stop")
+            matched = finish.get("matched")
+        elif isinstance(finish, str):
+            finish_type = finish
+        if finish_type == "abort":
+            message = finish.get("message", "aborted") if isinstance(finish, dict) else "aborted"
+            raise BackendError(base_url, f"sglang aborted the request: {message}")
+        version = meta.get("weight_version")
+        try:
+            policy_version = int(version) if version is not None else None
+        except (TypeError, ValueError):
+            policy_version = None
+        return Generation(
+            token_ids=[int(t) for t in token_ids],
+            logprobs=logprobs,
+            finish_reason=finish_type,
+            text=body.get("text") or "",
+            stop_reason=matched,
+            prompt_tokens=meta.get("prompt_tokens"),
+            backend=base_url,
+            policy_version=policy_version,
+        )
+
+    async def generate(
+        self, base_url: str, prompt_ids: list[int], params: SamplingParams, timeout_s: float | None = None
+    ) -> Generation:
+        base_url = base_url.rstrip("/")
+        body = self.request_body(prompt_ids, params)
+        data = await self._request("POST", f"{base_url}/generate", base_url, timeout_s, json=body)
+        return self.parse_response(base_url, data)
+
+
+BackendKind = Literal["vllm", "sglang", "builtin"]
+
+
+def make_client(kind: BackendKind = "vllm", **kwargs) -> CompletionBackend:
+    """The client for a backend kind; the built-in server speaks vLLM's API."""
+    if kind in ("vllm", "builtin"):
+        return VLLMClient(**kwargs)
+    if kind == "sglang":
+        return SGLangClient(**kwargs)
+    raise ValueError(f"unknown backend kind {kind!r}; use one of 'vllm', 'sglang', 'builtin'")

@@ -1,0 +1,256 @@
+"""HTTP face of the built-in server (FastAPI): vLLM's /v1/completions, /v1/models and /health,
+plus /v1/load_weights and /v1/policy_version for the trainer's weight sync. Also the helpers
+that run it: `serve_model` (blocking) and `start_server_process` (a child process, for tests)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+
+from rollstream.llm.server.engine import (
+    ContextTooLong,
+    Engine,
+    EngineConfig,
+    EngineError,
+    GenerateRequest,
+    GenerateResult,
+    next_request_id,
+)
+from rollstream.llm.server.protocol import (
+    CompletionChoice,
+    CompletionLogProbs,
+    CompletionRequest,
+    CompletionResponse,
+    ErrorBody,
+    ErrorResponse,
+    LoadWeightsRequest,
+    ModelCard,
+    ModelList,
+    PolicyVersion,
+    UsageInfo,
+)
+from rollstream.llm.server.sampling import SequenceSampling
+
+logger = logging.getLogger(__name__)
+
+
+def _error(status: int, message: str, kind: str = "BadRequestError") -> JSONResponse:
+    body = ErrorResponse(error=ErrorBody(message=message, type=kind, code=status))
+    return JSONResponse(body.model_dump(), status_code=status)
+
+
+def to_generate_request(engine: Engine, body: CompletionRequest) -> GenerateRequest:
+    """Map a vLLM completion body onto the engine's request; EngineError for what the
+    built-in server does not do (streaming, n > 1, echo, several prompts)."""
+    if body.stream:
+        raise EngineError("stream=true is not supported by the built-in server; send stream=false")
+    if body.n != 1:
+        raise EngineError("n must be 1 on the built-in server; send one request per sample")
+    if body.echo:
+        raise EngineError("echo is not supported by the built-in server")
+    prompt = body.prompt
+    if isinstance(prompt, str):
+        prompt = engine.tokenizer.encode(prompt, add_special_tokens=True)
+    elif prompt and isinstance(prompt[0], list):
+        if len(prompt) != 1:
+            raise EngineError("one prompt per request on the built-in server; got a batch of prompts")
+        prompt = prompt[0]
+    top_k = body.top_k if body.top_k is not None and body.top_k > 0 else -1
+    sampling = SequenceSampling(
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=top_k,
+        min_p=body.min_p or 0.0,
+        repetition_penalty=body.repetition_penalty or 1.0,
+        presence_penalty=body.presence_penalty or 0.0,
+        frequency_penalty=body.frequency_penalty or 0.0,
+        min_tokens=body.min_tokens,
+        num_top_logprobs=body.logprobs or 0,
+        seed=body.seed,
+    )
+    sampling.make_generator(engine.device)
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    return GenerateRequest(
+        prompt_ids=[int(t) for t in prompt],
+        max_tokens=body.max_tokens or 16,
+        sampling=sampling,
+        stop=stop,
+        stop_token_ids=list(body.stop_token_ids or []),
+        ignore_eos=body.ignore_eos,
+        skip_special_tokens=body.skip_special_tokens,
+        include_stop_str_in_output=body.include_stop_str_in_output,
+    )
+
+
+def to_completion_response(engine: Engine, body: CompletionRequest, req: GenerateRequest, out: GenerateResult) -> CompletionResponse:
+    logprobs = None
+    if body.logprobs is not None:
+        as_ids = bool(body.return_tokens_as_token_ids)
+
+        def name(token_id: int) -> str:
+            return f"token_id:{token_id}" if as_ids else engine.tokenizer.decode([token_id])
+
+        tokens = [name(t) for t in out.token_ids]
+        offsets, offset = [], len("")
+        for token in tokens:
+            offsets.append(offset)
+            offset += len(token)
+        top = []
+        for token_id, lp, alternatives in zip(out.token_ids, out.logprobs, out.top_logprobs):
+            entry = {name(i): v for i, v in alternatives}
+            entry[name(token_id)] = lp  # vLLM always lists the sampled token
+            top.append(entry)
+        logprobs = CompletionLogProbs(text_offset=offsets, token_logprobs=out.logprobs, tokens=tokens, top_logprobs=top)
+    with_ids = bool(body.return_token_ids)
+    choice = CompletionChoice(
+        text=out.text,
+        logprobs=logprobs,
+        finish_reason=out.finish_reason,
+        stop_reason=out.stop_reason,
+        token_ids=out.token_ids if with_ids else None,
+        prompt_token_ids=req.prompt_ids if with_ids else None,
+    )
+    usage = UsageInfo(
+        prompt_tokens=out.prompt_tokens,
+        completion_tokens=len(out.token_ids),
+        total_tokens=out.prompt_tokens + len(out.token_ids),
+        prompt_tokens_details={"cached_tokens": out.cached_tokens},
+    )
+    return CompletionResponse(
+        id=next_request_id(), model=engine.model_name, choices=[choice], usage=usage, policy_version=out.policy_version
+    )
+
+
+def create_app(engine: Engine) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        engine.start()
+        yield
+        engine.shutdown()
+
+    app = FastAPI(title="rollstream built-in model server", version="1", lifespan=lifespan)
+    app.state.engine = engine
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error(400, f"invalid request: {exc.errors()}")
+
+    @app.exception_handler(EngineError)
+    async def _engine_error(request: Request, exc: EngineError) -> JSONResponse:
+        return _error(400, str(exc))
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/v1/models", response_model=ModelList)
+    async def models() -> ModelList:
+        card = ModelCard(id=engine.model_name, root=str(engine.config.model_dir), max_model_len=engine.max_model_len)
+        return ModelList(data=[card])
+
+    @app.post("/v1/completions", response_model=CompletionResponse, responses={400: {"model": ErrorResponse}})
+    async def completions(body: CompletionRequest):
+        if body.model is not None and body.model != engine.model_name:
+            return _error(404, f"The model `{body.model}` does not exist; this server serves `{engine.model_name}`", "NotFoundError")
+        req = to_generate_request(engine, body)
+        try:
+            out = await engine.generate(req)
+        except ContextTooLong as exc:
+            return _error(400, str(exc))
+        return to_completion_response(engine, body, req, out)
+
+    @app.post("/v1/load_weights", response_model=PolicyVersion, responses={400: {"model": ErrorResponse}})
+    async def load_weights(body: LoadWeightsRequest) -> PolicyVersion:
+        version = await engine.load_weights(body.path, body.policy_version)
+        return PolicyVersion(policy_version=version)
+
+    @app.get("/v1/policy_version", response_model=PolicyVersion)
+    async def policy_version() -> PolicyVersion:
+        return PolicyVersion(policy_version=engine.policy_version)
+
+    @app.get("/v1/engine_stats")
+    async def engine_stats() -> dict:
+        return engine.stats()
+
+    return app
+
+
+def serve_model(
+    model_dir: Path | str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    device: str = "auto",
+    max_batch_size: int = 64,
+    max_model_len: int | None = None,
+    served_model_name: str | None = None,
+    prefix_cache_bytes: int = 1 << 30,
+    logprobs_mode: str = "raw_logprobs",
+    log_level: str = "warning",
+) -> None:
+    """Load the model and serve it until interrupted (blocking)."""
+    import uvicorn
+
+    config = EngineConfig(
+        model_dir=Path(model_dir),
+        device=device,
+        max_batch_size=max_batch_size,
+        max_model_len=max_model_len,
+        served_model_name=served_model_name,
+        prefix_cache_bytes=prefix_cache_bytes,
+        logprobs_mode=logprobs_mode,  # type: ignore[arg-type]
+    )
+    app = create_app(Engine(config))
+    uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def start_server_process(
+    model_dir: Path | str,
+    port: int | None = None,
+    host: str = "127.0.0.1",
+    device: str = "cpu",
+    extra_args: list[str] | None = None,
+    startup_timeout_s: float = 120.0,
+) -> tuple[subprocess.Popen, str]:
+    """Start `python -m rollstream.llm.server` in a child process and wait until /health
+    answers; returns (process, base_url). The caller terminates the process."""
+    import httpx
+
+    port = port or free_port(host)
+    log = tempfile.NamedTemporaryFile(prefix="rollstream-model-server-", suffix=".log", delete=False)
+    cmd = [sys.executable, "-m", "rollstream.llm.server", "--model", str(model_dir), "--host", host,
+           "--port", str(port), "--device", device, *(extra_args or [])]
+    env = dict(os.environ)
+    # Two server processes on a small machine must not each spawn a thread per core.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    base_url = f"http://{host}:{port}"
+    deadline = time.monotonic() + startup_timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = Path(log.name).read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"model server exited with {proc.returncode} before serving; log {log.name}:\n{tail}")
+        try:
+            if httpx.get(f"{base_url}/health", timeout=1.0).status_code == 200:
+                return proc, base_url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise TimeoutError(f"model server did not answer /health within {startup_timeout_s}s; log {log.name}")

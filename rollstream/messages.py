@@ -1,0 +1,116 @@
+"""The typed messages that cross process boundaries: a job as submitted, the envelope that
+carries it from stage to stage, and the result its submitter receives. One codec
+(``rollstream.pipeline.codec``) puts them on the wire as msgpack."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from rollstream.trajectory import Trajectory
+
+JobStatus = Literal["queued", "running", "completed", "failed", "cancelled"]
+StageName = Literal["init", "run", "eval"]
+ResultStatus = Literal["completed", "failed", "cancelled"]
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class SamplingParams(BaseModel):
+    """Sampling parameters passed through unchanged to the inference server."""
+
+    model_config = ConfigDict(extra="allow")
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 256
+    stop: list[str] = Field(default_factory=list)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    seed: int | None = None
+
+
+class Job(BaseModel):
+    """One rollout: a task instance, agent and sampling settings, and where results go.
+
+    ``instance`` is the task's own payload (a prompt, a repository, tests); the named
+    task validates it at submit time."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task: str = Field(min_length=1, max_length=200)
+    instance: dict[str, Any] = Field(default_factory=dict)
+    job_id: str = Field(default_factory=new_id, min_length=1, max_length=200)
+    group_id: str | None = Field(default=None, max_length=200)
+    submitter: str = Field("default", min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.\-]+$")
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    agent: dict[str, Any] = Field(default_factory=dict, description="Agent-loop overrides "
+                                  "(max_turns, max_context_tokens, ...).")
+    sandbox: dict[str, Any] | None = Field(default=None, description="Sandbox spec overrides; "
+                                           "the task supplies the rest.")
+    timeout_s: float = Field(3600.0, gt=0)
+    metadata: dict[str, Any] = Field(default_factory=dict, description="Returned unchanged in the result.")
+    submitted_at: float = Field(default_factory=time.time)
+
+    @field_validator("job_id", "group_id")
+    @classmethod
+    def _no_separator(cls, v: str | None) -> str | None:
+        if v is not None and any(c in v for c in " \n\r\t{}"):
+            raise ValueError("ids may not contain whitespace or braces")
+        return v
+
+
+class Envelope(BaseModel):
+    """A job in flight: the job plus what earlier stages produced. This is what the
+    stage streams carry."""
+
+    job: Job
+    attempt: int = Field(0, description="Times the job was restarted from init.")
+    node: str | None = None
+    sandbox: dict[str, Any] | None = Field(default=None, description="Handle of the sandbox init made.")
+    state: dict[str, Any] = Field(default_factory=dict, description="Task state handed from init to run and eval.")
+    trajectory: Trajectory | None = None
+    reward: float | None = None
+    timings_s: dict[str, float] = Field(default_factory=dict)
+    errors: list[str] = Field(default_factory=list, description="Errors of earlier attempts.")
+
+
+class Result(BaseModel):
+    """What a submitter receives, exactly once per job."""
+
+    job_id: str
+    group_id: str | None = None
+    submitter: str = "default"
+    task: str = ""
+    status: ResultStatus
+    reward: float | None = None
+    trajectory: Trajectory | None = None
+    error: str | None = None
+    error_stage: str | None = None
+    attempts: int = 1
+    policy_version: int = 0
+    timings_s: dict[str, float] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    finished_at: float = Field(default_factory=time.time)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "completed"
+
+
+class DeadLetter(BaseModel):
+    """An entry of the dead-letter stream: why a job could not be processed."""
+
+    job_id: str | None
+    submitter: str | None
+    stage: str
+    error: str
+    deliveries: int = 0
+    raw: bytes | None = Field(default=None, description="The undecodable message, if it could not be read.")
+    envelope: Envelope | None = None
+    at: float = Field(default_factory=time.time)

@@ -1,0 +1,372 @@
+"""The LLM backend balancer: a Redis min-heap of inference servers scored by requests in
+flight, changed only by the Lua scripts in pipeline/lua/balancer_*.lua. Run workers acquire
+a backend per model turn; jobs stick to their backend and groups prefer a shared one."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import httpx
+from pydantic import BaseModel, Field
+from redis.asyncio import Redis
+
+log = logging.getLogger(__name__)
+
+LUA_DIR = Path(__file__).parent / "lua"
+
+
+class NoBackendAvailable(RuntimeError):
+    """Every registered backend is ejected, or none is registered."""
+
+
+class BalancerSettings(BaseModel):
+    """How the balancer trades prefix-cache reuse against load spread."""
+
+    namespace: str = Field("rs", description="Prefix of every Redis key the balancer uses.")
+    group_affinity_slack: int = Field(
+        2,
+        ge=0,
+        description="A group's backend is preferred while its in-flight count is at most "
+        "the least loaded backend's count plus this slack.",
+    )
+    lease_ttl_s: float = Field(
+        60.0, gt=0, description="A lease not renewed for this long is reclaimed (dead worker)."
+    )
+    affinity_ttl_s: int = Field(
+        3600, gt=0, description="How long a job or group remembers its backend after last use."
+    )
+    reclaim_batch: int = Field(16, gt=0, description="Expired leases reclaimed per acquire.")
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One in-flight slot on a backend, held by one request of one job."""
+
+    lease_id: str
+    backend: str
+    job_id: str
+    reason: str  # why this backend: "job" (sticky), "group" (affinity) or "least_loaded"
+
+
+class BackendStatus(BaseModel):
+    """One row of `rollstream backends list`."""
+
+    url: str
+    in_flight: int
+    healthy: bool
+    info: dict = Field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BalancerKeys:
+    """Redis key names, readable so an operator can watch them with redis-cli."""
+
+    namespace: str = "rs"
+
+    @property
+    def backends(self) -> str:
+        return f"{self.namespace}:backends"
+
+    @property
+    def backends_down(self) -> str:
+        return f"{self.namespace}:backends:down"
+
+    @property
+    def backends_info(self) -> str:
+        return f"{self.namespace}:backends:info"
+
+    @property
+    def leases(self) -> str:
+        return f"{self.namespace}:leases"
+
+    @property
+    def lease_backend(self) -> str:
+        return f"{self.namespace}:leases:backend"
+
+    @property
+    def lease_seq(self) -> str:
+        return f"{self.namespace}:leases:seq"
+
+    def job(self, job_id: str) -> str:
+        return f"{self.namespace}:affinity:job:{job_id}"
+
+    def group(self, group_id: str) -> str:
+        return f"{self.namespace}:affinity:group:{group_id}"
+
+    @property
+    def lease_keys(self) -> list[str]:
+        return [self.backends, self.backends_down, self.leases, self.lease_backend]
+
+
+def _load_script(name: str) -> str:
+    common = (LUA_DIR / "balancer_common.lua").read_text()
+    return common + "\n" + (LUA_DIR / f"balancer_{name}.lua").read_text()
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def normalize_url(url: str) -> str:
+    """One spelling per backend, so `add http://h:8000/` and `http://h:8000` are the same."""
+    url = url.strip().rstrip("/")
+    if "://" not in url:
+        url = "http://" + url
+    return url
+
+
+class Balancer:
+    """Acquire/release in-flight slots on LLM backends; every mutation is one Lua script.
+
+    Typical use per model turn::
+
+        lease = await balancer.acquire(job_id, group_id)
+        try: ... generate on lease.backend ...
+        finally: await balancer.release(lease)
+    """
+
+    def __init__(
+        self,
+        redis: Redis,
+        namespace: str = "rs",
+        group_affinity_slack: int = 2,
+        lease_ttl_s: float = 60.0,
+        affinity_ttl_s: int = 3600,
+        reclaim_batch: int = 16,
+        worker_id: str | None = None,
+    ) -> None:
+        self.redis = redis
+        self.keys = BalancerKeys(namespace)
+        self.group_affinity_slack = group_affinity_slack
+        self.lease_ttl_s = lease_ttl_s
+        self.affinity_ttl_s = affinity_ttl_s
+        self.reclaim_batch = reclaim_batch
+        self.worker_id = worker_id or default_worker_id()
+        self._held: dict[str, Lease] = {}
+        self._scripts = {
+            name: redis.register_script(_load_script(name))
+            for name in ("acquire", "release", "renew", "reclaim", "register", "remove", "mark")
+        }
+
+    @classmethod
+    def from_settings(cls, redis: Redis, settings: BalancerSettings, **kwargs) -> "Balancer":
+        return cls(
+            redis,
+            namespace=settings.namespace,
+            group_affinity_slack=settings.group_affinity_slack,
+            lease_ttl_s=settings.lease_ttl_s,
+            affinity_ttl_s=settings.affinity_ttl_s,
+            reclaim_batch=settings.reclaim_batch,
+            **kwargs,
+        )
+
+    # -- backends -------------------------------------------------------------------------
+
+    async def register(self, url: str, info: dict | None = None) -> bool:
+        """Add a backend with no load; True when it was new (known ones keep their state)."""
+        url = normalize_url(url)
+        payload = json.dumps({"registered_at": time.time(), **(info or {})})
+        k = self.keys
+        added = await self._scripts["register"](
+            keys=[k.backends, k.backends_down, k.backends_info],
+            args=[url, payload, "1" if info else "0"],
+        )
+        log.info("backend registered", extra={"backend": url, "new": bool(added)})
+        return bool(added)
+
+    async def remove(self, url: str) -> bool:
+        url = normalize_url(url)
+        k = self.keys
+        removed = await self._scripts["remove"](
+            keys=[k.backends, k.backends_down, k.backends_info], args=[url]
+        )
+        return bool(removed)
+
+    async def mark_down(self, url: str) -> bool:
+        """Eject a backend: acquire skips it until mark_up (or the health checker) readmits."""
+        url = normalize_url(url)
+        moved = await self._scripts["mark"](
+            keys=[self.keys.backends, self.keys.backends_down], args=[url]
+        )
+        if moved:
+            log.warning("backend ejected", extra={"backend": url})
+        return bool(moved)
+
+    async def mark_up(self, url: str) -> bool:
+        url = normalize_url(url)
+        moved = await self._scripts["mark"](
+            keys=[self.keys.backends_down, self.keys.backends], args=[url]
+        )
+        if moved:
+            log.info("backend readmitted", extra={"backend": url})
+        return bool(moved)
+
+    async def backends(self) -> list[BackendStatus]:
+        """All registered backends, healthy first, each with its in-flight count."""
+        k = self.keys
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.zrange(k.backends, 0, -1, withscores=True)
+            pipe.zrange(k.backends_down, 0, -1, withscores=True)
+            pipe.hgetall(k.backends_info)
+            up, down, info = await pipe.execute()
+        info = {_s(u): json.loads(_s(v)) for u, v in info.items()}
+        rows = [BackendStatus(url=_s(u), in_flight=int(s), healthy=True) for u, s in up]
+        rows += [BackendStatus(url=_s(u), in_flight=int(s), healthy=False) for u, s in down]
+        for row in rows:
+            row.info = info.get(row.url, {})
+        return rows
+
+    async def in_flight(self) -> dict[str, int]:
+        return {b.url: b.in_flight for b in await self.backends()}
+
+    # -- leases ---------------------------------------------------------------------------
+
+    async def acquire(
+        self,
+        job_id: str,
+        group_id: str | None = None,
+        worker_id: str | None = None,
+        lease_ttl_s: float | None = None,
+    ) -> Lease:
+        """Take one in-flight slot: the job's own backend if it is healthy, else its group's
+        backend while within the slack, else the least loaded one."""
+        k = self.keys
+        ttl_ms = int((lease_ttl_s or self.lease_ttl_s) * 1000)
+        result = await self._scripts["acquire"](
+            keys=[*k.lease_keys, k.lease_seq, k.job(job_id), k.group(group_id) if group_id else ""],
+            args=[
+                worker_id or self.worker_id,
+                ttl_ms,
+                self.group_affinity_slack,
+                self.affinity_ttl_s,
+                self.reclaim_batch,
+            ],
+        )
+        if not result:
+            raise NoBackendAvailable(
+                f"no healthy LLM backend in {k.backends}; register one with "
+                f"'rollstream backends add URL' (or start 'rollstream serve-model'), "
+                f"or check why all are ejected in {k.backends_down}"
+            )
+        lease = Lease(_s(result[0]), _s(result[1]), job_id, _s(result[2]))
+        self._held[lease.lease_id] = lease
+        return lease
+
+    async def release(self, *leases: Lease | str) -> int:
+        """Give slots back; returns how many were still held (expired ones count 0)."""
+        ids = [lease.lease_id if isinstance(lease, Lease) else lease for lease in leases]
+        if not ids:
+            return 0
+        for lease_id in ids:
+            self._held.pop(lease_id, None)
+        return int(await self._scripts["release"](keys=self.keys.lease_keys, args=ids))
+
+    async def renew(
+        self, leases: Iterable[Lease | str] | None = None, lease_ttl_s: float | None = None
+    ) -> int:
+        """Extend leases (default: all this process holds); returns how many are still live."""
+        if leases is None:
+            leases = list(self._held)
+        ids = [lease.lease_id if isinstance(lease, Lease) else lease for lease in leases]
+        if not ids:
+            return 0
+        ttl_ms = int((lease_ttl_s or self.lease_ttl_s) * 1000)
+        return int(await self._scripts["renew"](keys=self.keys.lease_keys, args=[ttl_ms, *ids]))
+
+    async def reclaim_expired(self, limit: int = 10_000) -> int:
+        """Give back the slots of leases whose worker died; safe to run from anywhere."""
+        return int(await self._scripts["reclaim"](keys=self.keys.lease_keys, args=[limit]))
+
+    async def forget_job(self, job_id: str) -> None:
+        """Drop a finished job's stickiness so its key does not linger until the ttl."""
+        await self.redis.delete(self.keys.job(job_id))
+
+    async def keep_alive(self, interval_s: float | None = None) -> None:
+        """Run forever: renew this process's leases and reclaim dead workers' ones."""
+        interval_s = interval_s or self.lease_ttl_s / 3
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.renew()
+                await self.reclaim_expired()
+            except Exception:  # a Redis blip must not kill the renewer; the next round retries
+                log.exception("lease keep-alive failed; retrying in %.1fs", interval_s)
+
+
+class HealthChecker:
+    """Ejects backends whose GET /health fails and readmits them when it answers again."""
+
+    def __init__(
+        self,
+        balancer: Balancer,
+        interval_s: float = 5.0,
+        timeout_s: float = 2.0,
+        failures_to_eject: int = 2,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.balancer = balancer
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.failures_to_eject = failures_to_eject
+        self._http = http or httpx.AsyncClient()
+        self._failures: dict[str, int] = {}
+
+    async def _healthy(self, url: str) -> bool:
+        try:
+            response = await self._http.get(f"{url}/health", timeout=self.timeout_s)
+            return response.status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def check_once(self) -> dict[str, bool]:
+        """Probe every backend once; returns url -> answered /health."""
+        rows = await self.balancer.backends()
+        results = await asyncio.gather(*(self._healthy(r.url) for r in rows))
+        for row, ok in zip(rows, results):
+            if ok:
+                self._failures.pop(row.url, None)
+                if not row.healthy:
+                    await self.balancer.mark_up(row.url)
+            else:
+                self._failures[row.url] = self._failures.get(row.url, 0) + 1
+                if row.healthy and self._failures[row.url] >= self.failures_to_eject:
+                    await self.balancer.mark_down(row.url)
+        return {row.url: ok for row, ok in zip(rows, results)}
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.check_once()
+            except Exception:  # keep probing through Redis blips
+                log.exception("health check round failed")
+            await asyncio.sleep(self.interval_s)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+# -- operator functions behind `rollstream backends add|list|remove` -----------------------
+
+
+async def add_backend(redis: Redis, url: str, namespace: str = "rs", info: dict | None = None) -> bool:
+    return await Balancer(redis, namespace=namespace).register(url, info)
+
+
+async def list_backends(redis: Redis, namespace: str = "rs") -> list[BackendStatus]:
+    return await Balancer(redis, namespace=namespace).backends()
+
+
+async def remove_backend(redis: Redis, url: str, namespace: str = "rs") -> bool:
+    return await Balancer(redis, namespace=namespace).remove(url)

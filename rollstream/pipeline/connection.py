@@ -1,0 +1,50 @@
+"""Connecting to Redis: URLs with passwords, ACL users, TLS (rediss://) and unix sockets,
+async and sync clients, and an error that says what to do when nobody answers."""
+
+from __future__ import annotations
+
+import redis
+import redis.asyncio as aioredis
+
+from rollstream.errors import RedisUnavailable
+
+_HINT = "start one with 'rollstream redis', or set REDIS_URL (e.g. redis://:password@host:6379/0)"
+
+
+def redacted(url: str) -> str:
+    """The URL with any password replaced, for logs and error messages."""
+    if "@" not in url or "://" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    creds, host = rest.rsplit("@", 1)
+    user = creds.split(":", 1)[0] if ":" in creds else ""
+    return f"{scheme}://{user}:***@{host}"
+
+
+def async_redis(url: str, *, max_connections: int = 512) -> aioredis.Redis:
+    """An asyncio client for ``url``; commands pool their connections."""
+    return aioredis.Redis.from_url(url, max_connections=max_connections, health_check_interval=30)
+
+
+def sync_redis(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, health_check_interval=30)
+
+
+async def check_async(r: aioredis.Redis, url: str) -> None:
+    try:
+        await r.ping()
+    except (redis.ConnectionError, OSError) as exc:
+        raise RedisUnavailable(f"no Redis at {redacted(url)} ({exc}); {_HINT}") from exc
+    except redis.AuthenticationError as exc:
+        raise RedisUnavailable(f"Redis at {redacted(url)} refused the credentials ({exc}); "
+                               "put the password in the URL: redis://user:password@host:port") from exc
+
+
+def check_sync(r: redis.Redis, url: str) -> None:
+    try:
+        r.ping()
+    except redis.AuthenticationError as exc:
+        raise RedisUnavailable(f"Redis at {redacted(url)} refused the credentials ({exc}); "
+                               "put the password in the URL: redis://user:password@host:port") from exc
+    except (redis.ConnectionError, OSError) as exc:
+        raise RedisUnavailable(f"no Redis at {redacted(url)} ({exc}); {_HINT}") from exc

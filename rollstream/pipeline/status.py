@@ -1,0 +1,88 @@
+"""A snapshot of the whole pipeline for operators: every stream's length, pending count and
+consumers, live workers, dead letters and per-stage counters. ``rollstream status`` and
+``GET /v1/status`` print it; ``redis-cli`` shows the same numbers (see the README)."""
+
+from __future__ import annotations
+
+import time
+
+import redis
+import redis.asyncio as aioredis
+from pydantic import BaseModel, Field
+
+from rollstream.pipeline.keys import STAGES, Keys
+
+
+class StreamStatus(BaseModel):
+    stream: str
+    stage: str
+    node: str | None = None
+    length: int = 0
+    pending: int = 0
+    lag: int | None = None
+    consumers: int = 0
+
+
+class WorkerStatus(BaseModel):
+    worker: str
+    stage: str = ""
+    node: str = ""
+    inflight: int = 0
+    processed: int = 0
+    concurrency: int = 0
+    heartbeat_age_s: float = 0.0
+
+
+class PipelineStatus(BaseModel):
+    at: float = Field(default_factory=time.time)
+    streams: list[StreamStatus] = Field(default_factory=list)
+    workers: list[WorkerStatus] = Field(default_factory=list)
+    dead_letters: int = 0
+    results_waiting: int = 0
+    counters: dict[str, dict[str, int]] = Field(default_factory=dict)
+    policy_version: int = 0
+
+
+async def _stream_status(r: aioredis.Redis, stream: str, stage: str, node: str | None) -> StreamStatus:
+    st = StreamStatus(stream=stream, stage=stage, node=node)
+    try:
+        st.length = await r.xlen(stream)
+        for group in await r.xinfo_groups(stream):
+            st.pending += group.get("pending", 0)
+            st.consumers += group.get("consumers", 0)
+            lag = group.get("lag")
+            st.lag = (st.lag or 0) + lag if isinstance(lag, int) else st.lag
+    except redis.ResponseError:
+        pass  # no such stream yet
+    return st
+
+
+async def snapshot(r: aioredis.Redis, keys: Keys) -> PipelineStatus:
+    status = PipelineStatus()
+    status.streams.append(await _stream_status(r, keys.init_stream, "init", None))
+    nodes = sorted(n.decode() for n in await r.zrange(keys.nodes, 0, -1))
+    for node in nodes:
+        for stage in ("run", "eval"):
+            status.streams.append(await _stream_status(r, keys.stage_stream(stage, node), stage, node))
+    now = time.time()
+    for worker, beat in await r.zrange(keys.workers, 0, -1, withscores=True):
+        name = worker.decode()
+        info = {k.decode(): v.decode() for k, v in (await r.hgetall(keys.worker(name))).items()}
+        status.workers.append(WorkerStatus(
+            worker=name, stage=info.get("stage", ""), node=info.get("node", ""),
+            inflight=int(info.get("inflight", 0)), processed=int(info.get("processed", 0)),
+            concurrency=int(info.get("concurrency", 0)), heartbeat_age_s=round(now - beat, 1)))
+    status.dead_letters = await r.xlen(keys.dead)
+    for submitter in await r.zrange(keys.submitters, 0, -1):
+        status.results_waiting += await r.xlen(keys.results(submitter.decode()))
+    for stage in (*STAGES, "client"):
+        raw = await r.hgetall(keys.stats(stage))
+        if raw:
+            status.counters[stage] = {k.decode(): int(v) for k, v in raw.items()}
+    status.policy_version = int(await r.get(keys.policy_version) or 0)
+    return status
+
+
+def finished_total(status: PipelineStatus) -> int:
+    """Jobs that have left the pipeline (completed, cancelled or dead-lettered), any stage."""
+    return sum(c.get(k, 0) for c in status.counters.values() for k in ("completed", "cancelled", "dead"))

@@ -1,0 +1,65 @@
+"""The built-in ``echo`` task: exercises every stage without an LLM. Init makes a work
+folder, run echoes the prompt back as the response, eval scores exact match against
+``expected`` (default: the prompt). Optional knobs let tests and benchmarks give a stage
+a duration or make it fail: ``init_s``, ``run_s``, ``eval_s``, ``fail_in``."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+
+from rollstream.errors import InvalidJob, JobFailed
+from rollstream.messages import Envelope
+from rollstream.tasks.base import Task, TaskContext
+from rollstream.trajectory import Message, Trajectory
+
+_KNOBS = {"prompt", "expected", "init_s", "run_s", "eval_s", "fail_in", "fail_times"}
+
+
+class EchoTask(Task):
+    name = "echo"
+
+    def validate(self, instance: dict) -> None:
+        if not isinstance(instance.get("prompt"), str):
+            raise InvalidJob("echo needs instance.prompt as a string, e.g. {\"prompt\": \"hello\"}")
+        unknown = set(instance) - _KNOBS
+        if unknown:
+            raise InvalidJob(f"echo does not know instance field(s) {sorted(unknown)}; known: {sorted(_KNOBS)}")
+        for knob in ("init_s", "run_s", "eval_s"):
+            if not isinstance(instance.get(knob, 0), (int, float)) or instance.get(knob, 0) < 0:
+                raise InvalidJob(f"echo: {knob} must be a number of seconds ≥ 0")
+        if instance.get("fail_in") not in (None, "init", "run", "eval"):
+            raise InvalidJob("echo: fail_in must be one of init, run, eval")
+
+    @staticmethod
+    async def _maybe_fail_or_wait(env: Envelope, stage: str) -> None:
+        inst = env.job.instance
+        if inst.get(f"{stage}_s"):
+            await asyncio.sleep(float(inst[f"{stage}_s"]))
+        # fail_times: fail only the first N attempts, so retries can succeed.
+        if inst.get("fail_in") == stage and env.attempt < int(inst.get("fail_times", 10**9)):
+            raise JobFailed(f"echo was asked to fail in {stage} (attempt {env.attempt})")
+
+    async def setup(self, env: Envelope, ctx: TaskContext) -> None:
+        workdir = ctx.work_dir / env.job.job_id
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "prompt.txt").write_text(env.job.instance["prompt"])
+        env.state["workdir"] = str(workdir)
+        await self._maybe_fail_or_wait(env, "init")
+
+    async def rollout(self, env: Envelope, ctx: TaskContext) -> Trajectory:
+        await self._maybe_fail_or_wait(env, "run")
+        prompt = env.job.instance["prompt"]
+        return Trajectory(response_text=prompt, num_turns=1,
+                          messages=[Message(role="user", content=prompt), Message(role="assistant", content=prompt)])
+
+    async def score(self, env: Envelope, ctx: TaskContext) -> float:
+        await self._maybe_fail_or_wait(env, "eval")
+        expected = env.job.instance.get("expected", env.job.instance["prompt"])
+        response = env.trajectory.response_text if env.trajectory else None
+        return 1.0 if response == expected else 0.0
+
+    async def teardown(self, env: Envelope, ctx: TaskContext) -> None:
+        workdir = env.state.get("workdir")
+        if workdir:
+            shutil.rmtree(workdir, ignore_errors=True)

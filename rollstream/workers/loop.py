@@ -1,0 +1,356 @@
+"""The consumer loop every stage worker runs: read its stream through a consumer group,
+keep N jobs in flight, keep them fresh with heartbeats, reclaim what dead workers left,
+watch for cancellation, and hand each job on through ``pipeline.handoff``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+
+import redis
+from pydantic import ValidationError
+
+from rollstream.errors import InvalidJob, JobCancelled, JobFailed
+from rollstream.messages import DeadLetter, Envelope, Job, Result
+from rollstream.pipeline import cancel
+from rollstream.pipeline.codec import DecodeError, fields_payload
+from rollstream.pipeline.groups import ensure_group
+from rollstream.pipeline.handoff import Source
+from rollstream.workers.stage import Forward, Stage, WorkerContext, ended_result
+
+log = logging.getLogger(__name__)
+
+
+class _Shutdown(Exception):
+    """Marks a job interrupted because its worker is stopping."""
+
+
+def decode_envelope(fields: dict) -> Envelope:
+    """A stage message as an Envelope; a bare Job (e.g. added by hand with redis-cli)
+    is wrapped."""
+    payload = fields_payload(fields)
+    if not isinstance(payload, dict):
+        raise DecodeError(f"message is a {type(payload).__name__}, expected a map")
+    if "job" in payload:
+        return Envelope.model_validate(payload)
+    return Envelope(job=Job.model_validate(payload))
+
+
+def _best_effort_ids(fields: dict) -> tuple[str | None, str | None]:
+    try:
+        payload = fields_payload(fields)
+        job = payload.get("job", payload) if isinstance(payload, dict) else {}
+        job_id, submitter = job.get("job_id"), job.get("submitter", "default")
+        ok = isinstance(job_id, str) and isinstance(submitter, str) and submitter.replace("-", "").replace(
+            "_", "").replace(".", "").isalnum()
+        return (job_id, submitter) if ok else (None, None)
+    except Exception:
+        return None, None
+
+
+class ConsumerLoop:
+    def __init__(self, stage: Stage, ctx: WorkerContext, concurrency: int, consumer: str | None = None):
+        self.stage = stage
+        self.ctx = ctx
+        self.s = ctx.settings
+        self.r = ctx.redis
+        self.concurrency = max(1, concurrency)
+        self.stream = ctx.keys.stage_stream(stage.name, ctx.node)
+        self.group = stage.name
+        self.consumer = consumer or f"{ctx.node}:{stage.name}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.inflight: dict[str, tuple[asyncio.Task, Envelope | None]] = {}
+        self._cancel_reasons: dict[str, str] = {}
+        self._processing: set[str] = set()  # only work inside Stage.process is ever interrupted
+        self._stopping = asyncio.Event()
+        self._slot_freed = asyncio.Event()
+        self.processed = 0
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop pulling work; in-flight jobs get ``shutdown_grace_s`` to finish."""
+        self._stopping.set()
+
+    async def serve(self) -> None:
+        await ensure_group(self.r, self.stream, self.group)
+        await self._heartbeat()
+        background = [asyncio.create_task(self._every(self.s.heartbeat_interval_s, self._heartbeat)),
+                      asyncio.create_task(self._every(max(self.s.visibility_timeout_s / 4, 0.2), self._reclaim)),
+                      asyncio.create_task(self._every(1.0, self._watch_cancellations))]
+        if self.stage.name == "init":
+            from rollstream.pipeline.rescue import rescue_dead_nodes
+
+            background.append(asyncio.create_task(self._every(
+                max(self.s.worker_ttl_s / 2, 0.5), lambda: rescue_dead_nodes(self.ctx.redis, self.ctx.keys,
+                                                                               self.ctx.handoff, self.s, self.consumer))))
+        log.info("worker %s serving %s with %d slots", self.consumer, self.stream, self.concurrency)
+        try:
+            await self._read_loop()
+        finally:
+            await self._drain()
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            await self._deregister()
+
+    async def _every(self, period_s: float, fn) -> None:
+        while not self._stopping.is_set():
+            try:
+                await fn()
+            except (redis.RedisError, OSError) as exc:
+                log.warning("%s: background step %s failed: %s", self.consumer, getattr(fn, "__name__", fn), exc)
+            try:
+                await asyncio.wait_for(self._stopping.wait(), period_s)
+            except asyncio.TimeoutError:
+                pass
+
+    # -- reading -----------------------------------------------------------------------
+    async def _free_slots(self) -> int:
+        free = self.concurrency - len(self.inflight)
+        if self.stage.name == "init" and free > 0:
+            # Back-pressure: a sandbox lives from init until eval finishes, i.e. while its
+            # job is queued or held on this node's run and eval streams.
+            keys = self.ctx.keys
+            async with self.r.pipeline(transaction=False) as pipe:
+                pipe.xlen(keys.run_stream(self.ctx.node))
+                pipe.xlen(keys.eval_stream(self.ctx.node))
+                run_n, eval_n = await pipe.execute()
+            free = min(free, self.s.max_sandboxes_per_node - run_n - eval_n - len(self.inflight))
+        return free
+
+    async def _read_loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                free = await self._free_slots()
+                if free <= 0:
+                    self._slot_freed.clear()
+                    try:
+                        await asyncio.wait_for(self._slot_freed.wait(), 0.2)
+                    except asyncio.TimeoutError:
+                        pass
+                    continue
+                resp = await self.r.xreadgroup(self.group, self.consumer, {self.stream: ">"},
+                                               count=free, block=self.s.read_block_ms)
+            except redis.ResponseError as exc:
+                if "NOGROUP" in str(exc):  # the stream was deleted under us (e.g. FLUSHALL)
+                    await ensure_group(self.r, self.stream, self.group)
+                    continue
+                raise
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                log.warning("%s: Redis unreachable (%s); retrying in 1 s", self.consumer, exc)
+                await asyncio.sleep(1.0)
+                continue
+            for _stream, entries in resp or []:
+                for msg_id, fields in entries:
+                    self._spawn(msg_id.decode() if isinstance(msg_id, bytes) else msg_id, fields, 1)
+
+    def _spawn(self, msg_id: str, fields: dict, deliveries: int) -> None:
+        if msg_id in self.inflight:
+            return
+        task = asyncio.create_task(self._handle(msg_id, fields, deliveries))
+        self.inflight[msg_id] = (task, None)
+        task.add_done_callback(lambda _t, m=msg_id: self._done(m))
+
+    def _done(self, msg_id: str) -> None:
+        self.inflight.pop(msg_id, None)
+        self._cancel_reasons.pop(msg_id, None)
+        self.processed += 1
+        self._slot_freed.set()
+
+    # -- one job -----------------------------------------------------------------------
+    async def _handle(self, msg_id: str, fields: dict, deliveries: int) -> None:
+        src = Source(self.stream, self.group, msg_id, self.consumer)
+        try:
+            env = decode_envelope(fields)
+        except (DecodeError, ValidationError) as exc:
+            await self._undecodable(src, fields, exc)
+            return
+        self.inflight[msg_id] = (self.inflight[msg_id][0], env)
+        try:
+            await self._run_job(src, env, deliveries)
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            # The job stays pending; after the visibility timeout a worker reclaims it.
+            log.error("job %s: Redis failed during %s (%s); left pending for reclaim",
+                      env.job.job_id, self.stage.name, exc)
+
+    async def _run_job(self, src: Source, env: Envelope, deliveries: int) -> None:
+        job, stage = env.job, self.stage.name
+        if deliveries > self.s.max_deliveries:
+            return await self._give_up(src, env, f"delivered {deliveries} times to {stage} workers that "
+                                                 "died or hung before finishing it")
+        started = time.time()
+        async with self.r.pipeline(transaction=False) as pipe:
+            pipe.mget(cancel.flag_keys(self.ctx.keys, job))
+            pipe.hset(self.ctx.keys.job(job.job_id), mapping={
+                "stage": stage, "status": "running", "worker": self.consumer, "node": self.ctx.node,
+                f"{stage}_started_at": started})
+            flags, _ = await pipe.execute()
+        reason = cancel.is_cancelled(job, flags)
+        if reason:
+            return await self._end(src, env, "cancelled", reason)
+        if deliveries > 1 and stage != "init":
+            return await self._retry(src, env, f"{stage} worker died mid-job (delivery {deliveries})")
+        remaining_s = job.submitted_at + job.timeout_s - started
+        env.timings_s[f"{stage}_wait_s"] = max(0.0, started - int(src.msg_id.split("-")[0]) / 1000)
+        try:
+            if remaining_s <= 0:
+                raise asyncio.TimeoutError
+            self._processing.add(src.msg_id)
+            outcome = await asyncio.wait_for(
+                self.stage.process(env, self.ctx.task_context(lambda: cancel.check(self.r, self.ctx.keys, job))),
+                remaining_s)
+        except asyncio.TimeoutError:
+            return await self._give_up(src, env, f"job timed out in {stage}: over its timeout_s={job.timeout_s}")
+        except JobCancelled as exc:
+            return await self._end(src, env, "cancelled", str(exc) or "cancelled")
+        except (InvalidJob, ValidationError) as exc:
+            return await self._give_up(src, env, f"{type(exc).__name__}: {exc}")
+        except JobFailed as exc:
+            if not exc.retryable:
+                return await self._give_up(src, env, str(exc))
+            return await self._retry(src, env, str(exc))
+        except asyncio.CancelledError:
+            why = self._cancel_reasons.get(src.msg_id)
+            if why is None:
+                raise
+            if why == "shutdown":
+                return await self._hand_back(src, env)
+            return await self._end(src, env, "cancelled", why)
+        except Exception as exc:
+            log.exception("job %s failed in %s", job.job_id, stage)
+            return await self._retry(src, env, f"{type(exc).__name__}: {exc}")
+        finally:
+            self._processing.discard(src.msg_id)
+        env.timings_s[f"{stage}_s"] = time.time() - started
+        if isinstance(outcome, Forward):
+            to_stream = self.ctx.keys.stage_stream(outcome.stage, self.ctx.node)
+            moved = await self.ctx.handoff.forward(src, env, to_stream, outcome.stage)
+        else:
+            outcome.timings_s = env.timings_s
+            moved = await self.ctx.handoff.finish(src, outcome)
+        if not moved:
+            log.warning("job %s: %s finished after another worker reclaimed it; dropped this copy",
+                        job.job_id, stage)
+
+    async def _release(self, env: Envelope) -> None:
+        try:
+            await self.stage.release(env)
+        except Exception:
+            log.exception("job %s: freeing its resources failed", env.job.job_id)
+
+    async def _end(self, src: Source, env: Envelope, status: str, reason: str) -> None:
+        await self._release(env)
+        await self.ctx.handoff.finish(src, ended_result(env, status, reason, self.stage.name))
+
+    async def _give_up(self, src: Source, env: Envelope, error: str) -> None:
+        await self._release(env)
+        history = "; earlier attempts: " + " | ".join(env.errors) if env.errors else ""
+        letter = DeadLetter(job_id=env.job.job_id, submitter=env.job.submitter, stage=self.stage.name,
+                            error=error + history, envelope=env)
+        log.warning("job %s dead-lettered in %s: %s", env.job.job_id, self.stage.name, error)
+        await self.ctx.handoff.dead_letter(src, letter, ended_result(env, "failed", error + history, self.stage.name))
+
+    async def _retry(self, src: Source, env: Envelope, error: str) -> None:
+        """Free the node's resources and start the job over from init, unless it has had
+        all its attempts."""
+        await self._release(env)
+        env.errors.append(f"{self.stage.name}: {error}")
+        if env.attempt + 1 >= self.s.max_deliveries:
+            env.errors.pop()
+            return await self._give_up(src, env, f"{error} (attempt {env.attempt + 1} of {self.s.max_deliveries})")
+        restarted = env.model_copy(update={"attempt": env.attempt + 1, "sandbox": None, "state": {},
+                                           "trajectory": None, "node": None})
+        await self.ctx.handoff.requeue(src, restarted, self.ctx.keys.init_stream, "init", error)
+
+    async def _hand_back(self, src: Source, env: Envelope) -> None:
+        await self._release(env)
+        fresh = env.model_copy(update={"sandbox": None, "state": {}, "trajectory": None, "node": None})
+        await self.ctx.handoff.requeue(src, fresh, self.ctx.keys.init_stream, "init",
+                                       f"handed back by {self.consumer} at shutdown")
+
+    async def _undecodable(self, src: Source, fields: dict, exc: Exception) -> None:
+        job_id, submitter = _best_effort_ids(fields)
+        error = f"malformed job message: {exc}"
+        raw = fields.get(b"data") or fields.get(b"json") or repr(fields).encode()
+        letter = DeadLetter(job_id=job_id, submitter=submitter, stage=self.stage.name, error=error, raw=raw)
+        result = Result(job_id=job_id, submitter=submitter, status="failed", error=error,
+                        error_stage=self.stage.name) if job_id and submitter else None
+        log.warning("message %s on %s dead-lettered: %s", src.msg_id, src.stream, error)
+        await self.ctx.handoff.dead_letter(src, letter, result)
+
+    # -- background duties -------------------------------------------------------------
+    async def _heartbeat(self) -> None:
+        now = time.time()
+        ids = list(self.inflight)
+        keys = self.ctx.keys
+        async with self.r.pipeline(transaction=False) as pipe:
+            if ids:  # resetting idle time tells reclaimers these are alive
+                pipe.xclaim(self.stream, self.group, self.consumer, 0, ids, justid=True)
+            pipe.zadd(keys.workers, {self.consumer: now})
+            pipe.zadd(keys.nodes, {self.ctx.node: now})
+            pipe.hset(keys.worker(self.consumer), mapping={
+                "stage": self.stage.name, "node": self.ctx.node, "pid": os.getpid(), "concurrency": self.concurrency,
+                "inflight": len(ids), "processed": self.processed, "heartbeat_at": now})
+            pipe.expire(keys.worker(self.consumer), int(self.s.worker_ttl_s * 3) + 1)
+            await pipe.execute()
+
+    async def _reclaim(self) -> None:
+        free = self.concurrency - len(self.inflight)
+        if free <= 0 or self._stopping.is_set():
+            return
+        _next, claimed, deleted = await self._xautoclaim(free)
+        if deleted:
+            await self.r.xack(self.stream, self.group, *deleted)
+        for msg_id, fields in claimed:
+            msg_id = msg_id.decode() if isinstance(msg_id, bytes) else msg_id
+            info = await self.r.xpending_range(self.stream, self.group, min=msg_id, max=msg_id, count=1)
+            deliveries = info[0]["times_delivered"] if info else self.s.max_deliveries + 1
+            log.info("%s reclaimed %s (delivery %d)", self.consumer, msg_id, deliveries)
+            self._spawn(msg_id, fields or {}, deliveries)
+
+    async def _xautoclaim(self, count: int):
+        resp = await self.r.xautoclaim(self.stream, self.group, self.consumer,
+                                       int(self.s.visibility_timeout_s * 1000), start_id="0-0", count=count)
+        deleted = resp[2] if len(resp) > 2 else []
+        return resp[0], [(m, f) for m, f in resp[1] if f], deleted
+
+    async def _watch_cancellations(self) -> None:
+        jobs = [(m, env.job) for m, (_t, env) in list(self.inflight.items())
+                if env is not None and m in self._processing and m not in self._cancel_reasons]
+        if not jobs:
+            return
+        async with self.r.pipeline(transaction=False) as pipe:
+            for _m, job in jobs:
+                pipe.mget(cancel.flag_keys(self.ctx.keys, job))
+            all_flags = await pipe.execute()
+        for (msg_id, job), flags in zip(jobs, all_flags):
+            reason = cancel.is_cancelled(job, flags)
+            if reason and msg_id in self._processing:
+                self._cancel_reasons[msg_id] = reason
+                self.inflight[msg_id][0].cancel()
+
+    async def _drain(self) -> None:
+        if self.inflight:
+            log.info("%s stopping: %d jobs in flight, %ss grace", self.consumer, len(self.inflight),
+                     self.s.shutdown_grace_s)
+            tasks = [t for t, _e in self.inflight.values()]
+            _done, pending = await asyncio.wait(tasks, timeout=self.s.shutdown_grace_s)
+            for msg_id, (task, _env) in list(self.inflight.items()):
+                if task in pending and msg_id in self._processing:
+                    self._cancel_reasons[msg_id] = "shutdown"
+                    task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _deregister(self) -> None:
+        try:
+            async with self.r.pipeline(transaction=False) as pipe:
+                pipe.zrem(self.ctx.keys.workers, self.consumer)
+                pipe.delete(self.ctx.keys.worker(self.consumer))
+                await pipe.execute()
+            # Deleting a consumer drops its pending entries, so only an empty one goes.
+            if not await self.r.xpending_range(self.stream, self.group, "-", "+", 1, consumername=self.consumer):
+                await self.r.xgroup_delconsumer(self.stream, self.group, self.consumer)
+        except (redis.RedisError, OSError) as exc:
+            log.warning("%s: could not deregister (%s)", self.consumer, exc)

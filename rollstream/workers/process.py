@@ -1,0 +1,55 @@
+"""A worker process: connects to Redis, builds its stage and the services the stage's
+tasks need, and serves until SIGTERM/SIGINT (then drains within the grace period)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from rollstream.config import Settings
+from rollstream.pipeline.connection import async_redis, check_async
+from rollstream.pipeline.handoff import Handoff
+from rollstream.pipeline.keys import Keys
+from rollstream.workers.eval import EvalStage
+from rollstream.workers.init import InitStage
+from rollstream.workers.loop import ConsumerLoop
+from rollstream.workers.run import RunStage
+from rollstream.workers.stage import WorkerContext
+
+log = logging.getLogger(__name__)
+
+STAGES = {"init": InitStage, "run": RunStage, "eval": EvalStage}
+
+
+def make_context(settings: Settings, redis_url: str) -> WorkerContext:
+    r = async_redis(redis_url)
+    keys = Keys(settings.namespace)
+    handoff = Handoff(r, keys, state_ttl_s=settings.job_state_ttl_s, results_maxlen=settings.results_maxlen,
+                      dead_maxlen=settings.dead_maxlen)
+    return WorkerContext(settings=settings, redis=r, keys=keys, handoff=handoff)
+
+
+async def serve_stage(stage: str, settings: Settings, concurrency: int, *, consumer: str | None = None) -> None:
+    """Run one stage's consumer loop in this event loop until stopped by a signal."""
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage '{stage}'; choose one of {', '.join(STAGES)}")
+    if not settings.redis_url:
+        raise ValueError("a worker needs settings.redis_url")
+    ctx = make_context(settings, settings.redis_url)
+    await check_async(ctx.redis, settings.redis_url)
+    (settings.data_dir / "work").mkdir(parents=True, exist_ok=True)
+    loop = ConsumerLoop(STAGES[stage](ctx), ctx, concurrency, consumer=consumer)
+    aloop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        aloop.add_signal_handler(sig, loop.stop)
+    try:
+        await loop.serve()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            aloop.remove_signal_handler(sig)
+        await ctx.redis.aclose()
+
+
+def run_worker(stage: str, settings: Settings, concurrency: int) -> None:
+    asyncio.run(serve_stage(stage, settings, concurrency))

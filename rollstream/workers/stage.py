@@ -1,0 +1,82 @@
+"""What every stage worker shares: the Stage interface the consumer loop drives, the
+outcomes a stage returns, and the per-process context (Redis, names, services)."""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from rollstream.config import Settings
+from rollstream.messages import Envelope, Result
+from rollstream.pipeline.handoff import Handoff
+from rollstream.pipeline.keys import Keys
+from rollstream.tasks.base import TaskContext
+from rollstream.tasks.registry import get_task
+
+
+@dataclass
+class Forward:
+    """Send the job on to ``stage`` on this node."""
+
+    stage: str
+
+
+@dataclass
+class WorkerContext:
+    settings: Settings
+    redis: aioredis.Redis
+    keys: Keys
+    handoff: Handoff
+    services: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def node(self) -> str:
+        return self.settings.node
+
+    def task_context(self, cancelled=None) -> TaskContext:
+        ctx = TaskContext(node=self.node, work_dir=self.settings.data_dir / "work", services=self.services)
+        if cancelled is not None:
+            ctx.cancelled = cancelled
+        return ctx
+
+
+def completed_result(env: Envelope, reward: float) -> Result:
+    traj = env.trajectory
+    if traj is not None:
+        traj.reward = reward
+    return Result(job_id=env.job.job_id, group_id=env.job.group_id, submitter=env.job.submitter,
+                  task=env.job.task, status="completed", reward=reward, trajectory=traj,
+                  attempts=env.attempt + 1, policy_version=traj.policy_version if traj else 0,
+                  timings_s=env.timings_s, metadata=env.job.metadata)
+
+
+def ended_result(env: Envelope, status: str, error: str, stage: str) -> Result:
+    return Result(job_id=env.job.job_id, group_id=env.job.group_id, submitter=env.job.submitter,
+                  task=env.job.task, status=status, error=error, error_stage=stage,
+                  attempts=env.attempt + 1, timings_s=env.timings_s, metadata=env.job.metadata,
+                  trajectory=env.trajectory, finished_at=time.time())
+
+
+class Stage(ABC):
+    """One pipeline stage. ``process`` does the stage's work on a job and returns where
+    it goes next (a ``Forward``) or its final ``Result``."""
+
+    name: str
+
+    def __init__(self, ctx: WorkerContext):
+        self.ctx = ctx
+
+    @abstractmethod
+    async def process(self, env: Envelope, tctx: TaskContext) -> Forward | Result: ...
+
+    async def release(self, env: Envelope) -> None:
+        """Free what the job holds on this node (its sandbox): it is leaving the node."""
+        try:
+            task = get_task(env.job.task)
+        except Exception:
+            return
+        await task.teardown(env, self.ctx.task_context())

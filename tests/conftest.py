@@ -1,0 +1,102 @@
+"""Shared fixtures: a real redis-server for the whole session (unix socket, no fakes), a
+fresh namespace per test so tests never see each other's keys, fast pipeline settings,
+and worker pools as real processes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import redis as redis_sync
+
+from rollstream.config import Settings
+
+
+def _start_redis(folder: Path) -> tuple[subprocess.Popen, str]:
+    sock = folder / "redis.sock"
+    proc = subprocess.Popen(
+        [shutil.which("redis-server") or "redis-server", "--port", "0", "--unixsocket", str(sock),
+         "--unixsocketperm", "777", "--save", "", "--appendonly", "no", "--dir", str(folder),
+         "--maxclients", "10000"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = redis_sync.Redis(unix_socket_path=str(sock))
+    for _ in range(500):
+        try:
+            client.ping()
+            break
+        except (redis_sync.ConnectionError, FileNotFoundError):
+            time.sleep(0.01)
+    else:
+        proc.kill()
+        raise RuntimeError("redis-server did not start; is it installed? (apt-get install redis-server)")
+    return proc, f"unix://{sock}"
+
+
+@pytest.fixture(scope="session")
+def redis_url():
+    """URL of a real redis-server started for this test session."""
+    folder = Path(tempfile.mkdtemp(prefix="rs-redis-"))
+    proc, url = _start_redis(folder)
+    yield url
+    proc.terminate()
+    proc.wait(10)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def namespace() -> str:
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+FAST = {
+    "visibility_timeout_s": 2.0,
+    "heartbeat_interval_s": 0.5,
+    "worker_ttl_s": 3.0,
+    "max_deliveries": 3,
+    "shutdown_grace_s": 5.0,
+    "read_block_ms": 200,
+}
+
+
+@pytest.fixture
+def settings(redis_url, namespace, tmp_path) -> Settings:
+    """Pipeline settings with short timeouts, on the session Redis, in a private namespace."""
+    return Settings(redis_url=redis_url, namespace=namespace, data_dir=tmp_path / "data", node="n1", **FAST)
+
+
+def settings_env(s: Settings) -> dict[str, str]:
+    """The same settings as environment variables, for worker subprocesses."""
+    env = {"REDIS_URL": s.redis_url or "", "ROLLSTREAM_NAMESPACE": s.namespace, "ROLLSTREAM_NODE": s.node,
+           "ROLLSTREAM_DATA_DIR": str(s.data_dir)}
+    for k in FAST:
+        env[f"ROLLSTREAM_{k.upper()}"] = str(getattr(s, k))
+    return env
+
+
+@pytest.fixture
+def worker_pool(settings, tmp_path):
+    """Factory of real worker processes with the test's settings; all stopped at the end."""
+    from rollstream.workers.pool import WorkerPool
+
+    pools = []
+
+    def make(**overrides) -> WorkerPool:
+        s = settings.model_copy(update=overrides)
+        pool = WorkerPool(redis_url=s.redis_url, namespace=s.namespace, node=s.node, data_dir=s.data_dir,
+                          env=settings_env(s), log_dir=tmp_path / f"logs-{len(pools)}")
+        pools.append(pool)
+        return pool
+
+    yield make
+    for pool in pools:
+        pool.stop(timeout_s=15)
+
+
+def pytest_configure(config):
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")

@@ -1,0 +1,50 @@
+"""Jobs pass through all three stages and come back exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+
+from rollstream.client import AsyncClient
+from rollstream.workers.process import serve_stage
+
+
+async def _serve_all(settings, concurrency=64):
+    return [asyncio.create_task(serve_stage(stage, settings, concurrency)) for stage in ("init", "run", "eval")]
+
+
+async def _stop(tasks):
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_echo_job_passes_all_three_stages(settings):
+    tasks = await _serve_all(settings)
+    try:
+        async with AsyncClient(settings=settings) as client:
+            job_id = await client.submit({"task": "echo", "instance": {"prompt": "hello"}})
+            [result] = await client.collect(1, timeout_s=20)
+            state = await client.status(job_id)
+    finally:
+        await _stop(tasks)
+    assert result.job_id == job_id and result.status == "completed" and result.reward == 1.0
+    assert result.trajectory.response_text == "hello"
+    assert {"init_s", "run_s", "eval_s"} <= set(result.timings_s)
+    assert state.stage == "done" and state.status == "completed" and state.ttl_s > 0
+
+
+async def test_thousand_jobs_yield_thousand_results_none_doubled(settings):
+    tasks = await _serve_all(settings, concurrency=128)
+    try:
+        async with AsyncClient(settings=settings) as client:
+            ids = await client.submit_many([{"task": "echo", "instance": {"prompt": f"p{i}"}} for i in range(1000)])
+            results = await client.collect(1000, timeout_s=120)
+            extra = [r async for r in client.results(timeout_s=0.5)]
+    finally:
+        await _stop(tasks)
+    counts = Counter(r.job_id for r in results)
+    assert set(counts) == set(ids) and max(counts.values()) == 1 and not extra
+    assert all(r.status == "completed" and r.reward == 1.0 for r in results)

@@ -45,6 +45,7 @@ class AsyncClient:
         self._results_stream = self.keys.results(self.submitter)
         self._consumer = f"c-{uuid.uuid4().hex[:8]}"
         self._group_ready = False
+        self._backlog_done = False  # unacknowledged results of an earlier consumer: re-read once
         self._to_ack: list[bytes] = []
 
     async def __aenter__(self) -> "AsyncClient":
@@ -112,7 +113,8 @@ class AsyncClient:
         (None waits forever) or after ``max_results``."""
         await self._ensure_results_group()
         yielded = 0
-        backlog = True  # first re-deliver what an earlier consumer of ours left unacknowledged
+        backlog = not self._backlog_done
+        self._backlog_done = True
         while max_results is None or yielded < max_results:
             await self._ack_pending()
             block_ms = None if backlog else (0 if timeout_s is None else max(1, int(timeout_s * 1000)))

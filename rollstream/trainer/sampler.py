@@ -170,6 +170,8 @@ class DynamicSampler(Generic[P]):
     async def _submit(self, policy_version: int, stats: BatchStats) -> None:
         index = self._next_prompt_index()
         group_id = await self.source.submit_group(self.prompts[index], self.config.group_size)
+        if group_id in self._in_flight:
+            raise RuntimeError(f"rollout source returned group id {group_id!r} twice; group ids must be unique")
         self._in_flight[group_id] = SampledGroup(group_id, index, policy_version)
         self.state.groups_submitted += 1
         stats.submitted += 1
@@ -207,6 +209,12 @@ class DynamicSampler(Generic[P]):
         self._record_outcome(True)
         if policy_version - group.oldest_policy_version > self.config.max_staleness:
             stats.dropped_stale += 1
+            if stats.dropped_stale > 4 * self.config.max_in_flight_groups:
+                raise SamplerStalled(
+                    f"every group is too stale: results carry policy version {group.oldest_policy_version} "
+                    f"while the trainer is at {policy_version} (max_staleness={self.config.max_staleness}); "
+                    "check that weight sync reaches every backend and that it reports the new version"
+                )
             return False
         return True
 

@@ -21,6 +21,7 @@ async def test_groups_with_equal_rewards_never_reach_a_batch_and_the_batch_still
     source = SimulatedSource(seed=1)
     sampler = DynamicSampler(source, _prompts(), SamplerConfig(groups_per_batch=4, group_size=4))
     for step in range(3):
+        source.policy_version = step
         batch = await sampler.next_batch(policy_version=step)
         assert len(batch.groups) == 4
         for group in batch.groups:
@@ -35,6 +36,7 @@ async def test_keep_rate_estimate_follows_observed_drops():
     source = SimulatedSource(seed=2)
     sampler = DynamicSampler(source, _prompts(), SamplerConfig(groups_per_batch=4, group_size=2))
     for step in range(4):
+        source.policy_version = step
         batch = await sampler.next_batch(step)
     # a third of prompts are informative
     assert 0.1 < batch.stats.keep_rate < 0.7
@@ -82,6 +84,7 @@ async def test_carried_groups_beyond_the_staleness_bound_are_cancelled():
     sampler.state.keep_rate = 0.3
     await sampler.next_batch(0)
     carried = set(sampler.in_flight_group_ids)
+    source.policy_version = 5
     batch = await sampler.next_batch(5)  # the trainer moved on 5 versions meanwhile
     assert carried <= source.cancelled
     assert not ({g.group_id for g in batch.groups} & carried)
@@ -104,6 +107,7 @@ async def test_state_round_trip_resumes_the_prompt_order_and_reruns_in_flight_pr
     config = SamplerConfig(groups_per_batch=2, group_size=2, overflow_mode="carry", seed=3)
     sampler = DynamicSampler(source, prompts, config)
     await sampler.next_batch(0)
+    source.policy_version = 1
     state = sampler.state_dict()
     in_flight = {g["prompt_index"] for g in state["in_flight"]}
 
@@ -120,10 +124,19 @@ async def test_state_round_trip_resumes_the_prompt_order_and_reruns_in_flight_pr
     await sampler.cancel_all()
 
 
+async def test_results_from_a_backend_that_never_syncs_raise_instead_of_spinning():
+    source = SimulatedSource(seed=9)  # always reports policy version 0
+    sampler = DynamicSampler(source, [INFORMATIVE], SamplerConfig(groups_per_batch=1, group_size=2, max_in_flight_groups=2))
+    with pytest.raises(SamplerStalled, match="weight sync"):
+        await sampler.next_batch(policy_version=5)
+    await sampler.cancel_all()
+
+
 async def test_a_silent_source_raises_an_error_that_says_what_to_check():
     class Silent(SimulatedSource):
         async def submit_group(self, prompt, n):
-            return "never"
+            self.submitted[f"silent{len(self.submitted)}"] = prompt
+            return f"silent{len(self.submitted)}"
 
     sampler = DynamicSampler(Silent(), [INFORMATIVE], SamplerConfig(groups_per_batch=1, group_size=2, result_timeout_s=0.05))
     with pytest.raises(SamplerStalled, match="rollstream status"):

@@ -95,8 +95,9 @@ class OutputCollector:
 
 def kill_session_processes(session_id: int) -> None:
     """SIGKILL every process whose session is `session_id` (the pty child and all it started)."""
+    own_pid = os.getpid()
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+        if not entry.isdigit() or int(entry) == own_pid:
             continue
         try:
             with open(f"/proc/{entry}/stat", "rb") as handle:

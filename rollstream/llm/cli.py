@@ -1,0 +1,61 @@
+"""CLI commands of the LLM side: `serve-model` (the built-in server) and `tiny-model` (build
+the small local model). The lead's main CLI mounts `app`."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(help="The built-in inference server and the tiny local model.", no_args_is_help=True)
+
+
+def serve_model_command(
+    model: Path = typer.Option(..., "--model", help="folder with a transformers causal LM (save_pretrained layout)"),
+    port: int = typer.Option(8000, help="TCP port to listen on"),
+    host: str = typer.Option("127.0.0.1", help="address to bind; 0.0.0.0 to serve other machines"),
+    device: str = typer.Option("auto", help="auto (cuda if available), cpu, cuda, cuda:1, ..."),
+    max_batch_size: int = typer.Option(64, help="most sequences stepped together"),
+    max_model_len: int = typer.Option(0, help="context window in tokens; 0 = the model's max_position_embeddings"),
+    served_model_name: str = typer.Option("", help="name in /v1/models; default: the folder name"),
+    prefix_cache_mb: int = typer.Option(1024, help="memory for the prefix KV cache, in MiB (0 disables)"),
+    logprobs_mode: str = typer.Option(
+        "raw_logprobs", help="raw_logprobs (vLLM's default: before temperature/top-p) or processed_logprobs"
+    ),
+    log_level: str = typer.Option("warning", help="uvicorn log level"),
+) -> None:
+    """Serve a model with vLLM's completions API (token ids in, token ids + logprobs out)."""
+    from rollstream.llm.server.app import serve_model
+
+    if logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
+        raise typer.BadParameter("use raw_logprobs or processed_logprobs", param_hint="--logprobs-mode")
+    if not model.is_dir():
+        raise typer.BadParameter(f"{model} is not a folder; build one with `rollstream tiny-model DIR`", param_hint="--model")
+    logging.basicConfig(level=log_level.upper())
+    serve_model(
+        model,
+        host=host,
+        port=port,
+        device=device,
+        max_batch_size=max_batch_size,
+        max_model_len=max_model_len or None,
+        served_model_name=served_model_name or None,
+        prefix_cache_bytes=prefix_cache_mb << 20,
+        logprobs_mode=logprobs_mode,
+        log_level=log_level,
+    )
+
+
+def tiny_model_command(
+    out_dir: Path = typer.Argument(..., help="folder to write (reused if already built with the same recipe)"),
+    seed: int = typer.Option(0, help="weight initialisation seed"),
+) -> None:
+    """Build the ~1M-parameter local test model and its tokenizer (no download)."""
+    from rollstream.llm.tiny_model import build_tiny_model
+
+    typer.echo(str(build_tiny_model(out_dir, seed=seed)))
+
+
+app.command("serve-model")(serve_model_command)
+app.command("tiny-model")(tiny_model_command)

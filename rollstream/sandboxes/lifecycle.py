@@ -1,0 +1,180 @@
+"""create_sandbox / destroy_sandbox: the init stage starts a sandbox, the eval stage ends it.
+
+create_sandbox writes the backend's LaunchPlan next to the sandbox's folders and starts
+the supervisor (`python -S runtime/supervisor.py`, its own session, so it outlives the
+caller); it returns once the supervisor's socket is listening and the spec's files and
+setup commands are in place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import time
+
+import msgpack
+import ptyprocess
+
+from . import reaper
+from .backends import SandboxLayout, select_backend
+from .client import SandboxClient
+from .errors import SandboxError, SandboxGone, SandboxSetupError, SandboxStartError
+from .spec import SANDBOX_ID_PATTERN, SandboxHandle, SandboxSpec, default_root_dir
+
+log = logging.getLogger(__name__)
+
+SUPERVISOR_SCRIPT = os.path.join(os.path.dirname(__file__), "runtime", "supervisor.py")
+# The supervisor starts with -S (no site) and finds msgpack, ptyprocess and, when the
+# kernel is first used, jupyter_client through this path instead.
+_SUPERVISOR_PYTHONPATH = os.pathsep.join(
+    dict.fromkeys(os.path.dirname(os.path.dirname(module.__file__)) for module in (msgpack, ptyprocess))
+)
+_MAX_SOCKET_PATH = 107
+
+
+def _supervisor_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_SUPERVISOR_PYTHONPATH, *sys.path[1:]]))
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+async def _wait_ready(read_fd: int, timeout_s: float) -> str:
+    """The supervisor's first line on the ready pipe ('ok PID' or 'error ...'); '' on EOF."""
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future = loop.create_future()
+    buffer = bytearray()
+
+    def on_readable() -> None:
+        chunk = os.read(read_fd, 4096)
+        buffer.extend(chunk)
+        if (not chunk or b"\n" in buffer) and not ready.done():
+            ready.set_result(bytes(buffer).split(b"\n")[0].decode("utf-8", "replace"))
+
+    loop.add_reader(read_fd, on_readable)
+    try:
+        return await asyncio.wait_for(ready, timeout_s)
+    finally:
+        loop.remove_reader(read_fd)
+        os.close(read_fd)
+
+
+async def create_sandbox(
+    spec: SandboxSpec,
+    sandbox_id: str | None = None,
+    owner: str = "",
+    root_dir: str | None = None,
+    ready_timeout_s: float = 120.0,
+) -> SandboxHandle:
+    """Start a sandbox and its supervisor; raises SandboxStartError / SandboxSetupError."""
+    sandbox_id = sandbox_id or f"sb-{os.getpid()}-{time.monotonic_ns()}"
+    if not re.match(SANDBOX_ID_PATTERN, sandbox_id):
+        raise SandboxError(f"sandbox id {sandbox_id!r} must match {SANDBOX_ID_PATTERN} (e.g. the job id)")
+    layout = SandboxLayout.of(root_dir or default_root_dir(), sandbox_id)
+    if len(layout.socket_path) > _MAX_SOCKET_PATH:
+        raise SandboxError(
+            f"socket path {layout.socket_path} is longer than {_MAX_SOCKET_PATH} bytes; use a shorter "
+            "root_dir (ROLLSTREAM_SANDBOX_ROOT) or sandbox id"
+        )
+    backend = select_backend(spec)
+    os.makedirs(os.path.dirname(layout.dir), mode=0o700, exist_ok=True)
+    try:
+        layout.make()
+    except FileExistsError:
+        raise SandboxError(
+            f"a sandbox {sandbox_id!r} already exists in {layout.dir}; destroy it or pick another id"
+        ) from None
+    reaper.reap_finished_children()
+    try:
+        plan = backend.plan(spec, layout, sandbox_id, owner)
+    except Exception:
+        reaper.remove_tree(layout.dir)
+        raise
+    plan.created_at = time.time()
+    read_fd, write_fd = os.pipe()
+    plan.ready_fd = write_fd
+    with open(layout.plan_path, "w") as handle:
+        json.dump(plan.to_json_dict(), handle)
+    with open(layout.log_path, "ab") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-S", SUPERVISOR_SCRIPT, layout.plan_path],
+            pass_fds=(write_fd,),
+            start_new_session=True,  # survives the caller's death and its Ctrl-C
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=log_file,
+            cwd=layout.dir,
+            env=_supervisor_env(),
+        )
+    os.close(write_fd)
+    reaper.register_child(process)
+    try:
+        line = await _wait_ready(read_fd, ready_timeout_s)
+    except asyncio.TimeoutError:
+        line = f"error the supervisor did not report ready within {ready_timeout_s:g} s"
+    if not line.startswith("ok "):
+        reaper.teardown(layout.dir)
+        detail = line[len("error ") :] if line.startswith("error ") else "it exited before reporting ready"
+        raise SandboxStartError(f"sandbox {sandbox_id} ({backend.name}) did not start: {detail}")
+    handle = SandboxHandle(
+        id=sandbox_id,
+        backend=backend.name,
+        socket_path=layout.socket_path,
+        supervisor_pid=process.pid,
+        workdir=plan.workdir_inner,
+        owner=owner,
+        created_at=plan.created_at,
+        dir=layout.dir,
+        host_workdir=layout.work,
+    )
+    if spec.files or spec.setup_commands:
+        try:
+            await _prepare(handle, spec)
+        except BaseException:
+            await destroy_sandbox(handle)
+            raise
+    return handle
+
+
+async def _prepare(handle: SandboxHandle, spec: SandboxSpec) -> None:
+    async with SandboxClient(handle.socket_path) as sandbox:
+        for path, content in spec.files.items():
+            await sandbox.write_file(path, content)
+        for command in spec.setup_commands:
+            result = await sandbox.bash(command, timeout_s=spec.setup_timeout_s, no_output_timeout_s=0, session="setup")
+            if result.exit_code != 0:
+                raise SandboxSetupError(
+                    f"setup command {command!r} failed in sandbox {handle.id} (exit {result.exit_code}"
+                    f"{', ' + result.note if result.note else ''}): {result.output[-2000:]}"
+                )
+        await sandbox.close_session("setup")
+
+
+async def destroy_sandbox(handle: SandboxHandle | dict, timeout_s: float = 30.0) -> None:
+    """Stop the supervisor, its container and every process it started; remove its folder.
+
+    Idempotent, and works from any process of the node (not only the creator).
+    """
+    if isinstance(handle, dict):
+        handle = SandboxHandle.model_validate(handle)
+    try:
+        client = await SandboxClient(handle.socket_path, connect_timeout_s=5).connect()
+    except SandboxGone:
+        client = None
+    if client is not None:
+        try:
+            await asyncio.wait_for(client.request("shutdown"), timeout_s)
+            # The supervisor closes our connection only by exiting, after its teardown.
+            assert client._read_task is not None
+            await asyncio.wait_for(asyncio.shield(client._read_task), timeout_s)
+        except (SandboxGone, asyncio.TimeoutError):
+            log.warning("sandbox %s did not shut down cleanly; killing it", handle.id)
+        finally:
+            await client.close()
+    directory = handle.dir or os.path.dirname(handle.socket_path)
+    await asyncio.to_thread(reaper.teardown, directory, handle.supervisor_pid)

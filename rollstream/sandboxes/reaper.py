@@ -1,0 +1,221 @@
+"""The node's reaper: ends sandboxes nobody wants and cleans up after crashed supervisors.
+
+A sandbox is reaped when its owner is no longer wanted (job finished, failed, cancelled),
+or when its supervisor is gone but its folder, processes or container remain. Also holds
+the forced teardown that destroy_sandbox falls back to.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import psutil
+
+from .runtime.supervisor import remove_tree
+from .spec import default_root_dir
+
+log = logging.getLogger(__name__)
+
+_children: dict[int, subprocess.Popen] = {}
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def register_child(process: subprocess.Popen) -> None:
+    """Remember a supervisor this process started, so that its exit status gets collected."""
+    _children[process.pid] = process
+
+
+def reap_finished_children() -> None:
+    """Collect exited supervisors started by this process (no zombies in long-lived workers)."""
+    for pid, process in list(_children.items()):
+        if process.poll() is not None:
+            _children.pop(pid, None)
+
+
+def become_subreaper() -> None:
+    """Adopt orphans of this process's descendants (Linux), so `Reaper.reap` can collect them.
+
+    Useful for a node agent whose pid 1 does not reap zombies (some container inits).
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+
+
+def _collect(pid: int) -> None:
+    process = _children.pop(pid, None)
+    if process is not None:
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        return
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def _plan(directory: str) -> dict:
+    try:
+        with open(os.path.join(directory, "plan.json")) as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return {}
+
+
+def _pid_from_file(directory: str) -> int | None:
+    try:
+        with open(os.path.join(directory, "supervisor.pid")) as handle:
+            return int(handle.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def supervisor_running(directory: str, pid: int | None) -> bool:
+    """True when `pid` is alive and is the supervisor of `directory` (not a reused pid)."""
+    if pid is None:
+        return False
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return os.path.join(directory, "plan.json") in process.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def _wait_gone(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                _collect(pid)
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def leftover_processes(directory: str) -> list[psutil.Process]:
+    """Processes that belong to a sandbox folder: its path in their command line or cwd."""
+    found = []
+    marker = directory.rstrip("/") + "/"
+    for process in psutil.process_iter(["cmdline", "cwd"]):
+        try:
+            if process.pid == os.getpid() or process.status() == psutil.STATUS_ZOMBIE:
+                continue
+            cmdline = " ".join(process.info["cmdline"] or [])
+            cwd = process.info["cwd"] or ""
+            if marker in cmdline or cwd == directory or cwd.startswith(marker):
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def teardown(directory: str, pid: int | None = None, term_grace_s: float = 5.0) -> None:
+    """Stop a sandbox by force if needed: supervisor, processes, container, folder."""
+    pid = pid or _pid_from_file(directory)
+    if supervisor_running(directory, pid):
+        assert pid is not None
+        os.kill(pid, signal.SIGTERM)  # the supervisor tears its sandbox down on SIGTERM
+        if not _wait_gone(pid, term_grace_s):
+            os.kill(pid, signal.SIGKILL)
+            _wait_gone(pid, term_grace_s)
+    if pid is not None:
+        _collect(pid)
+    if not os.path.isdir(directory):
+        return  # the supervisor cleaned up after itself
+    plan = _plan(directory)
+    for process in leftover_processes(directory):
+        try:
+            process.kill()
+            process.wait(timeout=5)
+        except (psutil.NoSuchProcess, psutil.TimeoutExpired):
+            pass
+        _collect(process.pid)
+    if plan.get("cleanup_argv"):
+        try:
+            subprocess.run(plan["cleanup_argv"], capture_output=True, timeout=60, env=plan.get("host_env"))
+        except (OSError, subprocess.SubprocessError) as error:
+            log.warning("cleanup of sandbox %s failed: %s", plan.get("sandbox_id"), error)
+    remove_tree(directory)
+
+
+@dataclass
+class SandboxRecord:
+    id: str
+    owner: str
+    backend: str
+    dir: str
+    supervisor_pid: int | None
+    running: bool
+    created_at: float
+
+
+class Reaper:
+    """`Reaper(root_dir).reap(is_wanted)` ends every sandbox of this node that is not wanted."""
+
+    def __init__(self, root_dir: str | None = None, stale_after_s: float = 120.0) -> None:
+        self.root_dir = os.path.abspath(root_dir or default_root_dir())
+        self.stale_after_s = stale_after_s
+
+    def sandboxes(self) -> list[SandboxRecord]:
+        records = []
+        try:
+            names = sorted(os.listdir(self.root_dir))
+        except FileNotFoundError:
+            return []
+        for name in names:
+            directory = os.path.join(self.root_dir, name)
+            if not os.path.isdir(directory):
+                continue
+            plan = _plan(directory)
+            pid = _pid_from_file(directory)
+            try:
+                created = plan.get("created_at") or os.stat(directory).st_mtime
+            except FileNotFoundError:
+                continue
+            records.append(
+                SandboxRecord(
+                    id=plan.get("sandbox_id", name),
+                    owner=plan.get("owner", ""),
+                    backend=plan.get("backend", ""),
+                    dir=directory,
+                    supervisor_pid=pid,
+                    running=supervisor_running(directory, pid),
+                    created_at=created,
+                )
+            )
+        return records
+
+    def reap(self, is_wanted: Callable[[str, str], bool]) -> list[str]:
+        """Tear down unwanted sandboxes and leftovers of dead ones; returns the reaped ids."""
+        reap_finished_children()
+        reaped = []
+        for record in self.sandboxes():
+            if not record.running and record.supervisor_pid is None:
+                # Being created right now, or a creation that crashed long ago.
+                if time.time() - record.created_at < self.stale_after_s:
+                    continue
+            elif record.running:
+                try:
+                    if is_wanted(record.id, record.owner):
+                        continue
+                except Exception:
+                    log.exception("is_wanted failed for sandbox %s; keeping it", record.id)
+                    continue
+            log.info("reaping sandbox %s (owner %s, supervisor running: %s)", record.id, record.owner, record.running)
+            teardown(record.dir, record.supervisor_pid)
+            reaped.append(record.id)
+        return reaped

@@ -1,0 +1,354 @@
+"""The per-sandbox supervisor: a detached process that owns one sandbox and serves its tools.
+
+Started by `create_sandbox` as `python -S supervisor.py PLAN.json` in its own session; it
+starts the container (if the backend has one), keeps bash sessions and the IPython kernel,
+answers framed msgpack requests on a Unix socket, and tears everything down on shutdown,
+idle timeout or end of life. Imports only the stdlib, msgpack and ptyprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+
+if __package__:
+    from . import protocol
+    from .bash_session import BashSession, SessionBusy, kill_session_processes
+    from .editor import Editor, EditorError, PathMap
+else:  # python -S supervisor.py: sibling modules are top-level
+    import protocol
+    from bash_session import BashSession, SessionBusy, kill_session_processes
+    from editor import Editor, EditorError, PathMap
+
+MAX_SESSIONS = 16
+
+
+class BadRequest(Exception):
+    """A request the supervisor cannot act on; the message says how to fix it."""
+
+
+class Supervisor:
+    def __init__(self, plan: dict) -> None:
+        self.plan = plan
+        self.dir = plan["dir"]
+        self.sessions: dict[str, BashSession] = {}
+        self.sessions_lock = threading.Lock()
+        self.kernel = None
+        self.kernel_lock = threading.Lock()
+        self.paths = PathMap(plan["workdir_inner"], [tuple(m) for m in plan["mounts"]])
+        self.editor = Editor(self.paths, plan["output_bytes"])
+        self.editor_lock = threading.Lock()
+        self.started = time.monotonic()
+        self.last_activity = time.monotonic()
+        self.in_flight = 0
+        self.activity_lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.disk_exceeded = ""
+        self.listener: socket.socket | None = None
+        # Written to wake the accept loop at once on shutdown (a signal or the shutdown op).
+        self.wake_read, self.wake_write = os.pipe()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        try:
+            os.write(self.wake_write, b"x")
+        except OSError:
+            pass
+
+    # -- startup -----------------------------------------------------------------------
+    def start(self) -> None:
+        if self.plan.get("start_argv"):
+            completed = subprocess.run(
+                self.plan["start_argv"], capture_output=True, env=self.plan["host_env"], timeout=300
+            )
+            if completed.returncode != 0:
+                raise RuntimeError(
+                    f"starting the container failed ({completed.returncode}): "
+                    f"{completed.stderr.decode('utf-8', 'replace')[-2000:]}"
+                )
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        path = self.plan["socket_path"]
+        if os.path.exists(path):
+            os.unlink(path)
+        self.listener.bind(path)
+        os.chmod(path, 0o600)
+        self.listener.listen(128)
+        self.session("main")  # start the default shell now so the first call is fast
+        with open(os.path.join(self.dir, "supervisor.pid"), "w") as handle:
+            handle.write(str(os.getpid()))
+
+    def session(self, name: str) -> BashSession:
+        with self.sessions_lock:
+            existing = self.sessions.get(name)
+            if existing is not None:
+                return existing
+            if len(self.sessions) >= MAX_SESSIONS:
+                raise BadRequest(
+                    f"this sandbox already has {MAX_SESSIONS} bash sessions; reuse one or close "
+                    "one with close_session"
+                )
+            created = BashSession(
+                self.plan["bash_argv"],
+                self.plan["spawn_env"],
+                self.plan["spawn_cwd"],
+                self.plan["rlimits"],
+                self.plan["output_bytes"],
+            )
+            created.start()
+            self.sessions[name] = created
+            return created
+
+    # -- serving -----------------------------------------------------------------------
+    def serve(self) -> None:
+        assert self.listener is not None
+        threading.Thread(target=self._watchdog, daemon=True, name="watchdog").start()
+        while not self.stopping.is_set():
+            readable, _, _ = select.select([self.listener, self.wake_read], [], [])
+            if self.wake_read in readable:
+                break
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                break
+            connection.settimeout(None)
+            threading.Thread(target=self._connection, args=(connection,), daemon=True).start()
+
+    def _connection(self, connection: socket.socket) -> None:
+        write_lock = threading.Lock()
+        try:
+            while not self.stopping.is_set():
+                request = protocol.recv_message(connection)
+                if request is None:
+                    return
+                op = request.get("op")
+                if op in ("ping", "info", "read_file", "write_file", "edit"):
+                    self._handle(connection, write_lock, request)  # quick: answer inline
+                else:
+                    threading.Thread(
+                        target=self._handle, args=(connection, write_lock, request), daemon=True
+                    ).start()
+        except (OSError, protocol.ProtocolError):
+            return
+        finally:
+            try:
+                connection.close()
+            except OSError:
+                pass
+
+    def _handle(self, connection: socket.socket, write_lock: threading.Lock, request: dict) -> None:
+        with self.activity_lock:
+            self.in_flight += 1
+        try:
+            reply = {"id": request.get("id"), "ok": True, "result": self._dispatch(request)}
+        except (BadRequest, EditorError, SessionBusy) as error:
+            reply = {"id": request.get("id"), "ok": False, "kind": type(error).__name__, "error": str(error)}
+        except Exception as error:  # reported to the caller; the supervisor keeps serving
+            reply = {
+                "id": request.get("id"),
+                "ok": False,
+                "kind": type(error).__name__,
+                "error": f"{error}\n{traceback.format_exc(limit=4)}",
+            }
+        finally:
+            with self.activity_lock:
+                self.in_flight -= 1
+                self.last_activity = time.monotonic()
+        try:
+            with write_lock:
+                protocol.send_message(connection, reply)
+        except OSError:
+            pass
+        if request.get("op") == "shutdown":
+            self.stop()
+
+    def _dispatch(self, request: dict):
+        op = request.get("op")
+        args = request.get("args") or {}
+        if op == "ping":
+            return {"pid": os.getpid()}
+        if op == "bash":
+            return self._bash(args)
+        if op == "ipython":
+            return self._ipython(args)
+        if op == "edit":
+            if self.disk_exceeded and args.get("command") in ("create", "str_replace", "insert"):
+                raise BadRequest(self.disk_exceeded)
+            with self.editor_lock:
+                args = dict(args)
+                return {"output": self.editor.run(args.pop("command", None), args.pop("path", ""), **args)}
+        if op == "write_file":
+            if self.disk_exceeded:
+                raise BadRequest(self.disk_exceeded)
+            host = self.paths.to_host(args["path"])
+            os.makedirs(os.path.dirname(host), exist_ok=True)
+            with open(host, "wb") as handle:
+                handle.write(args["data"])
+            if args.get("mode") is not None:
+                os.chmod(host, int(args["mode"]))
+            return {"bytes": len(args["data"])}
+        if op == "read_file":
+            host = self.paths.to_host(args["path"])
+            try:
+                with open(host, "rb") as handle:
+                    return {"data": handle.read(int(args.get("max_bytes") or -1))}
+            except FileNotFoundError:
+                raise BadRequest(f"{args['path']} does not exist in the sandbox") from None
+        if op == "close_session":
+            with self.sessions_lock:
+                session = self.sessions.pop(args.get("session", ""), None)
+            if session is not None:
+                session.close()
+            return {"closed": session is not None}
+        if op == "info":
+            return {
+                "pid": os.getpid(),
+                "sessions": sorted(self.sessions),
+                "kernel_alive": bool(self.kernel and self.kernel.alive),
+                "uptime_s": time.monotonic() - self.started,
+                "disk_exceeded": self.disk_exceeded,
+            }
+        if op == "shutdown":
+            return {"stopping": True}
+        raise BadRequest(
+            f"unknown op {op!r}; this supervisor serves ping, bash, ipython, edit, write_file, "
+            "read_file, close_session, info, shutdown"
+        )
+
+    def _bash(self, args: dict) -> dict:
+        command = args.get("command")
+        if isinstance(command, str):
+            command = command.encode("utf-8", "surrogateescape")
+        if not isinstance(command, bytes):
+            raise BadRequest("bash needs 'command' as a string")
+        timeout_s = float(args.get("timeout_s") or self.plan["default_timeout_s"])
+        no_output = args.get("no_output_timeout_s", self.plan["default_no_output_timeout_s"])
+        session = self.session(str(args.get("session") or "main"))
+        result = session.run(command, timeout_s, float(no_output) if no_output else None)
+        if self.disk_exceeded:
+            result["note"] = "; ".join(filter(None, [result["note"], self.disk_exceeded]))
+        return result
+
+    def _ipython(self, args: dict) -> dict:
+        code = args.get("code")
+        if not isinstance(code, str):
+            raise BadRequest("ipython needs 'code' as a string")
+        with self.kernel_lock:
+            if self.kernel is None:
+                if __package__:
+                    from .kernel import Kernel
+                else:
+                    from kernel import Kernel
+                self.kernel = Kernel(
+                    self.plan["exec_prefix"],
+                    self.plan["kernel_argv"],
+                    self.plan["spawn_env"],
+                    self.plan["spawn_cwd"],
+                    self.plan["rlimits"],
+                    self.plan["kernel_dir_host"],
+                    self.plan["kernel_dir_inner"],
+                    self.plan["output_bytes"],
+                    os.path.join(self.dir, "kernel.log"),
+                )
+        return self.kernel.execute(code, float(args.get("timeout_s") or self.plan["default_timeout_s"]))
+
+    # -- limits and shutdown -----------------------------------------------------------
+    def _watchdog(self) -> None:
+        idle_s = self.plan["idle_timeout_s"]
+        lifetime_s = self.plan["max_lifetime_s"]
+        disk_bytes = self.plan.get("disk_bytes")
+        next_disk_check = 0.0
+        while not self.stopping.wait(1.0):
+            now = time.monotonic()
+            with self.activity_lock:
+                idle = self.in_flight == 0 and now - self.last_activity > idle_s
+            if idle or now - self.started > lifetime_s:
+                self.stop()
+                return
+            if disk_bytes and now >= next_disk_check:
+                next_disk_check = now + 5.0
+                used = sum(_tree_bytes(host) for _, host in self.plan["mounts"])
+                self.disk_exceeded = (
+                    f"disk limit exceeded: the sandbox uses {used // 2**20} MiB of "
+                    f"{disk_bytes // 2**20} MiB; delete files before writing more"
+                    if used > disk_bytes
+                    else ""
+                )
+
+    def shutdown(self) -> None:
+        self.stopping.set()
+        if self.listener is not None:
+            self.listener.close()
+        for session in list(self.sessions.values()):
+            session.close()
+        if self.kernel is not None:
+            self.kernel.close()
+        if self.plan.get("stop_argv"):
+            subprocess.run(self.plan["stop_argv"], capture_output=True, env=self.plan["host_env"], timeout=120)
+        kill_session_processes(os.getpid())
+        if self.plan.get("remove_dir_on_exit", True):
+            remove_tree(self.dir)
+        else:
+            try:
+                os.unlink(self.plan["socket_path"])
+            except FileNotFoundError:
+                pass
+
+
+def _tree_bytes(path: str) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except OSError:
+                continue
+    return total
+
+
+def remove_tree(path: str) -> None:
+    """rm -rf that also removes folders the sandboxed code made read-only."""
+
+    def make_writable(function, failed_path, _excinfo):
+        try:
+            os.chmod(os.path.dirname(failed_path), 0o700)
+            os.chmod(failed_path, 0o700)
+            function(failed_path)
+        except OSError:
+            pass
+
+    shutil.rmtree(path, onerror=make_writable)
+
+
+def main() -> None:
+    with open(sys.argv[1]) as handle:
+        plan = json.load(handle)
+    ready_fd = int(plan["ready_fd"])
+    supervisor = Supervisor(plan)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, lambda *_: supervisor.stop())
+    try:
+        supervisor.start()
+    except Exception as error:
+        os.write(ready_fd, f"error {error}\n".encode("utf-8", "replace"))
+        supervisor.shutdown()
+        os._exit(1)
+    os.write(ready_fd, f"ok {os.getpid()}\n".encode())
+    os.close(ready_fd)
+    try:
+        supervisor.serve()
+    finally:
+        supervisor.shutdown()
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

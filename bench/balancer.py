@@ -42,10 +42,12 @@ BLOCK = 16  # tokens per KV block, vLLM's default
 
 @dataclass
 class Workload:
-    backends: int = 8
+    # A multi-node RL deployment: 32 inference servers (4 nodes x 8 GPUs), 64 groups of 8
+    # jobs in flight (512 concurrent episodes, 16 per server).
+    backends: int = 32
     group_size: int = 8
     groups: int = 320
-    groups_in_flight: int = 32
+    groups_in_flight: int = 64
     # KV tokens per backend left for prefix caching (an 8B model on one 80 GB GPU: ~300k).
     cache_tokens: int = 300_000
     prompt_tokens: tuple[int, int] = (1500, 4000)
@@ -255,10 +257,13 @@ def p99(samples: list[int]) -> float:
 # -- Lua throughput -----------------------------------------------------------------------
 
 
-async def _throughput_clients(url: str, first: int, clients: int, seconds: float) -> int:
+async def _throughput_clients(url: str, first: int, clients: int, seconds: float, barrier) -> int:
     redises = [Redis.from_url(url) for _ in range(clients)]
     balancers = [Balancer(r, namespace="thr", worker_id=f"w{first + i}") for i, r in enumerate(redises)]
-    await redises[0].ping()
+    for r in redises:
+        await r.ping()  # connect before the clock starts
+    if barrier is not None:
+        barrier.wait()
     deadline = time.perf_counter() + seconds
 
     async def loop(b: Balancer, i: int) -> int:
@@ -275,13 +280,14 @@ async def _throughput_clients(url: str, first: int, clients: int, seconds: float
     return sum(counts)
 
 
-def _throughput_process(url: str, first: int, clients: int, seconds: float, out) -> None:
-    out.put(asyncio.run(_throughput_clients(url, first, clients, seconds)))
+def _throughput_process(url: str, first: int, clients: int, seconds: float, barrier, out) -> None:
+    out.put(asyncio.run(_throughput_clients(url, first, clients, seconds, barrier)))
 
 
 async def lua_throughput(url: str, clients: int, processes: int, seconds: float) -> float:
     """Acquire+release pairs/s of `clients` concurrent connections spread over processes
-    (one Python process cannot saturate Redis: the client, not Lua, is the bottleneck)."""
+    (one Python process cannot saturate Redis: the client, not Lua, is the bottleneck).
+    All processes connect first and start together, so start-up is not measured."""
     import multiprocessing as mp
 
     redis = Redis.from_url(url)
@@ -289,23 +295,20 @@ async def lua_throughput(url: str, clients: int, processes: int, seconds: float)
     for i in range(8):
         await balancer.register(f"http://backend{i}:8000")
     ctx = mp.get_context("spawn")
-    out = ctx.Queue()
+    out, barrier = ctx.Queue(), ctx.Barrier(processes)
     per = [clients // processes + (i < clients % processes) for i in range(processes)]
     procs = [
-        ctx.Process(target=_throughput_process, args=(url, sum(per[:i]), n, seconds, out))
+        ctx.Process(target=_throughput_process, args=(url, sum(per[:i]), n, seconds, barrier, out))
         for i, n in enumerate(per)
     ]
-    start = time.perf_counter()
     for proc in procs:
         proc.start()
     total = sum(out.get() for _ in procs)
-    elapsed = time.perf_counter() - start
     for proc in procs:
         proc.join()
-    # Process start-up is inside `elapsed`, so this under-states Redis a little.
-    assert set((await balancer.in_flight()).values()) == {0}
+    assert set((await balancer.in_flight()).values()) == {0}, "throughput run leaked slots"
     await redis.aclose()
-    return total / elapsed
+    return total / seconds
 
 
 def start_redis(folder: Path) -> tuple[subprocess.Popen, str]:
@@ -326,10 +329,20 @@ def start_redis(folder: Path) -> tuple[subprocess.Popen, str]:
 
 WORKLOADS = {
     # Tool-use / coding tasks: long shared prompt (system + tools + task), a few turns.
-    "tool-use": dict(prompt_tokens=(2000, 6000), turns=(1, 6), obs_tokens=(50, 500)),
+    "tool-use": dict(prompt_tokens=(2000, 6000), turns=(1, 6), obs_tokens=(50, 500), groups_scale=1.0),
     # SWE-style: many turns with long observations; the job's own history dominates.
-    "long-horizon": dict(prompt_tokens=(3000, 8000), turns=(5, 20), obs_tokens=(100, 2000)),
+    # (fewer groups: each runs ~4x the requests, and the result is steady well before)
+    "long-horizon": dict(
+        prompt_tokens=(3000, 8000), turns=(5, 20), obs_tokens=(100, 2000), groups_scale=0.4
+    ),
 }
+
+
+def workload(common: dict, shape: dict) -> Workload:
+    shape = dict(shape)
+    scale = shape.pop("groups_scale")
+    groups = max(int(common["groups"] * scale), common["groups_in_flight"])
+    return Workload(**{**common, "groups": groups}, **shape)
 
 
 async def run_policies(url: str, w: Workload, slack: int, namespace: str) -> dict[str, Stats]:
@@ -382,7 +395,7 @@ async def main() -> None:
     args = parser.parse_args()
     common = dict(
         backends=args.backends,
-        groups=48 if args.quick else args.groups,
+        groups=96 if args.quick else args.groups,
         groups_in_flight=args.groups_in_flight,
         cache_tokens=args.cache_tokens,
         seed=args.seed,
@@ -392,7 +405,7 @@ async def main() -> None:
         proc, url = start_redis(Path(tmp))
         try:
             results = {
-                name: await run_policies(url, Workload(**common, **shape), args.slack, f"sim{i}")
+                name: await run_policies(url, workload(common, shape), args.slack, f"sim{i}")
                 for i, (name, shape) in enumerate(WORKLOADS.items())
                 if not args.workload or name in args.workload
             }
@@ -407,7 +420,7 @@ async def main() -> None:
 
     w = Workload(**common)
     print(
-        f"{w.backends} backends, {w.groups} groups of G={w.group_size}, {w.groups_in_flight} "
+        f"{w.backends} backends, up to {w.groups} groups of G={w.group_size}, {w.groups_in_flight} "
         f"groups in flight, {w.cache_tokens:,} cacheable tokens/backend, "
         f"group_affinity_slack={args.slack}"
     )

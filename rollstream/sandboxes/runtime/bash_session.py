@@ -15,8 +15,11 @@ import select
 import signal
 import threading
 import time
+from typing import Callable, TypeVar
 
 import ptyprocess
+
+T = TypeVar("T")
 
 # Keep escaped chunks well below the 4095-byte canonical-mode line limit of a tty.
 _CHUNK_CHARS = 1000
@@ -109,6 +112,38 @@ def kill_session_processes(session_id: int) -> None:
             continue
 
 
+class Spawner:
+    """Starts child processes from one long-lived thread.
+
+    bwrap --die-with-parent uses PR_SET_PDEATHSIG, which fires when the *thread* that
+    forked the child exits; request threads are short-lived, this one is not.
+    """
+
+    def __init__(self) -> None:
+        import queue
+
+        self.requests: queue.Queue = queue.Queue()
+        threading.Thread(target=self._loop, daemon=True, name="spawner").start()
+
+    def _loop(self) -> None:
+        while True:
+            function, done, box = self.requests.get()
+            try:
+                box.append((True, function()))
+            except BaseException as error:  # handed back to the calling thread
+                box.append((False, error))
+            done.set()
+
+    def __call__(self, function: Callable[[], T]) -> T:
+        done, box = threading.Event(), []
+        self.requests.put((function, done, box))
+        done.wait()
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
+
 class SessionBusy(Exception):
     """A second command was sent to a session that is still running one."""
 
@@ -124,6 +159,7 @@ class BashSession:
         rlimits: dict[str, int],
         output_bytes: int,
         interrupt_grace_s: float = 2.0,
+        spawner: Callable[[Callable[[], T]], T] | None = None,
     ) -> None:
         self.argv = argv
         self.env = env
@@ -131,6 +167,7 @@ class BashSession:
         self.rlimits = rlimits
         self.output_bytes = output_bytes
         self.interrupt_grace_s = interrupt_grace_s
+        self.spawner = spawner or (lambda function: function())
         self.lock = threading.Lock()
         self.process: ptyprocess.PtyProcess | None = None
         self.number = 0
@@ -144,13 +181,15 @@ class BashSession:
             resource.setrlimit(limit, (value, value))
 
     def start(self) -> None:
-        self.process = ptyprocess.PtyProcess.spawn(
-            self.argv,
-            cwd=self.cwd,
-            env=self.env,
-            echo=False,
-            preexec_fn=self._preexec if self.rlimits else None,
-            dimensions=(50, 250),
+        self.process = self.spawner(
+            lambda: ptyprocess.PtyProcess.spawn(
+                self.argv,
+                cwd=self.cwd,
+                env=self.env,
+                echo=False,
+                preexec_fn=self._preexec if self.rlimits else None,
+                dimensions=(50, 250),
+            )
         )
         self.number = 0
         setup = (

@@ -46,6 +46,7 @@ class Kernel:
         log_path: str,
         start_timeout_s: float = 60.0,
         interrupt_grace_s: float = 3.0,
+        spawner=None,
     ) -> None:
         self.exec_prefix = exec_prefix
         self.kernel_argv = kernel_argv
@@ -58,9 +59,11 @@ class Kernel:
         self.log_path = log_path
         self.start_timeout_s = start_timeout_s
         self.interrupt_grace_s = interrupt_grace_s
+        self.spawner = spawner or (lambda function: function())
         self.lock = threading.Lock()
         self.process: subprocess.Popen | None = None
-        self.client = None
+        self.context = None
+        self._cached_poller = None
 
     # -- lifecycle -------------------------------------------------------------------
     def _preexec(self) -> None:
@@ -68,9 +71,8 @@ class Kernel:
             resource.setrlimit(getattr(resource, name), (value, value))
 
     def start(self) -> None:
-        from jupyter_client import BlockingKernelClient  # heavy: only on first use
-
         os.makedirs(self.host_dir, exist_ok=True)
+        key = secrets.token_hex(16)
         info = {
             "transport": "ipc",
             "shell_port": 1,
@@ -78,61 +80,101 @@ class Kernel:
             "stdin_port": 3,
             "control_port": 4,
             "hb_port": 5,
-            "key": secrets.token_hex(16),
+            "key": key,
             "signature_scheme": "hmac-sha256",
             "kernel_name": "python3",
         }
-        # Host and sandbox see the same folder under different paths: one file for each.
-        inner_info = dict(info, ip=os.path.join(self.inner_dir, "k"))
+        # Host and sandbox see the same folder under different paths: the kernel gets the
+        # sandbox path, we connect through the host path.
         with open(os.path.join(self.host_dir, "kernel.json"), "w") as handle:
-            json.dump(inner_info, handle)
+            json.dump(dict(info, ip=os.path.join(self.inner_dir, "k")), handle)
         argv = [a.replace("{connection_file}", os.path.join(self.inner_dir, "kernel.json"))
                 for a in self.kernel_argv]
         log = open(self.log_path, "ab")
         try:
-            self.process = subprocess.Popen(
-                self.exec_prefix + argv,
-                env=self.env,
-                cwd=self.cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                start_new_session=True,
-                preexec_fn=self._preexec if self.rlimits else None,
+            self.process = self.spawner(
+                lambda: subprocess.Popen(
+                    self.exec_prefix + argv,
+                    env=self.env,
+                    cwd=self.cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    start_new_session=True,
+                    preexec_fn=self._preexec if self.rlimits else None,
+                )
             )
         finally:
             log.close()
-        client = BlockingKernelClient()
-        client.load_connection_info(dict(info, ip=os.path.join(self.host_dir, "k")))
-        client.start_channels()
-        self.client = client
-        deadline = time.monotonic() + self.start_timeout_s
+        # Imported while the kernel boots: jupyter_client takes a few hundred ms to import.
+        # We drive the zmq sockets ourselves; the blocking client adds ms per message.
+        import zmq
+        from jupyter_client.session import Session
+
+        self.zmq = zmq
+        self.session = Session(key=key.encode(), signature_scheme="hmac-sha256", username="rollstream")
+        self.context = zmq.Context()
+        base = "ipc://" + os.path.join(self.host_dir, "k")
+        self.shell = self.context.socket(zmq.DEALER)
+        self.control = self.context.socket(zmq.DEALER)
+        self.iopub = self.context.socket(zmq.SUB)
+        self.iopub.setsockopt(zmq.SUBSCRIBE, b"")
+        for sock, port in ((self.shell, 1), (self.iopub, 2), (self.control, 4)):
+            sock.linger = 0
+            sock.connect(f"{base}-{port}")
+        self._wait_ready(time.monotonic() + self.start_timeout_s)
+
+    def _wait_ready(self, deadline: float) -> None:
+        """Send kernel_info until its status reaches us on iopub (so no output is lost)."""
+        assert self.process is not None
+        zmq = self.zmq
+        poller = zmq.Poller()
+        poller.register(self.iopub, zmq.POLLIN)
+        poller.register(self.shell, zmq.POLLIN)
+        pending: set[str] = set()
+        next_send = 0.0
         while True:
+            now = time.monotonic()
             if self.process.poll() is not None:
+                code = self.process.returncode
                 self.close()
                 raise KernelStartError(
-                    f"the IPython kernel exited with status {self.process.returncode} while "
-                    f"starting; is ipykernel installed in the sandbox image? see {self.log_path}"
+                    f"the IPython kernel exited with status {code} while starting; is ipykernel "
+                    f"installed in the sandbox image? see {self.log_path}"
                 )
-            try:
-                client.wait_for_ready(timeout=min(1.0, max(deadline - time.monotonic(), 0.01)))
-                return
-            except RuntimeError:
-                if time.monotonic() > deadline:
-                    self.close()
-                    raise KernelStartError(
-                        f"the IPython kernel did not answer within {self.start_timeout_s:g} s; "
-                        f"see {self.log_path}"
-                    ) from None
+            if now > deadline:
+                self.close()
+                raise KernelStartError(
+                    f"the IPython kernel did not answer within {self.start_timeout_s:g} s; see {self.log_path}"
+                )
+            if now >= next_send:
+                message = self.session.msg("kernel_info_request", content={})
+                self.session.send(self.shell, message)
+                pending.add(message["header"]["msg_id"])
+                next_send = now + 0.5
+            for sock, _ in poller.poll(100):
+                message = self.session.recv(sock, mode=zmq.NOBLOCK)[1]
+                if sock is self.iopub and message and message["parent_header"].get("msg_id") in pending:
+                    self._drain(0.05)
+                    return
+
+    def _drain(self, wait_s: float) -> None:
+        """Discard stale replies (earlier kernel_info, interrupted cells)."""
+        zmq = self.zmq
+        for sock in (self.shell, self.iopub, self.control):
+            while sock.poll(int(wait_s * 1000)):
+                sock.recv_multipart(zmq.NOBLOCK)
 
     @property
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
     def close(self) -> None:
-        client, self.client = self.client, None
-        if client is not None:
-            client.stop_channels()
+        if getattr(self, "context", None) is not None:
+            for sock in (self.shell, self.iopub, self.control):
+                sock.close(linger=0)
+            self.context.term()
+            self.context = None
         process, self.process = self.process, None
         if process is not None:
             kill_session_processes(process.pid)
@@ -159,8 +201,13 @@ class Kernel:
                 notes.append("the kernel had died and was restarted; its state is lost")
             self.close()
             self.start()
-        assert self.client is not None
-        msg_id = self.client.execute(code, store_history=True, allow_stdin=False)
+        request = self.session.msg(
+            "execute_request",
+            content={"code": code, "silent": False, "store_history": True, "user_expressions": {},
+                     "allow_stdin": False, "stop_on_error": True},
+        )
+        self.session.send(self.shell, request)
+        msg_id = request["header"]["msg_id"]
         out = {"stdout": OutputCollector(self.output_bytes), "stderr": OutputCollector(self.output_bytes)}
         result: dict = {"result": None, "error": None, "images_png_b64": [], "execution_count": None}
         finished = self._collect(msg_id, started + timeout_s, out, result)
@@ -188,28 +235,32 @@ class Kernel:
 
     def _collect(self, msg_id: str, deadline: float, out: dict, result: dict) -> bool:
         """Gather iopub messages of `msg_id` until the kernel goes idle; False on timeout."""
-        import queue
-
-        assert self.client is not None
-        while True:
+        zmq = self.zmq
+        idle = replied = False
+        while not (idle and replied):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
-            try:
-                message = self.client.get_iopub_msg(timeout=min(remaining, _POLL_S))
-            except queue.Empty:
+            ready = dict(self._poller().poll(int(min(remaining, _POLL_S) * 1000) + 1))
+            if not ready:
                 if not self.alive:
                     result["error"] = result["error"] or "KernelDied: the kernel process exited"
                     return True
                 continue
-            if message.get("parent_header", {}).get("msg_id") != msg_id:
+            if self.shell in ready:
+                reply = self.session.recv(self.shell, mode=zmq.NOBLOCK)[1]
+                if reply and reply["parent_header"].get("msg_id") == msg_id:
+                    replied = True
+            if self.iopub not in ready:
+                continue
+            message = self.session.recv(self.iopub, mode=zmq.NOBLOCK)[1]
+            if not message or message["parent_header"].get("msg_id") != msg_id:
                 continue
             kind = message["msg_type"]
             content = message["content"]
             if kind == "stream":
-                out[content.get("name", "stdout") if content.get("name") in out else "stdout"].add(
-                    content.get("text", "").encode("utf-8", "replace")
-                )
+                name = content.get("name") if content.get("name") in out else "stdout"
+                out[name].add(content.get("text", "").encode("utf-8", "replace"))
             elif kind in ("execute_result", "display_data"):
                 data = content.get("data", {})
                 if "image/png" in data:
@@ -223,24 +274,18 @@ class Kernel:
                 traceback = "\n".join(content.get("traceback", []))
                 result["error"] = _ANSI.sub("", traceback) or f"{content.get('ename')}: {content.get('evalue')}"
             elif kind == "status" and content.get("execution_state") == "idle":
-                self._drain_shell(msg_id)
-                return True
+                idle = True
+        return True
 
-    def _drain_shell(self, msg_id: str) -> None:
-        import queue
-
-        assert self.client is not None
-        try:
-            while True:
-                reply = self.client.get_shell_msg(timeout=0.5)
-                if reply.get("parent_header", {}).get("msg_id") == msg_id:
-                    return
-        except queue.Empty:
-            return
+    def _poller(self):
+        if getattr(self, "_cached_poller", None) is None:
+            poller = self.zmq.Poller()
+            poller.register(self.iopub, self.zmq.POLLIN)
+            poller.register(self.shell, self.zmq.POLLIN)
+            self._cached_poller = poller
+        return self._cached_poller
 
     def _send_interrupt(self) -> None:
-        assert self.client is not None
         # ipykernel answers interrupt_request on the control channel by signalling itself;
         # this works through any container runtime, unlike a host-side signal.
-        message = self.client.session.msg("interrupt_request", content={})
-        self.client.control_channel.send(message)
+        self.session.send(self.control, self.session.msg("interrupt_request", content={}))

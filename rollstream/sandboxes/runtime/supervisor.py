@@ -22,11 +22,11 @@ import traceback
 
 if __package__:
     from . import protocol
-    from .bash_session import BashSession, SessionBusy, kill_session_processes
+    from .bash_session import BashSession, SessionBusy, Spawner, kill_session_processes
     from .editor import Editor, EditorError, PathMap
 else:  # python -S supervisor.py: sibling modules are top-level
     import protocol
-    from bash_session import BashSession, SessionBusy, kill_session_processes
+    from bash_session import BashSession, SessionBusy, Spawner, kill_session_processes
     from editor import Editor, EditorError, PathMap
 
 MAX_SESSIONS = 16
@@ -54,6 +54,7 @@ class Supervisor:
         self.stopping = threading.Event()
         self.disk_exceeded = ""
         self.listener: socket.socket | None = None
+        self.spawner = Spawner()
         # Written to wake the accept loop at once on shutdown (a signal or the shutdown op).
         self.wake_read, self.wake_write = os.pipe()
 
@@ -102,6 +103,7 @@ class Supervisor:
                 self.plan["spawn_cwd"],
                 self.plan["rlimits"],
                 self.plan["output_bytes"],
+                spawner=self.spawner,
             )
             created.start()
             self.sessions[name] = created
@@ -257,6 +259,7 @@ class Supervisor:
                     self.plan["kernel_dir_inner"],
                     self.plan["output_bytes"],
                     os.path.join(self.dir, "kernel.log"),
+                    spawner=self.spawner,
                 )
         return self.kernel.execute(code, float(args.get("timeout_s") or self.plan["default_timeout_s"]))
 

@@ -17,7 +17,7 @@ from rollstream.errors import InvalidJob, RedisUnavailable
 from rollstream.messages import Job, Result, new_id
 from rollstream.pipeline import cancel as cancel_flags
 from rollstream.pipeline.codec import unpack
-from rollstream.pipeline.connection import async_redis, check_async
+from rollstream.pipeline.connection import MAX_BLOCK_MS, async_redis, check_async
 from rollstream.pipeline.groups import ensure_group
 from rollstream.pipeline.jobstate import JobState, read_state
 from rollstream.pipeline.keys import RESULTS_GROUP, Keys
@@ -115,9 +115,16 @@ class AsyncClient:
         yielded = 0
         backlog = not self._backlog_done
         self._backlog_done = True
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while max_results is None or yielded < max_results:
             await self._ack_pending()
-            block_ms = None if backlog else (0 if timeout_s is None else max(1, int(timeout_s * 1000)))
+            if backlog:
+                block_ms = None
+            else:
+                left_ms = MAX_BLOCK_MS if deadline is None else int((deadline - time.monotonic()) * 1000)
+                if left_ms <= 0:
+                    return
+                block_ms = max(1, min(left_ms, MAX_BLOCK_MS))
             resp = await self.r.xreadgroup(RESULTS_GROUP, self._consumer, {self._results_stream: "0" if backlog else ">"},
                                            count=batch, block=block_ms)
             entries = resp[0][1] if resp else []
@@ -129,7 +136,9 @@ class AsyncClient:
                 if not entries:
                     continue
             if not entries:
-                return
+                continue  # this slice was quiet; the deadline decides when to stop
+            if deadline is not None:
+                deadline = time.monotonic() + timeout_s  # timeout_s counts from the last result
             for msg_id, fields in entries:
                 self._to_ack.append(msg_id)
                 yield unpack(Result, fields[b"data"])

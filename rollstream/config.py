@@ -53,6 +53,7 @@ class Settings(BaseSettings):
     max_sandboxes_per_node: int = Field(64, description="Init pulls work only while this node holds "
                                         "fewer live sandboxes (back-pressure).")
     read_block_ms: int = Field(1000, description="XREADGROUP block time; bounds shutdown latency.")
+    api_max_wait_s: float = Field(30.0, description="Longest long-poll the HTTP API accepts.")
     max_job_bytes: int = Field(4 * 1024 * 1024, description="Largest accepted job message.")
 
 

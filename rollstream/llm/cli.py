@@ -24,6 +24,10 @@ def serve_model_command(
         "raw_logprobs", help="raw_logprobs (vLLM's default: before temperature/top-p) or processed_logprobs"
     ),
     log_level: str = typer.Option("warning", help="uvicorn log level"),
+    register: bool = typer.Option(
+        False, help="add this server to the balancer (REDIS_URL, ROLLSTREAM_NAMESPACE) once it serves"
+    ),
+    advertise_url: str = typer.Option("", help="URL the run workers use to reach it; default http://HOST:PORT"),
 ) -> None:
     """Serve a model with vLLM's completions API (token ids in, token ids + logprobs out)."""
     from rollstream.llm.server.app import serve_model
@@ -33,6 +37,14 @@ def serve_model_command(
     if not model.is_dir():
         raise typer.BadParameter(f"{model} is not a folder; build one with `rollstream tiny-model DIR`", param_hint="--model")
     logging.basicConfig(level=log_level.upper())
+    redis_url, namespace = None, "rs"
+    if register:
+        from rollstream.config import load_settings
+
+        settings = load_settings()
+        if not settings.redis_url:
+            raise typer.BadParameter("--register needs REDIS_URL set to the Redis the workers use", param_hint="--register")
+        redis_url, namespace = settings.redis_url, settings.namespace
     serve_model(
         model,
         host=host,
@@ -44,6 +56,9 @@ def serve_model_command(
         prefix_cache_bytes=prefix_cache_mb << 20,
         logprobs_mode=logprobs_mode,
         log_level=log_level,
+        register_redis_url=redis_url,
+        namespace=namespace,
+        advertise_url=advertise_url or None,
     )
 
 
@@ -57,5 +72,10 @@ def tiny_model_command(
     typer.echo(str(build_tiny_model(out_dir, seed=seed)))
 
 
-app.command("serve-model")(serve_model_command)
-app.command("tiny-model")(tiny_model_command)
+def register(parent: typer.Typer) -> None:
+    """Mount these commands on the main `rollstream` CLI."""
+    parent.command("serve-model")(serve_model_command)
+    parent.command("tiny-model")(tiny_model_command)
+
+
+register(app)

@@ -54,6 +54,8 @@ class Generation(BaseModel):
     text: str = ""
     stop_reason: int | str | None = None
     prompt_tokens: int | None = None
+    # Prompt tokens the server took from its prefix cache, where it reports them.
+    cached_tokens: int | None = None
     backend: str = ""
     # Only servers that know it report it (the built-in server, SGLang's weight_version).
     policy_version: int | None = None
@@ -246,6 +248,7 @@ class VLLMClient(_HTTPBackend):
                 base_url, f"{len(token_ids)} token ids but {len(token_logprobs)} logprobs in the response", retryable=False
             )
         usage = body.get("usage") or {}
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
         version = body.get("policy_version")
         return Generation(
             token_ids=[int(t) for t in token_ids],
@@ -255,6 +258,7 @@ class VLLMClient(_HTTPBackend):
             text=choice.get("text") or "",
             stop_reason=choice.get("stop_reason"),
             prompt_tokens=usage.get("prompt_tokens"),
+            cached_tokens=cached,
             backend=base_url,
             policy_version=int(version) if version is not None else None,
         )
@@ -339,6 +343,7 @@ class SGLangClient(_HTTPBackend):
             text=body.get("text") or "",
             stop_reason=matched,
             prompt_tokens=meta.get("prompt_tokens"),
+            cached_tokens=meta.get("cached_tokens"),
             backend=base_url,
             policy_version=policy_version,
         )

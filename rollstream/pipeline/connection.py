@@ -21,13 +21,21 @@ def redacted(url: str) -> str:
     return f"{scheme}://{user}:***@{host}"
 
 
+# Blocking reads (XREADGROUP BLOCK) are always issued in slices shorter than this, so a
+# read that outlives it means Redis is hung, not that the stream is quiet.
+SOCKET_TIMEOUT_S = 30.0
+MAX_BLOCK_MS = 5000
+
+
 def async_redis(url: str, *, max_connections: int = 512) -> aioredis.Redis:
     """An asyncio client for ``url``; commands pool their connections."""
-    return aioredis.Redis.from_url(url, max_connections=max_connections, health_check_interval=30)
+    return aioredis.Redis.from_url(url, max_connections=max_connections, health_check_interval=30,
+                                   socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=10)
 
 
 def sync_redis(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, health_check_interval=30)
+    return redis.Redis.from_url(url, health_check_interval=30, socket_timeout=SOCKET_TIMEOUT_S,
+                                socket_connect_timeout=10)
 
 
 async def check_async(r: aioredis.Redis, url: str) -> None:

@@ -119,6 +119,8 @@ class BatchStats:
     wait_s: float = 0.0
     staleness_mean: float = 0.0
     staleness_max: int = 0
+    # rewards of every group resolved this step, kept or dropped: the unbiased learning curve
+    rewards_all: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -198,6 +200,7 @@ class DynamicSampler(Generic[P]):
 
     def _judge(self, group: SampledGroup, policy_version: int, stats: BatchStats) -> bool:
         rewards = group.rewards
+        stats.rewards_all.extend(rewards)
         if len(rewards) < self.config.min_completed_per_group:
             stats.dropped_failed += 1
             self._record_outcome(False)

@@ -254,3 +254,27 @@ async def test_health_checker_ejects_a_dead_backend_and_readmits_it(balancer: Ba
         server.shutdown()
         server.server_close()
         await checker.aclose()
+
+
+async def test_an_overflowing_group_prefers_the_backends_it_already_uses(balancer: Balancer):
+    await _register(balancer)
+    leases = [await balancer.acquire(f"job{i}", "group") for i in range(4)]
+    home, overflow = leases[0].backend, leases[3].backend
+    # Both now hold the group's prompt; the next job takes the less loaded of the two
+    # (load 1, within 0 + slack) rather than an idle backend that has nothing cached.
+    fifth = await balancer.acquire("job4", "group")
+    assert fifth.backend == overflow and fifth.reason == "group"
+    assert home != overflow
+
+
+async def test_keep_alive_renews_the_leases_this_process_holds(redis_client: Redis, namespace: str):
+    balancer = Balancer(redis_client, namespace=namespace, lease_ttl_s=0.5)
+    await _register(balancer, BACKENDS[:1])
+    lease = await balancer.acquire("long-turn")
+    renewer = asyncio.create_task(balancer.keep_alive(interval_s=0.1))
+    try:
+        await asyncio.sleep(1.0)  # twice the ttl: only renewal keeps the lease alive
+        assert await balancer.reclaim_expired() == 0
+    finally:
+        renewer.cancel()
+    assert await balancer.release(lease) == 1

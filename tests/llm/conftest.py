@@ -44,7 +44,7 @@ def _stop(proc) -> None:
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(timeout=10)
+            proc.wait(timeout=5)
         except Exception:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)

@@ -122,6 +122,8 @@ async def test_next_turn_reuses_the_prefix_cache_without_changing_results(model_
     assert resp["usage"]["prompt_tokens_details"]["cached_tokens"] >= len(prompt)
     choice = resp["choices"][0]
     assert choice["token_ids"] == greedy_reference(reference_model, second_prompt, 12)
+    again = await client.generate(model_server, second_prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    assert again.cached_tokens == len(second_prompt) - 1 and again.token_ids == choice["token_ids"]
     recomputed = recompute_logprobs(reference_model, second_prompt, choice["token_ids"])
     assert max(abs(a - b) for a, b in zip(choice["logprobs"]["token_logprobs"], recomputed)) < 1e-4
 

@@ -4,6 +4,7 @@ that run it: `serve_model` (blocking) and `start_server_process` (a child proces
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -40,9 +41,12 @@ from rollstream.llm.server.protocol import (
     PolicyVersion,
     UsageInfo,
 )
+from rollstream.llm.server.registration import Registration, advertise_url_for
 from rollstream.llm.server.sampling import SequenceSampling
 
 logger = logging.getLogger(__name__)
+
+DISCONNECT_POLL_S = 0.25
 
 
 def _error(status: int, message: str, kind: str = "BadRequestError") -> JSONResponse:
@@ -132,11 +136,15 @@ def to_completion_response(engine: Engine, body: CompletionRequest, req: Generat
     )
 
 
-def create_app(engine: Engine) -> FastAPI:
+def create_app(engine: Engine, registration: Registration | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         engine.start()
+        if registration is not None:
+            await registration.register()
         yield
+        if registration is not None:
+            await registration.deregister()
         engine.shutdown()
 
     app = FastAPI(title="rollstream built-in model server", version="1", lifespan=lifespan)
@@ -160,12 +168,20 @@ def create_app(engine: Engine) -> FastAPI:
         return ModelList(data=[card])
 
     @app.post("/v1/completions", response_model=CompletionResponse, responses={400: {"model": ErrorResponse}})
-    async def completions(body: CompletionRequest):
+    async def completions(body: CompletionRequest, request: Request):
         if body.model is not None and body.model != engine.model_name:
             return _error(404, f"The model `{body.model}` does not exist; this server serves `{engine.model_name}`", "NotFoundError")
         req = to_generate_request(engine, body)
+        task = asyncio.ensure_future(engine.generate(req))
+        # A client that gave up (timeout, cancelled job) frees its batch slot at once, as
+        # vLLM aborts a request whose connection closed.
+        while not task.done():
+            await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if not task.done() and await request.is_disconnected():
+                task.cancel()
+                return Response(status_code=499)
         try:
-            out = await engine.generate(req)
+            out = task.result()
         except ContextTooLong as exc:
             return _error(400, str(exc))
         return to_completion_response(engine, body, req, out)
@@ -197,8 +213,12 @@ def serve_model(
     prefix_cache_bytes: int = 1 << 30,
     logprobs_mode: str = "raw_logprobs",
     log_level: str = "warning",
+    register_redis_url: str | None = None,
+    namespace: str = "rs",
+    advertise_url: str | None = None,
 ) -> None:
-    """Load the model and serve it until interrupted (blocking)."""
+    """Load the model and serve it until interrupted (blocking). With `register_redis_url`,
+    the server adds itself to the balancer once it serves and removes itself on exit."""
     import uvicorn
 
     config = EngineConfig(
@@ -210,8 +230,16 @@ def serve_model(
         prefix_cache_bytes=prefix_cache_bytes,
         logprobs_mode=logprobs_mode,  # type: ignore[arg-type]
     )
-    app = create_app(Engine(config))
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    engine = Engine(config)
+    registration = None
+    if register_redis_url:
+        registration = Registration(
+            redis_url=register_redis_url,
+            advertise_url=advertise_url or advertise_url_for(host, port),
+            namespace=namespace,
+            info={"model": engine.model_name},
+        )
+    uvicorn.run(create_app(engine, registration), host=host, port=port, log_level=log_level)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -227,6 +255,7 @@ def start_server_process(
     device: str = "cpu",
     extra_args: list[str] | None = None,
     startup_timeout_s: float = 120.0,
+    env: dict[str, str] | None = None,
 ) -> tuple[subprocess.Popen, str]:
     """Start `python -m rollstream.llm.server` in a child process and wait until /health
     answers; returns (process, base_url). The caller terminates the process."""
@@ -236,7 +265,7 @@ def start_server_process(
     log = tempfile.NamedTemporaryFile(prefix="rollstream-model-server-", suffix=".log", delete=False)
     cmd = [sys.executable, "-m", "rollstream.llm.server", "--model", str(model_dir), "--host", host,
            "--port", str(port), "--device", device, *(extra_args or [])]
-    env = dict(os.environ)
+    env = {**os.environ, **(env or {})}
     # Two server processes on a small machine must not each spawn a thread per core.
     env.setdefault("OMP_NUM_THREADS", "1")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -236,16 +236,26 @@ class Engine:
     def _run(self) -> None:
         with torch.inference_mode():
             while not self._stop.is_set():
-                self._drain_inbox()
-                if self._swaps and not self._active:
-                    self._apply_swaps()
-                if not self._swaps:
-                    self._admit()
-                if self._active:
-                    self._step()
-                elif not self._waiting and not self._swaps:
-                    self._wake.wait(timeout=0.5)
-                    self._wake.clear()
+                try:
+                    self._iterate()
+                except Exception as exc:
+                    # Fail what is in flight rather than leave callers waiting on a dead thread.
+                    logger.exception("engine iteration failed; failing %d requests", len(self._active))
+                    for seq in self._active:
+                        _resolve(seq.future, seq.loop, error=exc)
+                    self._active = []
+
+    def _iterate(self) -> None:
+        self._drain_inbox()
+        if self._swaps and not self._active:
+            self._apply_swaps()
+        if not self._swaps:
+            self._admit()
+        if self._active:
+            self._step()
+        elif not self._waiting and not self._swaps:
+            self._wake.wait(timeout=0.5)
+            self._wake.clear()
 
     def _drain_inbox(self) -> None:
         while True:

@@ -31,7 +31,7 @@ class KernelStartError(RuntimeError):
 
 
 class Kernel:
-    """A kernel process inside the sandbox plus a blocking client on the host side."""
+    """A kernel process inside the sandbox and our zmq sockets to it on the host side."""
 
     def __init__(
         self,
@@ -175,6 +175,7 @@ class Kernel:
                 sock.close(linger=0)
             self.context.term()
             self.context = None
+            self._cached_poller = None
         process, self.process = self.process, None
         if process is not None:
             kill_session_processes(process.pid)

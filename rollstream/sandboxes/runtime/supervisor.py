@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import select
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
-import traceback
 
 if __package__:
     from . import protocol
@@ -68,6 +65,8 @@ class Supervisor:
     # -- startup -----------------------------------------------------------------------
     def start(self) -> None:
         if self.plan.get("start_argv"):
+            import subprocess
+
             completed = subprocess.run(
                 self.plan["start_argv"], capture_output=True, env=self.plan["host_env"], timeout=300
             )
@@ -154,6 +153,8 @@ class Supervisor:
         except (BadRequest, EditorError, SessionBusy) as error:
             reply = {"id": request.get("id"), "ok": False, "kind": type(error).__name__, "error": str(error)}
         except Exception as error:  # reported to the caller; the supervisor keeps serving
+            import traceback
+
             reply = {
                 "id": request.get("id"),
                 "ok": False,
@@ -295,6 +296,8 @@ class Supervisor:
         if self.kernel is not None:
             self.kernel.close()
         if self.plan.get("stop_argv"):
+            import subprocess
+
             subprocess.run(self.plan["stop_argv"], capture_output=True, env=self.plan["host_env"], timeout=120)
         kill_session_processes(os.getpid())
         if self.plan.get("remove_dir_on_exit", True):
@@ -319,6 +322,7 @@ def _tree_bytes(path: str) -> int:
 
 def remove_tree(path: str) -> None:
     """rm -rf that also removes folders the sandboxed code made read-only."""
+    import shutil
 
     def make_writable(function, failed_path, _excinfo):
         try:

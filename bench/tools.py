@@ -1,0 +1,164 @@
+"""Tool round trips into a bubblewrap sandbox, against tmux polling and subprocess.run.
+
+Run: python bench/tools.py [--calls 300] [--live 64]. Prints a table, then a last line
+`RESULT {json}` with bash_echo_p50_ms, bash_echo_p99_ms, tmux_echo_p50_ms,
+subprocess_echo_p50_ms, ipython_p50_ms, sandbox_create_destroy_p50_ms, live_sandboxes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+import uuid
+
+from rollstream.sandboxes import SandboxClient, SandboxSpec, create_sandbox, destroy_sandbox
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def bench_sandbox_bash(sb: SandboxClient, command: str, calls: int) -> list[float]:
+    for _ in range(20):  # warm up
+        await sb.bash(command)
+    times = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        result = await sb.bash(command)
+        times.append((time.perf_counter() - started) * 1000)
+        assert result.exit_code == 0, result
+    return times
+
+
+def bench_tmux(command: str, calls: int) -> list[float]:
+    """The common baseline: tmux send-keys, then capture-pane every 10 ms until a marker shows."""
+    if shutil.which("tmux") is None:
+        return []
+    session = f"bench-{uuid.uuid4().hex[:6]}"
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "200", "-y", "50", "bash --norc"], check=True)
+    times = []
+    try:
+        for index in range(calls):
+            marker = f"__done_{index}__"
+            started = time.perf_counter()
+            subprocess.run(["tmux", "send-keys", "-t", session, f"{command}; echo {marker}", "Enter"], check=True)
+            while True:
+                pane = subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
+                if any(line.strip() == marker for line in pane.splitlines()):
+                    break
+                time.sleep(0.01)
+            times.append((time.perf_counter() - started) * 1000)
+            subprocess.run(["tmux", "clear-history", "-t", session])
+            subprocess.run(["tmux", "send-keys", "-t", session, "clear", "Enter"])
+            time.sleep(0.005)
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session])
+    return times
+
+
+def bench_subprocess(command: str, calls: int) -> list[float]:
+    times = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        subprocess.run(["bash", "-c", command], capture_output=True, check=True)
+        times.append((time.perf_counter() - started) * 1000)
+    return times
+
+
+async def bench_create_destroy(root_dir: str, rounds: int) -> list[float]:
+    times = []
+    for index in range(rounds):
+        started = time.perf_counter()
+        handle = await create_sandbox(SandboxSpec(backend="bwrap"), sandbox_id=f"cd{index}", root_dir=root_dir)
+        await destroy_sandbox(handle)
+        times.append((time.perf_counter() - started) * 1000)
+    return times
+
+
+async def bench_live(root_dir: str, count: int) -> int:
+    handles = []
+    semaphore = asyncio.Semaphore(8)
+
+    async def make(index: int):
+        async with semaphore:
+            return await create_sandbox(SandboxSpec(backend="bwrap"), sandbox_id=f"live{index}", root_dir=root_dir)
+
+    results = await asyncio.gather(*(make(i) for i in range(count)), return_exceptions=True)
+    handles = [r for r in results if not isinstance(r, BaseException)]
+    answering = 0
+    try:
+        async def check(handle):
+            async with SandboxClient(handle.socket_path) as sb:
+                return (await sb.bash(f"echo {handle.id}")).output.strip() == handle.id
+
+        answering = sum(await asyncio.gather(*(check(h) for h in handles)))
+    finally:
+        await asyncio.gather(*(destroy_sandbox(h) for h in handles))
+    return answering
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--ipython-calls", type=int, default=200)
+    parser.add_argument("--baseline-calls", type=int, default=100)
+    parser.add_argument("--create-rounds", type=int, default=30)
+    parser.add_argument("--live", type=int, default=64)
+    args = parser.parse_args()
+    root_dir = tempfile.mkdtemp(prefix="rsb-", dir="/tmp")
+    rows: list[tuple[str, list[float]]] = []
+    try:
+        handle = await create_sandbox(SandboxSpec(backend="bwrap"), sandbox_id="bench", root_dir=root_dir)
+        try:
+            async with SandboxClient(handle.socket_path) as sb:
+                for command in ("true", "echo hi", "ls /"):
+                    rows.append((f"sandbox bash `{command}` (socket -> bwrap pty)", await bench_sandbox_bash(sb, command, args.calls)))
+                await sb.ipython("1+1")  # starts the kernel
+                ipython = []
+                for _ in range(args.ipython_calls):
+                    started = time.perf_counter()
+                    await sb.ipython("1+1")
+                    ipython.append((time.perf_counter() - started) * 1000)
+                rows.append(("sandbox ipython `1+1`", ipython))
+        finally:
+            await destroy_sandbox(handle)
+        rows.append(("tmux send-keys + capture-pane/10 ms `echo hi`", bench_tmux("echo hi", args.baseline_calls)))
+        rows.append(("subprocess.run bash -c `echo hi`", bench_subprocess("echo hi", args.baseline_calls)))
+        rows.append(("bwrap sandbox create + destroy", await bench_create_destroy(root_dir, args.create_rounds)))
+        live = await bench_live(root_dir, args.live)
+    finally:
+        shutil.rmtree(root_dir, ignore_errors=True)
+
+    print(f"{'measurement':55} {'n':>5} {'p50 ms':>9} {'p99 ms':>9} {'mean ms':>9}")
+    for name, values in rows:
+        if values:
+            print(f"{name:55} {len(values):5d} {percentile(values, .5):9.3f} {percentile(values, .99):9.3f} {statistics.mean(values):9.3f}")
+        else:
+            print(f"{name:55} {'-':>5} (not available)")
+    print(f"live sandboxes answering at once: {live} of {args.live}")
+    by_name = dict(rows)
+    echo = by_name["sandbox bash `echo hi` (socket -> bwrap pty)"]
+    tmux = by_name["tmux send-keys + capture-pane/10 ms `echo hi`"]
+    result = {
+        "bash_echo_p50_ms": round(percentile(echo, .5), 3),
+        "bash_echo_p99_ms": round(percentile(echo, .99), 3),
+        "bash_true_p50_ms": round(percentile(by_name["sandbox bash `true` (socket -> bwrap pty)"], .5), 3),
+        "bash_ls_p50_ms": round(percentile(by_name["sandbox bash `ls /` (socket -> bwrap pty)"], .5), 3),
+        "tmux_echo_p50_ms": round(percentile(tmux, .5), 3) if tmux else None,
+        "subprocess_echo_p50_ms": round(percentile(by_name["subprocess.run bash -c `echo hi`"], .5), 3),
+        "ipython_p50_ms": round(percentile(by_name["sandbox ipython `1+1`"], .5), 3),
+        "sandbox_create_destroy_p50_ms": round(percentile(by_name["bwrap sandbox create + destroy"], .5), 3),
+        "live_sandboxes": live,
+    }
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

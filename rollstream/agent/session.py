@@ -1,0 +1,78 @@
+"""An LLM session of one job: the run stage's link between the agent loop, the Redis
+balancer (which backend) and the token-in/token-out client (how to ask it). The job sticks
+to one backend across turns; a failing backend is ejected and the turn retried elsewhere."""
+
+from __future__ import annotations
+
+import logging
+
+from rollstream.llm.client import BackendError, CompletionBackend, Generation, SamplingParams
+from rollstream.pipeline.balancer import Balancer
+
+log = logging.getLogger(__name__)
+
+
+class LLMSession:
+    """Generates model turns for one job. With a balancer, each turn takes a lease on a
+    backend (the job's own while it is healthy, see pipeline/balancer.py) and gives it back
+    when the turn ends; without one, every turn goes to `backend_url`."""
+
+    def __init__(
+        self,
+        client: CompletionBackend,
+        job_id: str,
+        group_id: str | None = None,
+        balancer: Balancer | None = None,
+        backend_url: str | None = None,
+        max_backend_attempts: int = 3,
+        request_timeout_s: float = 600.0,
+    ) -> None:
+        if balancer is None and backend_url is None:
+            raise ValueError("LLMSession needs a balancer or a backend_url to send turns to")
+        self.client = client
+        self.job_id = job_id
+        self.group_id = group_id
+        self.balancer = balancer
+        self.backend_url = backend_url
+        self.max_backend_attempts = max_backend_attempts
+        self.request_timeout_s = request_timeout_s
+        self.backends_used: list[str] = []  # in order, one entry per change of backend
+        self.failures: list[str] = []
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        """One model turn. Retryable backend failures eject the backend and move the job to
+        another one, up to max_backend_attempts; then the last BackendError is raised."""
+        last_error: BackendError | None = None
+        for _attempt in range(self.max_backend_attempts):
+            if self.balancer is None:
+                backend, lease = self.backend_url, None
+            else:
+                lease = await self.balancer.acquire(self.job_id, self.group_id)
+                backend = lease.backend
+            if not self.backends_used or self.backends_used[-1] != backend:
+                self.backends_used.append(backend)
+            try:
+                return await self.client.generate(backend, prompt_ids, params, self.request_timeout_s)
+            except BackendError as exc:
+                if not exc.retryable:
+                    raise
+                last_error = exc
+                self.failures.append(str(exc))
+                log.warning("turn failed on backend; ejecting it and retrying",
+                            extra={"job_id": self.job_id, "backend": backend, "error": exc.reason})
+                if self.balancer is not None:
+                    await self.balancer.mark_down(backend)
+            finally:
+                if lease is not None:
+                    await self.balancer.release(lease)
+        assert last_error is not None
+        raise last_error
+
+    @property
+    def backend(self) -> str | None:
+        return self.backends_used[-1] if self.backends_used else None
+
+    async def close(self) -> None:
+        """Forget the job's stickiness (its leases were given back turn by turn)."""
+        if self.balancer is not None:
+            await self.balancer.forget_job(self.job_id)

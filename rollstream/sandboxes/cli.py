@@ -1,0 +1,112 @@
+"""`rollstream images ...` and `rollstream sandboxes ...`: typer apps the main CLI mounts.
+
+Images are prepared by rq jobs (queue `rollstream-images`) unless --now runs them here;
+the sandboxes commands list this node's sandboxes and reap the ones nobody wants.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from . import images
+from .reaper import Reaper
+
+app = typer.Typer(help="Prepare sandbox images (SIF files, unpacked rootfs folders) as background jobs.")
+sandboxes_app = typer.Typer(help="Inspect and clean up this node's sandboxes.")
+console = Console()
+
+REDIS_HELP = "Redis URL of the rq queue; default $REDIS_URL"
+
+
+def _redis_url(redis_url: str | None) -> str:
+    url = redis_url or os.environ.get("REDIS_URL")
+    if not url:
+        raise typer.BadParameter("no Redis URL; pass --redis-url or set REDIS_URL, or use --now to run here")
+    return url
+
+
+@app.command()
+def pull(
+    source: str = typer.Argument(..., help="docker://IMAGE, a .sif file or a rootfs tarball"),
+    backend: str = typer.Option("singularity", help="singularity (makes a SIF) or bwrap (unpacks a rootfs folder)"),
+    images_dir: str = typer.Option(None, help="where images go; default $ROLLSTREAM_IMAGES_DIR or ~/.cache/rollstream/images"),
+    now: bool = typer.Option(False, "--now", help="run here and wait instead of queueing an rq job"),
+    redis_url: str = typer.Option(None, help=REDIS_HELP),
+) -> None:
+    """Fetch an image for a backend."""
+    if backend not in ("singularity", "bwrap"):
+        raise typer.BadParameter("backend must be singularity or bwrap")
+    if now:
+        with console.status(f"pulling {source} ..."):
+            console.print(images.pull_image(source, backend, images_dir))  # type: ignore[arg-type]
+        return
+    job = images.enqueue_pull(_redis_url(redis_url), source, backend, images_dir)  # type: ignore[arg-type]
+    console.print(f"queued rq job {job.id} on {images.IMAGES_QUEUE}; run 'rq worker {images.IMAGES_QUEUE}' on the node")
+
+
+@app.command()
+def build(
+    definition: str = typer.Argument(..., help="Apptainer/Singularity definition file"),
+    name: str = typer.Argument(..., help="image name; the SIF is NAME.sif"),
+    images_dir: str = typer.Option(None, help="where images go"),
+    now: bool = typer.Option(False, "--now", help="run here and wait instead of queueing an rq job"),
+    redis_url: str = typer.Option(None, help=REDIS_HELP),
+) -> None:
+    """Build a SIF from a definition file."""
+    if now:
+        with console.status(f"building {name} ..."):
+            console.print(images.build_image(definition, name, images_dir))
+        return
+    job = images.enqueue_build(_redis_url(redis_url), definition, name, images_dir)
+    console.print(f"queued rq job {job.id} on {images.IMAGES_QUEUE}")
+
+
+@app.command("list")
+def list_(
+    images_dir: str = typer.Option(None, help="where images are"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON for scripts"),
+) -> None:
+    """List prepared images."""
+    found = images.list_images(images_dir)
+    if as_json:
+        print(json.dumps([vars(image) for image in found]))
+        return
+    table = Table("name", "kind", "size MB", "path")
+    for image in found:
+        table.add_row(image.name, image.kind, f"{image.size_mb:.1f}", image.path)
+    console.print(table)
+
+
+@sandboxes_app.command("list")
+def list_sandboxes(
+    root_dir: str = typer.Option(None, help="sandbox root; default $ROLLSTREAM_SANDBOX_ROOT"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON for scripts"),
+) -> None:
+    """List the sandboxes of this node."""
+    records = Reaper(root_dir).sandboxes()
+    if as_json:
+        print(json.dumps([vars(record) for record in records]))
+        return
+    table = Table("id", "owner", "backend", "running", "age s", "supervisor pid")
+    for record in records:
+        table.add_row(record.id, record.owner, record.backend, str(record.running),
+                      f"{time.time() - record.created_at:.0f}", str(record.supervisor_pid))
+    console.print(table)
+
+
+@sandboxes_app.command()
+def reap(
+    root_dir: str = typer.Option(None, help="sandbox root; default $ROLLSTREAM_SANDBOX_ROOT"),
+    all_: bool = typer.Option(False, "--all", help="also destroy running sandboxes (default: only dead leftovers)"),
+) -> None:
+    """Clean up crashed sandboxes' leftovers (and with --all, every sandbox)."""
+    reaped = Reaper(root_dir).reap(lambda sandbox_id, owner: not all_)
+    console.print(f"reaped {len(reaped)} sandbox(es): {', '.join(reaped) or '-'}")
+
+

@@ -1,0 +1,138 @@
+"""Image preparation for sandboxes, run as rq background jobs so nodes prefetch without blocking.
+
+`pull_image` makes a SIF (Singularity/Apptainer, through spython) or an unpacked rootfs
+folder (bubblewrap's `image`) from a docker:// URI, a SIF or a rootfs tarball;
+`build_image` builds a SIF from a definition file. `enqueue_*` puts them on an rq queue.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+from dataclasses import dataclass
+from typing import Literal
+
+from .backends.singularity import singularity_binary
+from .errors import BackendUnavailable
+
+IMAGES_QUEUE = "rollstream-images"
+ImageBackend = Literal["bwrap", "singularity"]
+
+
+def default_images_dir() -> str:
+    return os.environ.get("ROLLSTREAM_IMAGES_DIR") or os.path.expanduser("~/.cache/rollstream/images")
+
+
+def image_name(source: str) -> str:
+    """A file-system-safe name for an image source (docker://python:3.11 -> python_3.11)."""
+    base = source.split("://", 1)[-1]
+    base = re.sub(r"\.(tar|tar\.gz|tgz|sif)$", "", os.path.basename(base) if os.path.exists(source) else base)
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", base).strip("_") or "image"
+
+
+def _unpack_tarball(tarball: str, destination: str) -> None:
+    partial = destination + ".partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    os.makedirs(partial)
+    with tarfile.open(tarball) as archive:
+        archive.extractall(partial, filter="tar")  # refuses absolute paths and .. escapes
+    os.replace(partial, destination)
+
+
+def pull_image(source: str, backend: ImageBackend = "singularity", images_dir: str | None = None, force: bool = False) -> str:
+    """Fetch or unpack `source` for `backend`; returns the SIF path or the rootfs folder."""
+    images_dir = images_dir or default_images_dir()
+    os.makedirs(images_dir, exist_ok=True)
+    name = image_name(source)
+    if backend == "singularity":
+        target = os.path.join(images_dir, f"{name}.sif")
+        if os.path.exists(target) and not force:
+            return target
+        if singularity_binary() is None:
+            raise BackendUnavailable("pulling a SIF needs apptainer or singularity on PATH")
+        from spython.main import Client
+
+        Client.pull(source, name=f"{name}.sif", pull_folder=images_dir, force=force)
+        return target
+    target = os.path.join(images_dir, f"{name}.rootfs")
+    if os.path.isdir(target) and not force:
+        return target
+    shutil.rmtree(target, ignore_errors=True)
+    if os.path.isfile(source) and tarfile.is_tarfile(source):
+        _unpack_tarball(source, target)
+    elif singularity_binary() is not None:
+        # apptainer unpacks docker:// URIs and SIFs into a plain folder without a daemon.
+        subprocess.run([singularity_binary(), "build", "--sandbox", target, source], check=True, capture_output=True)
+    elif shutil.which("docker") is not None:
+        container = subprocess.run(
+            ["docker", "create", source.removeprefix("docker://")], check=True, capture_output=True, text=True
+        ).stdout.strip()
+        try:
+            tarball = target + ".tar"
+            subprocess.run(["docker", "export", "--output", tarball, container], check=True, capture_output=True)
+            _unpack_tarball(tarball, target)
+            os.remove(tarball)
+        finally:
+            subprocess.run(["docker", "rm", "--force", container], capture_output=True)
+    else:
+        raise BackendUnavailable(
+            f"cannot unpack {source!r}: pass a rootfs tarball, or install apptainer or docker to convert images"
+        )
+    return target
+
+
+def build_image(definition: str, name: str, images_dir: str | None = None, force: bool = False) -> str:
+    """Build a SIF from a Singularity/Apptainer definition file (spython)."""
+    if singularity_binary() is None:
+        raise BackendUnavailable("building a SIF needs apptainer or singularity on PATH")
+    from spython.main import Client
+
+    images_dir = images_dir or default_images_dir()
+    os.makedirs(images_dir, exist_ok=True)
+    target = os.path.join(images_dir, f"{image_name(name)}.sif")
+    Client.build(recipe=definition, image=target, sudo=False, force=force, options=["--fakeroot"])
+    return target
+
+
+@dataclass
+class ImageInfo:
+    name: str
+    kind: str  # "sif" or "rootfs"
+    path: str
+    size_mb: float
+
+
+def list_images(images_dir: str | None = None) -> list[ImageInfo]:
+    images_dir = images_dir or default_images_dir()
+    found = []
+    for entry in sorted(os.listdir(images_dir)) if os.path.isdir(images_dir) else []:
+        path = os.path.join(images_dir, entry)
+        if entry.endswith(".sif"):
+            found.append(ImageInfo(entry[:-4], "sif", path, os.path.getsize(path) / 2**20))
+        elif entry.endswith(".rootfs") and os.path.isdir(path):
+            size = sum(os.lstat(os.path.join(r, f)).st_size for r, _, fs in os.walk(path) for f in fs)
+            found.append(ImageInfo(entry[:-7], "rootfs", path, size / 2**20))
+    return found
+
+
+def images_queue(redis_url: str):
+    from redis import Redis
+    from rq import Queue
+
+    return Queue(IMAGES_QUEUE, connection=Redis.from_url(redis_url))
+
+
+def enqueue_pull(redis_url: str, source: str, backend: ImageBackend = "singularity", images_dir: str | None = None):
+    """Queue a pull on rq; a node's `rq worker rollstream-images` runs it. Returns the rq Job."""
+    return images_queue(redis_url).enqueue(
+        pull_image, source, backend, images_dir, job_timeout=3600, description=f"pull {source} for {backend}"
+    )
+
+
+def enqueue_build(redis_url: str, definition: str, name: str, images_dir: str | None = None):
+    return images_queue(redis_url).enqueue(
+        build_image, definition, name, images_dir, job_timeout=3600, description=f"build {name}"
+    )

@@ -1,0 +1,90 @@
+"""Image preparation as rq jobs: a rootfs tarball unpacked by a real rq worker, then used by bwrap."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+
+import pytest
+
+from rollstream.sandboxes import SandboxClient, SandboxSpec, create_sandbox, destroy_sandbox
+from rollstream.sandboxes import images
+
+from .conftest import needs_bwrap
+
+
+def _minimal_rootfs_tarball(folder: str) -> str:
+    """bash, cat and stty with their shared libraries: enough for a sandbox shell."""
+    rootfs = os.path.join(folder, "rootfs")
+    for binary in ("bash", "cat", "stty"):
+        path = shutil.which(binary)
+        assert path is not None
+        files = [path] + [
+            part for line in subprocess.run(["ldd", path], capture_output=True, text=True).stdout.splitlines()
+            for part in line.split() if part.startswith("/")
+        ]
+        for source in files:
+            real = os.path.realpath(source)
+            for target in {source, real}:
+                destination = os.path.join(rootfs, target.lstrip("/").replace("bin/", "usr/bin/", 1) if target.startswith("/bin/") else target.lstrip("/"))
+                os.makedirs(os.path.dirname(destination), exist_ok=True)
+                if not os.path.exists(destination):
+                    shutil.copy2(real, destination)
+    for link in ("bin", "lib", "lib64", "sbin"):
+        if os.path.islink(f"/{link}") and not os.path.exists(os.path.join(rootfs, link)):
+            os.symlink(os.readlink(f"/{link}"), os.path.join(rootfs, link))
+    os.makedirs(os.path.join(rootfs, "etc"), exist_ok=True)
+    tarball = os.path.join(folder, "mini.tar.gz")
+    with tarfile.open(tarball, "w:gz") as archive:
+        archive.add(rootfs, arcname=".")
+    return tarball
+
+
+@pytest.fixture
+def redis_socket():
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    folder = tempfile.mkdtemp(prefix="rsredis-", dir="/tmp")
+    sock = os.path.join(folder, "redis.sock")
+    server = subprocess.Popen(
+        ["redis-server", "--port", "0", "--unixsocket", sock, "--save", "", "--appendonly", "no", "--dir", folder],
+        stdout=subprocess.DEVNULL,
+    )
+    for _ in range(200):
+        if os.path.exists(sock):
+            break
+        time.sleep(0.02)
+    yield f"unix://{sock}"
+    server.terminate()
+    server.wait()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@needs_bwrap
+async def test_rootfs_tarball_unpacked_by_an_rq_job_runs_a_sandbox(tmp_path, redis_socket, root_dir):
+    from rq import SimpleWorker
+
+    tarball = _minimal_rootfs_tarball(str(tmp_path))
+    images_dir = str(tmp_path / "images")
+    job = images.enqueue_pull(redis_socket, tarball, "bwrap", images_dir)
+    queue = images.images_queue(redis_socket)
+    SimpleWorker([queue], connection=queue.connection).work(burst=True)
+    job.refresh()
+    assert job.is_finished, job.latest_result()
+    rootfs = job.return_value()
+    assert [(i.name, i.kind) for i in images.list_images(images_dir)] == [("mini", "rootfs")]
+
+    handle = await create_sandbox(SandboxSpec(backend="bwrap", image=rootfs), sandbox_id="img", root_dir=root_dir)
+    try:
+        async with SandboxClient(handle.socket_path) as sb:
+            result = await sb.bash("echo hi > f.txt; cat f.txt; echo /usr/bin/*")
+            lines = result.output.splitlines()
+            assert lines[0] == "hi"
+            # Only the image's programs, not the host's.
+            assert sorted(os.path.basename(p) for p in lines[1].split()) == ["bash", "cat", "stty"]
+    finally:
+        await destroy_sandbox(handle)

@@ -1,0 +1,152 @@
+"""Sandbox lifecycle: create, hand over, destroy, and reaping when the creator dies."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import psutil
+import pytest
+
+from rollstream.sandboxes import (
+    BackendUnavailable,
+    Reaper,
+    SandboxClient,
+    SandboxGone,
+    SandboxHandle,
+    SandboxLimits,
+    SandboxSetupError,
+    SandboxSpec,
+    become_subreaper,
+    create_sandbox,
+    destroy_sandbox,
+)
+
+from .conftest import needs_bwrap, processes_mentioning
+
+
+def assert_nothing_left(handle: SandboxHandle) -> None:
+    assert not os.path.exists(handle.dir)
+    assert processes_mentioning(handle.dir) == []
+    try:
+        assert psutil.Process(handle.supervisor_pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        pass
+
+
+@needs_bwrap
+async def test_files_and_setup_commands_are_in_place(root_dir):
+    spec = SandboxSpec(files={"src/app.py": "print('hi')\n"}, setup_commands=["python3 src/app.py > out.txt"])
+    handle = await create_sandbox(spec, sandbox_id="setup", root_dir=root_dir)
+    try:
+        async with SandboxClient(handle.socket_path) as sb:
+            assert await sb.read_file("out.txt") == b"hi\n"
+            assert (await sb.info())["sessions"] == ["main"]  # the setup session is closed
+    finally:
+        await destroy_sandbox(handle)
+
+
+@needs_bwrap
+async def test_failing_setup_command_raises_and_leaves_nothing(root_dir):
+    spec = SandboxSpec(setup_commands=["echo broken >&2; exit 3"])
+    with pytest.raises(SandboxSetupError, match="broken"):
+        await create_sandbox(spec, sandbox_id="badsetup", root_dir=root_dir)
+    assert os.listdir(root_dir) == []
+    assert processes_mentioning(os.path.join(root_dir, "badsetup")) == []
+
+
+@needs_bwrap
+async def test_handle_travels_as_a_dict_and_destroy_is_idempotent(root_dir):
+    handle = await create_sandbox(SandboxSpec(), sandbox_id="travel", root_dir=root_dir)
+    rebuilt = SandboxHandle.model_validate(json.loads(json.dumps(handle.model_dump())))
+    async with SandboxClient(rebuilt.socket_path) as sb:
+        await sb.bash("sleep 1000 &")  # a background job must not survive either
+        await sb.ipython("x = 1")
+        await sb.write_file("/tmp/data.bin", b"\x00\x01")
+        assert await sb.read_file("/tmp/data.bin") == b"\x00\x01"
+    await destroy_sandbox(rebuilt.model_dump())
+    await destroy_sandbox(rebuilt)
+    assert_nothing_left(handle)
+    with pytest.raises(SandboxGone):
+        await SandboxClient(handle.socket_path).connect()
+
+
+@needs_bwrap
+async def test_idle_supervisor_destroys_itself(root_dir):
+    spec = SandboxSpec(limits=SandboxLimits(idle_timeout_s=1))
+    handle = await create_sandbox(spec, sandbox_id="idle", root_dir=root_dir)
+    for _ in range(100):
+        if not os.path.exists(handle.dir):
+            break
+        await asyncio.sleep(0.1)
+    await destroy_sandbox(handle)  # collects the exit status; nothing else to do
+    assert_nothing_left(handle)
+
+
+CREATOR = textwrap.dedent(
+    """
+    import asyncio, sys, time
+    from rollstream.sandboxes import SandboxClient, SandboxSpec, create_sandbox
+
+    async def main():
+        handle = await create_sandbox(SandboxSpec(), sandbox_id="orphan", owner="job-1", root_dir=sys.argv[1])
+        async with SandboxClient(handle.socket_path) as sb:
+            await sb.bash("sleep 1000 &")
+            await sb.ipython("1")
+        print(handle.model_dump_json(), flush=True)
+        time.sleep(1000)
+
+    asyncio.run(main())
+    """
+)
+
+
+@needs_bwrap
+async def test_sigkill_of_the_creator_leaves_a_sandbox_the_reaper_cleans(root_dir):
+    become_subreaper()  # orphaned supervisors become our children, so none stays a zombie
+    creator = subprocess.Popen(
+        [sys.executable, "-c", CREATOR, root_dir], stdout=subprocess.PIPE, cwd=os.getcwd()
+    )
+    line = await asyncio.to_thread(creator.stdout.readline)
+    handle = SandboxHandle.model_validate_json(line)
+    creator.send_signal(signal.SIGKILL)
+    creator.wait()
+    creator.stdout.close()
+    # The sandbox outlives its creator ...
+    async with SandboxClient(handle.socket_path) as sb:
+        assert (await sb.bash("echo still here")).output == "still here\n"
+    reaper = Reaper(root_dir)
+    assert reaper.reap(lambda sandbox_id, owner: owner == "job-1") == []
+    # ... until its job is no longer wanted.
+    assert reaper.reap(lambda sandbox_id, owner: False) == ["orphan"]
+    assert_nothing_left(handle)
+
+
+@needs_bwrap
+async def test_reaper_cleans_what_a_killed_supervisor_left(root_dir):
+    handle = await create_sandbox(SandboxSpec(), sandbox_id="crashed", root_dir=root_dir)
+    os.kill(handle.supervisor_pid, signal.SIGKILL)
+    await asyncio.sleep(0.2)
+    assert os.path.exists(handle.dir)
+    assert Reaper(root_dir).reap(lambda sandbox_id, owner: True) == ["crashed"]
+    assert_nothing_left(handle)
+
+
+async def test_local_backend_needs_an_explicit_opt_in(root_dir):
+    with pytest.raises(BackendUnavailable, match="allow_unisolated"):
+        await create_sandbox(SandboxSpec(backend="local"), sandbox_id="local", root_dir=root_dir)
+    handle = await create_sandbox(
+        SandboxSpec(backend="local", allow_unisolated=True), sandbox_id="local", root_dir=root_dir
+    )
+    try:
+        async with SandboxClient(handle.socket_path) as sb:
+            result = await sb.bash("pwd")
+            assert result.output.strip() == handle.host_workdir
+    finally:
+        await destroy_sandbox(handle)
+    assert_nothing_left(handle)

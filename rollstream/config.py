@@ -53,6 +53,15 @@ class Settings(BaseSettings):
     max_sandboxes_per_node: int = Field(64, description="Init pulls work only while this node holds "
                                         "fewer live sandboxes (back-pressure).")
     read_block_ms: int = Field(1000, description="XREADGROUP block time; bounds shutdown latency.")
+    model_dir: Path | None = Field(None, description="Folder of the served model's tokenizer (and weights, "
+                                   "for the built-in server). Run workers tokenize prompts with it.")
+    inference_api: str = Field("vllm", description="How run workers speak to backends: 'vllm' (also the "
+                               "built-in server) or 'sglang'.")
+    sandbox_root: Path | None = Field(None, description="Where this node's sandboxes live (default "
+                                      "/tmp/rollstream-sb-<uid>).")
+    reap_interval_s: float = Field(30.0, description="How often eval workers reap sandboxes no job wants.")
+    group_affinity_slack: int = Field(2, description="A group's backend is preferred while its in-flight "
+                                      "count is within this many of the least loaded.")
     api_max_wait_s: float = Field(30.0, description="Longest long-poll the HTTP API accepts.")
     max_job_bytes: int = Field(4 * 1024 * 1024, description="Largest accepted job message.")
 

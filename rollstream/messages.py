@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from rollstream.llm.client import SamplingParams  # noqa: F401  (re-exported: the job's sampling)
 from rollstream.trajectory import Trajectory
 
 JobStatus = Literal["queued", "running", "completed", "failed", "cancelled"]
@@ -19,20 +20,6 @@ ResultStatus = Literal["completed", "failed", "cancelled"]
 
 def new_id() -> str:
     return uuid.uuid4().hex
-
-
-class SamplingParams(BaseModel):
-    """Sampling parameters passed through unchanged to the inference server."""
-
-    model_config = ConfigDict(extra="allow")
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_tokens: int = 256
-    stop: list[str] = Field(default_factory=list)
-    stop_token_ids: list[int] = Field(default_factory=list)
-    seed: int | None = None
 
 
 class Job(BaseModel):

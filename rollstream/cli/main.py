@@ -51,12 +51,16 @@ def worker(stage: str = typer.Argument(..., help="init, run or eval"),
            concurrency: int = typer.Option(64, help="Jobs in flight in this process."),
            redis: Optional[str] = RedisOpt, namespace: Optional[str] = NsOpt, data_dir: Optional[Path] = DataOpt,
            node: Optional[str] = typer.Option(None, help="Node name (default: host name)."),
+           model_dir: Optional[Path] = typer.Option(None, "--model-dir", help="Tokenizer folder of the served "
+                                                    "model (run workers of LLM tasks)."),
            verbose: bool = typer.Option(False, "-v")):
     """Run one stage's worker process (asyncio, CONCURRENCY jobs in flight) until SIGTERM."""
     from rollstream.workers.process import run_worker
 
     setup_logging(verbose)
     settings = settings_from(redis, namespace, data_dir, node)
+    if model_dir:
+        settings = settings.model_copy(update={"model_dir": model_dir})
     if not settings.redis_url:
         raise typer.BadParameter("a worker needs --redis or REDIS_URL (use 'rollstream up' for everything at once)")
     run_worker(stage, settings, concurrency)

@@ -40,6 +40,7 @@ async def serve_stage(stage: str, settings: Settings, concurrency: int, *, consu
     await check_async(ctx.redis, settings.redis_url)
     (settings.data_dir / "work").mkdir(parents=True, exist_ok=True)
     loop = ConsumerLoop(STAGES[stage](ctx), ctx, concurrency, consumer=consumer)
+    background = _start_services(stage, ctx, loop.consumer)
     aloop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         aloop.add_signal_handler(sig, loop.stop)
@@ -48,7 +49,40 @@ async def serve_stage(stage: str, settings: Settings, concurrency: int, *, consu
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             aloop.remove_signal_handler(sig)
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        if "llm" in ctx.services:
+            await ctx.services["llm"].aclose()
         await ctx.redis.aclose()
+
+
+def _start_services(stage: str, ctx: WorkerContext, worker_id: str) -> list[asyncio.Task]:
+    """What the stage's tasks reach through ``ctx.service(name)``, and the node duties of
+    the stage (the eval pool reaps sandboxes)."""
+    settings = ctx.settings
+    ctx.services["sandbox_root"] = str(settings.sandbox_root) if settings.sandbox_root else None
+    background: list[asyncio.Task] = []
+    if stage == "run":
+        from rollstream.workers.llm_service import LLMService
+
+        llm = LLMService(ctx.redis, settings, worker_id=worker_id)
+        llm.start()
+        ctx.services["llm"] = llm
+    if stage == "eval":
+        background.append(asyncio.create_task(_reap_forever(ctx)))
+    return background
+
+
+async def _reap_forever(ctx: WorkerContext) -> None:
+    from rollstream.workers.reaping import reap_node
+
+    while True:
+        await asyncio.sleep(ctx.settings.reap_interval_s)
+        try:
+            await reap_node(ctx.redis, ctx.keys, ctx.node, ctx.services.get("sandbox_root"))
+        except Exception:  # a failed round is retried next interval
+            log.exception("sandbox reaping failed")
 
 
 def run_worker(stage: str, settings: Settings, concurrency: int) -> None:

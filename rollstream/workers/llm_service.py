@@ -1,0 +1,66 @@
+"""The LLM service of a run-worker process: the Redis balancer (which backend), the
+token-in/token-out client (how to ask it), the tokenizer of the served model, a health
+checker that ejects and readmits backends, and lease keep-alive. Tasks reach it as
+``ctx.service("llm")``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from rollstream.config import Settings
+from rollstream.llm.client import make_client
+from rollstream.pipeline.balancer import Balancer, HealthChecker
+from rollstream.pipeline.keys import Keys
+
+log = logging.getLogger(__name__)
+
+
+class LLMService:
+    def __init__(self, r: aioredis.Redis, settings: Settings, worker_id: str | None = None):
+        self.r = r
+        self.settings = settings
+        self.keys = Keys(settings.namespace)
+        self.balancer = Balancer(r, namespace=settings.namespace, group_affinity_slack=settings.group_affinity_slack,
+                                 worker_id=worker_id)
+        self.client = make_client(settings.inference_api)
+        self._tokenizer: Any = None
+        self._tasks: list[asyncio.Task] = []
+        self._health: HealthChecker | None = None
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            if not self.settings.model_dir:
+                raise RuntimeError("run workers need the served model's tokenizer: pass --model-dir DIR or set "
+                                   "ROLLSTREAM_MODEL_DIR (a folder with tokenizer files, e.g. a Qwen3 checkpoint)")
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(str(self.settings.model_dir))
+        return self._tokenizer
+
+    def session(self, job_id: str, group_id: str | None, *, max_backend_attempts: int = 3,
+                request_timeout_s: float = 600.0):
+        from rollstream.agent.session import LLMSession
+
+        return LLMSession(self.client, job_id, group_id, balancer=self.balancer,
+                          max_backend_attempts=max_backend_attempts, request_timeout_s=request_timeout_s)
+
+    async def policy_version(self) -> int:
+        return int(await self.r.get(self.keys.policy_version) or 0)
+
+    def start(self) -> None:
+        """Background duties: lease renewal/reclaim and backend health checks."""
+        self._health = HealthChecker(self.balancer)
+        self._tasks = [asyncio.create_task(self.balancer.keep_alive()), asyncio.create_task(self._health.run())]
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._health is not None:
+            await self._health.aclose()
+        await self.client.aclose()

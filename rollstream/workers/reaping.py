@@ -1,0 +1,41 @@
+"""The node's sandbox reaper, run by eval workers: a sandbox is wanted only while its job
+is on this node's run or eval stream with that very sandbox (or still in init, briefly).
+Everything else — sandboxes of finished, failed, cancelled or restarted jobs, and what a
+killed worker or a crashed supervisor left — is torn down."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from rollstream.pipeline.keys import Keys
+
+log = logging.getLogger(__name__)
+
+INIT_GRACE_S = 600.0  # a sandbox whose job is still in init may be mid-creation
+
+
+async def reap_node(r, keys: Keys, node: str, root_dir: str | None) -> list[str]:
+    from rollstream.sandboxes import Reaper
+
+    reaper = Reaper(root_dir)
+    records = await asyncio.to_thread(reaper.sandboxes)
+    if not records:
+        return []
+    async with r.pipeline(transaction=False) as pipe:
+        for rec in records:
+            pipe.hmget(keys.job(rec.owner), "stage", "node", "sandbox")
+        states = await pipe.execute()
+    now = time.time()
+    wanted = set()
+    for rec, (stage, st_node, sandbox) in zip(records, states):
+        stage, st_node, sandbox = (v.decode() if v else "" for v in (stage, st_node, sandbox))
+        if stage in ("run", "eval") and st_node == node and sandbox == rec.id:
+            wanted.add(rec.id)
+        elif stage == "init" and now - rec.created_at < INIT_GRACE_S:
+            wanted.add(rec.id)
+    reaped = await asyncio.to_thread(reaper.reap, lambda sandbox_id, _owner: sandbox_id in wanted)
+    if reaped:
+        log.info("reaped %d sandboxes no job wants: %s", len(reaped), ", ".join(reaped[:10]))
+    return reaped

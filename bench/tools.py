@@ -2,7 +2,8 @@
 
 Run: python bench/tools.py [--calls 300] [--live 64]. Prints a table, then a last line
 `RESULT {json}` with bash_echo_p50_ms, bash_echo_p99_ms, tmux_echo_p50_ms,
-subprocess_echo_p50_ms, ipython_p50_ms, sandbox_create_destroy_p50_ms, live_sandboxes.
+subprocess_echo_p50_ms, ipython_p50_ms (and the raw kernel's, ipython_raw_kernel_p50_ms),
+sandbox_create_destroy_p50_ms, live_sandboxes.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -72,6 +74,40 @@ def bench_subprocess(command: str, calls: int) -> list[float]:
     return times
 
 
+def bench_raw_kernel(calls: int) -> list[float]:
+    """The issue's baseline: a local kernel driven by jupyter_client's own client, no sandbox.
+
+    Started the way sandboxes start theirs (KERNEL_ARGS), so that the gap to the sandbox
+    row is our socket, supervisor and bwrap, whatever the load on the machine.
+    """
+    import sys
+
+    from jupyter_client import KernelManager
+
+    from rollstream.sandboxes.backends.base import KERNEL_ARGS
+
+    folder = tempfile.mkdtemp(prefix="rsk-", dir="/tmp")
+    manager = KernelManager(transport="ipc", ip=os.path.join(folder, "k"))
+    manager.kernel_spec.argv = [sys.executable, *KERNEL_ARGS]
+    manager.start_kernel()
+    client = manager.client()
+    client.start_channels()
+    times = []
+    try:
+        client.wait_for_ready(timeout=60)
+        for index in range(calls + 20):
+            started = time.perf_counter()
+            reply = client.execute_interactive("1+1", output_hook=lambda message: None, timeout=30)
+            if index >= 20:  # warm-up
+                times.append((time.perf_counter() - started) * 1000)
+            assert reply["content"]["status"] == "ok", reply
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+        shutil.rmtree(folder, ignore_errors=True)
+    return times
+
+
 async def bench_create_destroy(root_dir: str, rounds: int) -> list[float]:
     times = []
     for index in range(rounds):
@@ -129,6 +165,7 @@ async def main() -> None:
                 rows.append(("sandbox ipython `1+1`", ipython))
         finally:
             await destroy_sandbox(handle)
+        rows.append(("raw kernel `1+1` (jupyter_client, no sandbox)", bench_raw_kernel(args.ipython_calls)))
         rows.append(("tmux send-keys + capture-pane/10 ms `echo hi`", bench_tmux("echo hi", args.baseline_calls)))
         rows.append(("subprocess.run bash -c `echo hi`", bench_subprocess("echo hi", args.baseline_calls)))
         rows.append(("bwrap sandbox create + destroy", await bench_create_destroy(root_dir, args.create_rounds)))
@@ -154,6 +191,7 @@ async def main() -> None:
         "tmux_echo_p50_ms": round(percentile(tmux, .5), 3) if tmux else None,
         "subprocess_echo_p50_ms": round(percentile(by_name["subprocess.run bash -c `echo hi`"], .5), 3),
         "ipython_p50_ms": round(percentile(by_name["sandbox ipython `1+1`"], .5), 3),
+        "ipython_raw_kernel_p50_ms": round(percentile(by_name["raw kernel `1+1` (jupyter_client, no sandbox)"], .5), 3),
         "sandbox_create_destroy_p50_ms": round(percentile(by_name["bwrap sandbox create + destroy"], .5), 3),
         "live_sandboxes": live,
     }

@@ -158,7 +158,10 @@ def _attach_optional_apps() -> None:
     import importlib
 
     for module, name, attr in (("rollstream.cli.up", None, "register"),
+                               ("rollstream.cli.demo", None, "register"),
+                               ("rollstream.cli.backends", "backends", "app"),
                                ("rollstream.sandboxes.cli", "images", "app"),
+                               ("rollstream.sandboxes.cli", "sandboxes", "sandboxes_app"),
                                ("rollstream.llm.cli", None, "register"),
                                ("rollstream.trainer.cli", None, "register"),
                                ("rollstream.api.cli", None, "register")):

@@ -1,9 +1,9 @@
 """create_sandbox / destroy_sandbox: the init stage starts a sandbox, the eval stage ends it.
 
-create_sandbox writes the backend's LaunchPlan next to the sandbox's folders and starts
-the supervisor (`python -S runtime/supervisor.py`, its own session, so it outlives the
-caller); it returns once the supervisor's socket is listening and the spec's files and
-setup commands are in place.
+create_sandbox writes the backend's LaunchPlan next to the sandbox's folders and has the
+node's fork server fork a supervisor for it (its own session, so it outlives the caller);
+it returns once the supervisor's socket is listening and the spec's files and setup
+commands are in place.
 """
 
 from __future__ import annotations
@@ -13,14 +13,9 @@ import json
 import logging
 import os
 import re
-import subprocess
-import sys
 import time
 
-import msgpack
-import ptyprocess
-
-from . import reaper
+from . import forkserver, reaper
 from .backends import SandboxLayout, select_backend
 from .client import SandboxClient
 from .errors import SandboxError, SandboxGone, SandboxSetupError, SandboxStartError
@@ -28,40 +23,7 @@ from .spec import SANDBOX_ID_PATTERN, SandboxHandle, SandboxSpec, default_root_d
 
 log = logging.getLogger(__name__)
 
-SUPERVISOR_SCRIPT = os.path.join(os.path.dirname(__file__), "runtime", "supervisor.py")
-# The supervisor starts with -S (no site) and finds msgpack, ptyprocess and, when the
-# kernel is first used, jupyter_client through this path instead.
-_SUPERVISOR_PYTHONPATH = os.pathsep.join(
-    dict.fromkeys(os.path.dirname(os.path.dirname(module.__file__)) for module in (msgpack, ptyprocess))
-)
 _MAX_SOCKET_PATH = 107
-
-
-def _supervisor_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_SUPERVISOR_PYTHONPATH, *sys.path[1:]]))
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    return env
-
-
-async def _wait_ready(read_fd: int, timeout_s: float) -> str:
-    """The supervisor's first line on the ready pipe ('ok PID' or 'error ...'); '' on EOF."""
-    loop = asyncio.get_running_loop()
-    ready: asyncio.Future = loop.create_future()
-    buffer = bytearray()
-
-    def on_readable() -> None:
-        chunk = os.read(read_fd, 4096)
-        buffer.extend(chunk)
-        if (not chunk or b"\n" in buffer) and not ready.done():
-            ready.set_result(bytes(buffer).split(b"\n")[0].decode("utf-8", "replace"))
-
-    loop.add_reader(read_fd, on_readable)
-    try:
-        return await asyncio.wait_for(ready, timeout_s)
-    finally:
-        loop.remove_reader(read_fd)
-        os.close(read_fd)
 
 
 async def create_sandbox(
@@ -96,27 +58,15 @@ async def create_sandbox(
         reaper.remove_tree(layout.dir)
         raise
     plan.created_at = time.time()
-    read_fd, write_fd = os.pipe()
-    plan.ready_fd = write_fd
     with open(layout.plan_path, "w") as handle:
         json.dump(plan.to_json_dict(), handle)
-    with open(layout.log_path, "ab") as log_file:
-        process = subprocess.Popen(
-            [sys.executable, "-S", SUPERVISOR_SCRIPT, layout.plan_path],
-            pass_fds=(write_fd,),
-            start_new_session=True,  # survives the caller's death and its Ctrl-C
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=log_file,
-            cwd=layout.dir,
-            env=_supervisor_env(),
-        )
-    os.close(write_fd)
-    reaper.register_child(process)
     try:
-        line = await _wait_ready(read_fd, ready_timeout_s)
-    except asyncio.TimeoutError:
-        line = f"error the supervisor did not report ready within {ready_timeout_s:g} s"
+        line = await forkserver.spawn_supervisor(
+            os.path.dirname(layout.dir), layout.plan_path, layout.log_path, layout.dir, ready_timeout_s
+        )
+    except forkserver.ForkServerUnavailable as error:
+        log.warning("%s; starting the supervisor of sandbox %s directly (slower)", error, sandbox_id)
+        line = await forkserver.spawn_direct(layout.plan_path, layout.log_path, layout.dir, ready_timeout_s)
     if not line.startswith("ok "):
         reaper.teardown(layout.dir)
         detail = line[len("error ") :] if line.startswith("error ") else "it exited before reporting ready"
@@ -125,7 +75,7 @@ async def create_sandbox(
         id=sandbox_id,
         backend=backend.name,
         socket_path=layout.socket_path,
-        supervisor_pid=process.pid,
+        supervisor_pid=int(line.split()[1]),
         workdir=plan.workdir_inner,
         owner=owner,
         created_at=plan.created_at,

@@ -80,6 +80,17 @@ def _pid_from_file(directory: str) -> int | None:
         return None
 
 
+def pid_alive(pid: int) -> bool:
+    """True while `pid` runs; a zombie child of ours is collected and counts as gone."""
+    try:
+        if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            return True
+    except psutil.NoSuchProcess:
+        return False
+    _collect(pid)
+    return False
+
+
 def supervisor_running(directory: str, pid: int | None) -> bool:
     """True when `pid` is alive and is the supervisor of `directory` (not a reused pid)."""
     if pid is None:
@@ -88,7 +99,8 @@ def supervisor_running(directory: str, pid: int | None) -> bool:
         process = psutil.Process(pid)
         if process.status() == psutil.STATUS_ZOMBIE:
             return False
-        return os.path.join(directory, "plan.json") in process.cmdline()
+        # A forked supervisor runs in its folder; one started directly also names its plan.
+        return process.cwd() == directory or os.path.join(directory, "plan.json") in process.cmdline()
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
 
@@ -177,6 +189,8 @@ class Reaper:
         except FileNotFoundError:
             return []
         for name in names:
+            if name.startswith("."):
+                continue  # the fork server's files; sandbox ids never start with a dot
             directory = os.path.join(self.root_dir, name)
             if not os.path.isdir(directory):
                 continue

@@ -38,6 +38,12 @@ class AgentTask(Task):
     def tool_names(self, instance: dict) -> list[str]:
         return list(instance.get("tools", self.tools))
 
+    def tool_schemas(self, instance: dict) -> list[dict]:
+        """The tool schemas the chat template shows the model (the sandbox's own by default)."""
+        from rollstream.sandboxes import tool_schemas
+
+        return tool_schemas(self.tool_names(instance))
+
     # -- the stage hooks ---------------------------------------------------------------
     async def setup(self, env: Envelope, ctx: TaskContext) -> None:
         from rollstream.sandboxes import SandboxClient, create_sandbox
@@ -55,7 +61,7 @@ class AgentTask(Task):
         from rollstream.agent.loop import run_agent
         from rollstream.agent.settings import AgentSettings
         from rollstream.agent.tools import CallToolAdapter
-        from rollstream.sandboxes import SandboxClient, tool_schemas
+        from rollstream.sandboxes import SandboxClient
 
         if not env.sandbox:
             raise JobFailed("run stage got a job without a sandbox; init must create it", retryable=True)
@@ -68,7 +74,7 @@ class AgentTask(Task):
             return (await ctx.cancelled()) is not None
 
         async with SandboxClient(env.sandbox["socket_path"]) as sb:
-            tools = CallToolAdapter(sb, tool_schemas(self.tool_names(job.instance)))
+            tools = CallToolAdapter(sb, self.tool_schemas(job.instance))
             session = llm.session(job.job_id, job.group_id, max_backend_attempts=settings.max_backend_attempts,
                                   request_timeout_s=settings.request_timeout_s)
             traj = await run_agent(self.prompt_messages(job.instance), tools, session, settings, llm.tokenizer,

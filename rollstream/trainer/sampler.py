@@ -262,6 +262,8 @@ class DynamicSampler(Generic[P]):
             group = self._in_flight.get(result.group_id)
             if group is None:
                 continue  # a late result of a cancelled group
+            if any(r.job_id == result.job_id for r in group.results):
+                continue  # redelivered after a consumer crash: count each job once
             group.results.append(result)
             if len(group.results) < self.config.group_size:
                 continue

@@ -8,17 +8,20 @@ import tempfile
 import psutil
 import pytest
 
-from rollstream.sandboxes import SandboxClient, SandboxSpec, create_sandbox, destroy_sandbox
+from rollstream.sandboxes import SandboxClient, SandboxSpec, create_sandbox, destroy_sandbox, reaper
+from rollstream.sandboxes.forkserver import stop_fork_server
 from rollstream.sandboxes.backends.bwrap import BwrapBackend
 
 needs_bwrap = pytest.mark.skipif(not BwrapBackend().available(), reason="bubblewrap (bwrap) is not usable here")
 
 
 @pytest.fixture
-def root_dir():
+async def root_dir():
     # Not pytest's tmp_path: Unix socket paths must stay under 108 bytes.
     path = tempfile.mkdtemp(prefix="rs-", dir="/tmp")
     yield path
+    await stop_fork_server(path)  # started by the first create_sandbox in this root
+    reaper.reap_finished_children()
     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -36,11 +39,16 @@ async def sb(sandbox):
 
 
 def processes_mentioning(text: str) -> list[psutil.Process]:
-    """Live (non-zombie) processes whose command line contains `text`."""
+    """Live (non-zombie) processes whose command line or working directory contains `text`.
+
+    The working directory finds supervisors, which the fork server forks in their folder.
+    """
     found = []
-    for process in psutil.process_iter(["cmdline"]):
+    for process in psutil.process_iter(["cmdline", "cwd"]):
         try:
-            if process.status() != psutil.STATUS_ZOMBIE and text in " ".join(process.info["cmdline"] or []):
+            if process.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if text in " ".join(process.info["cmdline"] or []) or text in (process.info["cwd"] or ""):
                 found.append(process)
         except psutil.NoSuchProcess:
             continue

@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from rollstream.trainer.sampler import DynamicSampler, SamplerConfig, SamplerStalled
-from tests.trainer.sim_source import SimulatedSource
+from .sim_source import SimulatedSource
 
 INFORMATIVE = {"rewards": [1.0, 0.0]}
 ALL_RIGHT = {"rewards": [1.0]}
@@ -141,3 +141,17 @@ async def test_a_silent_source_raises_an_error_that_says_what_to_check():
     sampler = DynamicSampler(Silent(), [INFORMATIVE], SamplerConfig(groups_per_batch=1, group_size=2, result_timeout_s=0.05))
     with pytest.raises(SamplerStalled, match="rollstream status"):
         await sampler.next_batch(0)
+
+
+async def test_a_redelivered_result_counts_once():
+    class Redelivering(SimulatedSource):
+        async def _run(self, group_id, i, reward, version):
+            await super()._run(group_id, i, reward, version)
+            await super()._run(group_id, i, reward, version)  # at-least-once delivery
+
+    source = Redelivering(seed=10)
+    sampler = DynamicSampler(source, [INFORMATIVE], SamplerConfig(groups_per_batch=2, group_size=4))
+    batch = await sampler.next_batch(0)
+    for group in batch.groups:
+        assert len({r.job_id for r in group.results}) == len(group.results) == 4
+    await sampler.cancel_all()

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -71,9 +72,16 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@pytest.fixture
+def sandbox_root():
+    root = Path(tempfile.mkdtemp(prefix="rs-tr-", dir="/tmp"))  # short: unix socket paths are limited
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.mark.timeout(120)
-async def test_full_batch_cancels_redundant_jobs_in_redis_and_their_sandboxes_are_gone(settings, tmp_path):
-    root = Path("/tmp") / f"rs-trainer-{tmp_path.name[-12:]}"  # short: unix socket paths are limited
+async def test_full_batch_cancels_redundant_jobs_in_redis_and_their_sandboxes_are_gone(settings, sandbox_root):
+    root = sandbox_root
     backend = "auto" if os.path.exists("/usr/bin/bwrap") else "local"
     fast = [{"run_s": 0.1, "root": str(root), "backend": backend}] * 3
     slow = [{"run_s": 60, "root": str(root), "backend": backend}] * 4
@@ -101,13 +109,17 @@ async def test_full_batch_cancels_redundant_jobs_in_redis_and_their_sandboxes_ar
             state = await client.status(job_id)
             assert state is not None and state.status == "cancelled"
 
-    # ... and no sandbox (folder or supervisor process) is left behind
-    leftovers = list(root.glob("sb*")) if root.exists() else []
-    assert leftovers == []
+        # ... and no sandbox (folder or supervisor process) is left behind once the
+        # stages have finished with the cancelled jobs
+        for _ in range(300):
+            leftovers = list(root.glob("sb*")) if root.exists() else []
+            if not leftovers:
+                break
+            await asyncio.sleep(0.1)
+        assert leftovers == []
     assert set(cancelled_jobs) & set(SUPERVISORS), "cancelled jobs never had a sandbox: the test proves nothing"
     for _ in range(50):
         if not any(_alive(SUPERVISORS[j]) for j in cancelled_jobs if j in SUPERVISORS):
             break
         await asyncio.sleep(0.1)
     assert not [j for j in cancelled_jobs if j in SUPERVISORS and _alive(SUPERVISORS[j])]
-    shutil.rmtree(root, ignore_errors=True)

@@ -15,6 +15,7 @@ import sys
 from ..spec import SandboxSpec
 from .base import (
     BASH_ARGS,
+    KERNEL_ARGS,
     KERNEL_DIR_INNER,
     STANDARD_PATH,
     LaunchPlan,
@@ -132,10 +133,11 @@ class BwrapBackend:
             mounts=[(spec.workdir, layout.work), ("/tmp", layout.tmp)],
             bash_argv=prefix + BASH_ARGS,
             exec_prefix=prefix,
-            kernel_argv=[python, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            kernel_argv=[python, *KERNEL_ARGS],
             kernel_dir_inner=KERNEL_DIR_INNER,
             spawn_env=env,
             spawn_cwd=layout.dir,
             host_env={"PATH": os.environ.get("PATH", STANDARD_PATH)},
             rlimits=rlimits_for(spec.limits),
+            pid_namespace=True,  # --unshare-pid + --die-with-parent
         )

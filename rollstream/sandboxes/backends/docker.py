@@ -13,6 +13,7 @@ import subprocess
 from ..spec import SandboxSpec
 from .base import (
     BASH_ARGS,
+    KERNEL_ARGS,
     KERNEL_DIR_INNER,
     LaunchPlan,
     SandboxLayout,
@@ -102,7 +103,7 @@ class DockerBackend:
             bash_argv=self.exec_prefix(spec, sandbox_id, env, tty=True) + ulimit_wrapped(BASH_ARGS, spec.limits),
             exec_prefix=self.exec_prefix(spec, sandbox_id, env, tty=False),
             kernel_argv=ulimit_wrapped(
-                [spec.python or "python3", "-m", "ipykernel_launcher", "-f", "{connection_file}"], spec.limits
+                [spec.python or "python3", *KERNEL_ARGS], spec.limits
             ),
             kernel_dir_inner=KERNEL_DIR_INNER,
             spawn_env=host_env,

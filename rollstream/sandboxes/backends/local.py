@@ -12,7 +12,7 @@ import sys
 
 from ..errors import BackendUnavailable
 from ..spec import SandboxSpec
-from .base import BASH_ARGS, LaunchPlan, SandboxLayout, base_plan, host_python_path, rlimits_for, sandbox_env
+from .base import BASH_ARGS, KERNEL_ARGS, LaunchPlan, SandboxLayout, base_plan, host_python_path, rlimits_for, sandbox_env
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class LocalBackend:
             mounts=[(layout.work, layout.work), (layout.tmp, layout.tmp)],
             bash_argv=list(BASH_ARGS),
             exec_prefix=[],
-            kernel_argv=[spec.python or sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            kernel_argv=[spec.python or sys.executable, *KERNEL_ARGS],
             kernel_dir_inner=layout.kernel,
             spawn_env=env,
             spawn_cwd=layout.work,

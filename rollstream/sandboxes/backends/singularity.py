@@ -14,6 +14,7 @@ import re
 from ..spec import SandboxSpec
 from .base import (
     BASH_ARGS,
+    KERNEL_ARGS,
     KERNEL_DIR_INNER,
     LaunchPlan,
     SandboxLayout,
@@ -88,7 +89,7 @@ class SingularityBackend:
             bash_argv=prefix + ulimit_wrapped(BASH_ARGS, spec.limits),
             exec_prefix=prefix,
             kernel_argv=ulimit_wrapped(
-                [spec.python or "python3", "-m", "ipykernel_launcher", "-f", "{connection_file}"], spec.limits
+                [spec.python or "python3", *KERNEL_ARGS], spec.limits
             ),
             kernel_dir_inner=KERNEL_DIR_INNER,
             spawn_env=host_env,

@@ -12,6 +12,7 @@ import re
 import resource
 import select
 import signal
+import termios
 import threading
 import time
 
@@ -93,8 +94,11 @@ class OutputCollector:
         return bytes(self.head) + marker + tail
 
 
-def kill_session_processes(session_id: int) -> None:
-    """SIGKILL every process whose session is `session_id` (the pty child and all it started)."""
+def kill_session_processes(*session_ids: int) -> None:
+    """SIGKILL every process in the sessions `session_ids` (a pty child and all it started).
+
+    One pass over /proc however many sessions: a pass costs milliseconds on a busy node.
+    """
     own_pid = os.getpid()
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == own_pid:
@@ -103,7 +107,7 @@ def kill_session_processes(session_id: int) -> None:
             with open(f"/proc/{entry}/stat", "rb") as handle:
                 stat = handle.read()
             fields = stat[stat.rindex(b")") + 2 :].split()
-            if int(fields[3]) == session_id:
+            if int(fields[3]) in session_ids:
                 os.kill(int(entry), signal.SIGKILL)
         except (OSError, ValueError):
             continue
@@ -173,6 +177,11 @@ class BashSession:
 
     # -- lifecycle -------------------------------------------------------------------
     def _preexec(self) -> None:
+        # Runs in the child with the pty as stdin: no echo (ptyprocess did that) and no
+        # "\n" -> "\r\n", set here rather than by an `stty` process inside the sandbox.
+        attributes = termios.tcgetattr(0)
+        attributes[1] &= ~termios.ONLCR
+        termios.tcsetattr(0, termios.TCSANOW, attributes)
         for name, value in self.rlimits.items():
             limit = getattr(resource, name)
             resource.setrlimit(limit, (value, value))
@@ -184,13 +193,13 @@ class BashSession:
                 cwd=self.cwd,
                 env=self.env,
                 echo=False,
-                preexec_fn=self._preexec if self.rlimits else None,
+                preexec_fn=self._preexec,
                 dimensions=(50, 250),
             )
         )
         self.number = 0
         setup = (
-            "stty -echo -onlcr 2>/dev/null; PS1=''; PS2=''; PS4=''; set +H; set +o history; "
+            "PS1=''; PS2=''; PS4=''; set +H; set +o history; "
             "unset HISTFILE; __rs_n=0; "
             f"PROMPT_COMMAND='__rs_ec=$?; printf \"\\036RS%s:%s:%s\\036\" {self.token.decode()} "
             "\"$__rs_n\" \"$__rs_ec\"'; readonly PROMPT_COMMAND\n"
@@ -210,11 +219,17 @@ class BashSession:
     def alive(self) -> bool:
         return self.process is not None and self.process.isalive()
 
-    def close(self) -> None:
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def close(self, kill_session: bool = True) -> None:
+        """End the shell; kill_session=False when the caller already killed its session."""
         process, self.process = self.process, None
         if process is None:
             return
-        kill_session_processes(process.pid)
+        if kill_session:
+            kill_session_processes(process.pid)
         try:
             os.kill(process.pid, signal.SIGKILL)
         except ProcessLookupError:

@@ -1,0 +1,61 @@
+"""``rollstream backends add|list|remove``: the inference servers in the balancer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from rollstream.cli.common import console, settings_from
+from rollstream.pipeline.balancer import add_backend, list_backends, remove_backend
+from rollstream.pipeline.connection import async_redis
+
+app = typer.Typer(help="Inference servers (vLLM, SGLang, built-in) the run workers balance over.",
+                  no_args_is_help=True)
+RedisOpt = typer.Option(None, "--redis", help="Redis URL (else $REDIS_URL).")
+
+
+def _run(coro_fn, redis: str | None):
+    settings = settings_from(redis)
+    if not settings.redis_url:
+        raise typer.BadParameter("needs --redis or REDIS_URL")
+
+    async def go():
+        r = async_redis(settings.redis_url)
+        try:
+            return await coro_fn(r, settings.namespace)
+        finally:
+            await r.aclose()
+
+    return asyncio.run(go())
+
+
+@app.command()
+def add(url: str = typer.Argument(..., help="Base URL, e.g. http://gpu1:8000"), redis: Optional[str] = RedisOpt):
+    """Register a backend (idempotent)."""
+    new = _run(lambda r, ns: add_backend(r, url, ns), redis)
+    console.print(f"{'added' if new else 'already registered'}: {url}")
+
+
+@app.command("list")
+def list_(redis: Optional[str] = RedisOpt, as_json: bool = typer.Option(False, "--json")):
+    """Backends with their in-flight requests and health."""
+    rows = _run(list_backends, redis)
+    if as_json:
+        print(json.dumps([row.model_dump() for row in rows]))
+        return
+    table = Table("backend", "in flight", "healthy")
+    for row in rows:
+        table.add_row(row.url, str(row.in_flight), "yes" if row.healthy else "[red]no[/red]")
+    console.print(table)
+
+
+@app.command()
+def remove(url: str, redis: Optional[str] = RedisOpt):
+    """Remove a backend; run workers stop sending it new turns."""
+    if not _run(lambda r, ns: remove_backend(r, url, ns), redis):
+        raise typer.Exit(f"no backend {url}")
+    console.print(f"removed: {url}")

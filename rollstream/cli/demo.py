@@ -1,0 +1,166 @@
+"""``rollstream demo``: the whole system on one machine with nothing to configure — the
+embedded Redis, the built-in model server with a small local model (warmed up on the arith
+task's format, built on first use), the three pools, a few dozen rollouts across the
+built-in tasks with a live progress view, a summary table, trajectories in a JSONL file."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from rollstream.cli.common import console, redis_for, settings_from
+from rollstream.messages import Result
+
+DATA_TASKS = Path(__file__).resolve().parent.parent / "data" / "tasks"
+
+
+def demo_jobs(n_arith: int, group_size: int, seed: int) -> list[tuple[dict, int]]:
+    """(job, group size) pairs: arith groups, echo jobs, and the shipped task files."""
+    from rollstream.tasks import arith
+    from rollstream.tasks.registry import available_tasks
+
+    jobs: list[tuple[dict, int]] = []
+    sampling = {"temperature": 1.0, "max_tokens": 64}
+    agent = {"max_turns": 4, "max_tokens_per_turn": 64, "max_context_tokens": 2048, "max_wall_time_s": 120}
+    for inst in arith.make_instances(max(1, n_arith // group_size), seed=seed):
+        jobs.append(({"task": "arith", "instance": inst, "sampling": sampling, "agent": agent}, group_size))
+    jobs += [({"task": "echo", "instance": {"prompt": f"hello {i}"}}, 1) for i in range(4)]
+    for name in ("math", "code", "swe"):
+        path = DATA_TASKS / f"{name}.jsonl"
+        if name in available_tasks() and path.exists():
+            for line in path.read_text().splitlines()[:3]:
+                if line.strip():
+                    job = json.loads(line)
+                    job.setdefault("sampling", sampling)
+                    job.setdefault("agent", agent)
+                    jobs.append((job, 1))
+    return jobs
+
+
+def summarize(results: list[Result], elapsed_s: float) -> Table:
+    by_task: dict[str, list[Result]] = defaultdict(list)
+    for res in results:
+        by_task[res.task].append(res)
+    table = Table(title=f"{len(results)} rollouts in {elapsed_s:.1f} s = {len(results) / elapsed_s:.2f} jobs/s",
+                  title_justify="left")
+    for col in ("task", "jobs", "ok", "failed", "reward mean", "init s", "run s", "eval s", "turns",
+                "tool calls", "tool p50 ms"):
+        table.add_column(col, justify="left" if col == "task" else "right")
+
+    def mean(xs):
+        return f"{statistics.fmean(xs):.3f}" if xs else "-"
+
+    for task, rs in sorted(by_task.items()):
+        ok = [r for r in rs if r.status == "completed"]
+        tools = [c.duration_ms for r in ok if r.trajectory for c in r.trajectory.tool_calls if c.duration_ms > 0]
+        table.add_row(task, str(len(rs)), str(len(ok)), str(len(rs) - len(ok)),
+                      mean([r.reward for r in ok if r.reward is not None]),
+                      mean([r.timings_s.get("init_s", 0) for r in ok]), mean([r.timings_s.get("run_s", 0) for r in ok]),
+                      mean([r.timings_s.get("eval_s", 0) for r in ok]),
+                      mean([r.trajectory.num_turns for r in ok if r.trajectory]), str(len(tools)),
+                      f"{statistics.median(tools):.2f}" if tools else "-")
+    return table
+
+
+async def _run(url: str, namespace: str, jobs: list[tuple[dict, int]], out: Path, timeout_s: float):
+    from rollstream.client import AsyncClient
+    from rollstream.config import Settings
+
+    total = sum(n for _job, n in jobs)
+    results: list[Result] = []
+    async with AsyncClient(settings=Settings(redis_url=url, namespace=namespace), submitter="demo") as client:
+        t0 = time.monotonic()
+        for job, n in jobs:
+            if n > 1:
+                await client.submit_group(job, n)
+            else:
+                await client.submit(job)
+        with Progress(TextColumn("[bold]rollouts"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=console) as progress:
+            bar = progress.add_task("rollouts", total=total, detail="")
+            async for res in client.results(timeout_s=timeout_s):
+                results.append(res)
+                rewards = [r.reward for r in results if r.reward is not None]
+                detail = f"ok {sum(r.ok for r in results)}  reward {statistics.fmean(rewards):.2f}" if rewards else ""
+                progress.update(bar, advance=1, detail=detail)
+                if len(results) >= total:
+                    break
+        elapsed = time.monotonic() - t0
+    with out.open("w") as fh:
+        for res in results:
+            fh.write(res.model_dump_json() + "\n")
+    return results, elapsed, total
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def demo(backend: Optional[str] = typer.Option(None, "--backend", help="Use this OpenAI-compatible server "
+                                                   "(e.g. vLLM) instead of the built-in one; needs --model-dir."),
+             model_dir: Optional[Path] = typer.Option(None, "--model-dir", help="Tokenizer (and, for the built-in "
+                                                      "server, weights) of the model; default: the local tiny model."),
+             data_dir: Optional[Path] = typer.Option(None, "--data-dir"),
+             jobs: int = typer.Option(32, help="Arith rollouts (in groups of --group-size)."),
+             group_size: int = typer.Option(4),
+             concurrency: int = typer.Option(16, help="Jobs in flight per worker process."),
+             seed: int = typer.Option(0),
+             timeout_s: float = typer.Option(240.0, help="Give up when no result came for this long.")):
+        """Run the whole system end to end on this machine and print a summary."""
+        from rollstream.llm.format_pretrain import build_arith_model
+        from rollstream.llm.server.app import start_server_process
+        from rollstream.pipeline.balancer import add_backend
+        from rollstream.pipeline.connection import async_redis
+        from rollstream.workers.pool import WorkerPool
+
+        settings = settings_from(data_dir=data_dir)
+        root = settings.data_dir / "demo"
+        if backend and not model_dir:
+            raise typer.BadParameter("--backend needs --model-dir (the served model's tokenizer folder)")
+        if model_dir is None:
+            console.print("[dim]building the local model (first run only: a tiny Qwen-style model, "
+                          "warmed up on the arith task's format)...[/dim]")
+            model_dir = build_arith_model(root / "models" / "arith")
+        namespace = f"demo{uuid.uuid4().hex[:6]}"
+        server = None
+        with redis_for(settings) as url:
+            try:
+                if backend is None:
+                    server, backend = start_server_process(model_dir, device="auto")
+                    console.print(f"built-in model server at {backend} serving {model_dir}")
+
+                async def register_backend():
+                    r = async_redis(url)
+                    await add_backend(r, backend, namespace)
+                    await r.aclose()
+
+                asyncio.run(register_backend())
+                pool = WorkerPool(redis_url=url, namespace=namespace, data_dir=root, log_dir=root / "logs",
+                                  env={"ROLLSTREAM_MODEL_DIR": str(model_dir)})
+                pool.start_all(concurrency=concurrency)
+                try:
+                    plan = demo_jobs(jobs, group_size, seed)
+                    out = root / "trajectories.jsonl"
+                    results, elapsed, total = asyncio.run(_run(url, namespace, plan, out, timeout_s))
+                finally:
+                    pool.stop(timeout_s=30)
+            finally:
+                if server is not None:
+                    server.terminate()
+                    server.wait(30)
+        console.print(summarize(results, elapsed))
+        tools = [c.duration_ms for r in results if r.trajectory for c in r.trajectory.tool_calls if c.duration_ms > 0]
+        if tools:
+            console.print(f"tool-call latency: p50 {statistics.median(tools):.2f} ms, "
+                          f"max {max(tools):.2f} ms over {len(tools)} calls")
+        console.print(f"trajectories: {out}   worker logs: {root / 'logs'}")
+        if len(results) < total:
+            raise typer.Exit(f"only {len(results)} of {total} rollouts came back; see the worker logs")

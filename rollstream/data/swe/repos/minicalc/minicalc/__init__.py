@@ -1,0 +1,5 @@
+"""minicalc: evaluate arithmetic expressions."""
+
+from .calc import CalcError, evaluate
+
+__all__ = ["CalcError", "evaluate"]

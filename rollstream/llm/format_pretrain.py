@@ -1,0 +1,123 @@
+"""A short supervised warm-up of a small model on worked agent episodes, so that RL starts
+with rewards above zero. Episodes are tokenized the way the agent loop will see them:
+the prompt through the chat template once, each assistant turn as its own tokens (loss on),
+each observation as the template's delta (loss off)."""
+
+from __future__ import annotations
+
+import logging
+import random
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def episode_tokens(tokenizer, tools: list[dict], messages: list[dict]) -> tuple[list[int], list[int]]:
+    """(ids, loss mask) of one episode, split at the same boundaries as a rollout."""
+    from rollstream.agent.chat import ChatRenderer
+
+    chat = ChatRenderer(tokenizer, tools)
+    first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    ids = chat.prompt_ids(messages[:first])
+    mask = [0] * len(ids)
+    history = messages[:first]
+    i = first
+    while i < len(messages):
+        assistant = messages[i]
+        before = chat.render(history, add_generation_prompt=True)
+        after = chat.render(history + [assistant], add_generation_prompt=False)
+        turn = after[len(before):]
+        cut = turn.find(chat.end_of_turn)
+        turn_ids = chat.encode(turn[:cut + len(chat.end_of_turn)])
+        ids += turn_ids
+        mask += [1] * len(turn_ids)
+        history = history + [assistant]
+        j = i + 1
+        observations = []
+        while j < len(messages) and messages[j]["role"] != "assistant":
+            observations.append(messages[j])
+            j += 1
+        if observations:
+            obs = chat.observation_ids(history, observations, model_ended_turn=True)
+            ids += obs
+            mask += [0] * len(obs)
+            history = history + observations
+        i = j
+    return ids, mask
+
+
+def warm_up(model_dir: Path, episodes: list[list[dict]], tools: list[dict], out_dir: Path, *,
+            steps: int = 300, batch_size: int = 16, lr: float = 3e-3, seed: int = 0) -> Path:
+    """Train on the assistant tokens of ``episodes`` and save the model to ``out_dir``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    data = [episode_tokens(tokenizer, tools, ep) for ep in episodes]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / steps))
+    # Every episode starts with the same system prompt and tool list; run that shared prefix
+    # once per step without gradients and train only on what follows (5x less compute).
+    prefix_len = min(_common_prefix(data[0][0], ids) for ids, _ in data)
+    prefix = torch.tensor(data[0][0][:prefix_len]).unsqueeze(0)
+    model.train()
+    for step in range(steps):
+        with torch.no_grad():
+            cache = model(input_ids=prefix, use_cache=True).past_key_values
+        cache.batch_repeat_interleave(batch_size)
+        batch = [data[rng.randrange(len(data))] for _ in range(batch_size)]
+        width = max(len(ids) for ids, _ in batch) - prefix_len
+        input_ids = torch.full((batch_size, width), pad, dtype=torch.long)
+        labels = torch.full((batch_size, width), -100, dtype=torch.long)
+        attention = torch.zeros((batch_size, prefix_len + width), dtype=torch.long)
+        attention[:, :prefix_len] = 1
+        for row, (ids, mask) in enumerate(batch):
+            ids, mask = ids[prefix_len:], mask[prefix_len:]
+            input_ids[row, :len(ids)] = torch.tensor(ids)
+            attention[row, prefix_len:prefix_len + len(ids)] = 1
+            labels[row, :len(ids)] = torch.tensor([t if m else -100 for t, m in zip(ids, mask)])
+        loss = model(input_ids=input_ids, attention_mask=attention, past_key_values=cache, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % 50 == 0 or step == steps - 1:
+            log.info("format warm-up step %d/%d loss %.4f", step + 1, steps, loss.item())
+    model.eval()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def build_arith_model(out_dir: Path, *, steps: int = 200, seed: int = 0, episodes: int = 1000) -> Path:
+    """The tiny local model, warmed up on the arith toy task's format (cached by folder)."""
+    from rollstream.agent.tools import submit_tool_schema
+    from rollstream.llm.tiny_model import build_tiny_model
+    from rollstream.tasks import arith
+
+    out_dir = Path(out_dir)
+    if (out_dir / "config.json").exists():
+        return out_dir
+    base = build_tiny_model(out_dir.parent / f"{out_dir.name}-base", seed=seed)
+    tools = [arith.BASH_SCHEMA, submit_tool_schema("submit")]
+    eps = arith.conversations(arith.make_instances(episodes, seed=seed + 1))
+    tmp = out_dir.parent / f".{out_dir.name}.tmp"
+    warm_up(base, eps, tools, tmp, steps=steps, seed=seed)
+    tmp.rename(out_dir)
+    return out_dir

@@ -1,0 +1,201 @@
+"""Starting supervisors: through the node's fork server (runtime/forkserver.py), or directly.
+
+create_sandbox calls `spawn_supervisor`; it asks the fork server of the sandbox root to fork
+a supervisor (a few ms instead of a Python start) and starts that server, detached, when
+none answers — the first time, or after it was killed. `spawn_direct` is the fallback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+import sys
+import time
+
+import msgpack
+import ptyprocess
+
+from . import reaper
+from .runtime import protocol
+from .runtime.forkserver import PID_NAME, SOCKET_NAME
+
+log = logging.getLogger(__name__)
+
+_RUNTIME = os.path.join(os.path.dirname(__file__), "runtime")
+SUPERVISOR_SCRIPT = os.path.join(_RUNTIME, "supervisor.py")
+FORKSERVER_SCRIPT = os.path.join(_RUNTIME, "forkserver.py")
+# Runtime processes start with -S (no site) and find msgpack, ptyprocess and, when the
+# kernel is first used, jupyter_client through this path instead.
+_RUNTIME_PYTHONPATH = os.pathsep.join(
+    dict.fromkeys(os.path.dirname(os.path.dirname(module.__file__)) for module in (msgpack, ptyprocess))
+)
+_START_TIMEOUT_S = 30.0
+
+
+class ForkServerUnavailable(RuntimeError):
+    """The fork server could not be started or reached; the caller may spawn directly."""
+
+
+def runtime_env() -> dict[str, str]:
+    """Environment of supervisors and the fork server (tools get the plan's filtered env)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_RUNTIME_PYTHONPATH, *sys.path[1:]]))
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def socket_path(root_dir: str) -> str:
+    return os.path.join(os.path.abspath(root_dir), SOCKET_NAME)
+
+
+def server_pid(root_dir: str) -> int | None:
+    """The pid the root's fork server wrote when it started (it may have died since)."""
+    try:
+        with open(os.path.join(os.path.abspath(root_dir), PID_NAME)) as handle:
+            return int(handle.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+async def read_ready_line(read_fd: int, timeout_s: float) -> str:
+    """The first line written to a pipe ('ok PID' or 'error ...'); '' on EOF. Closes read_fd."""
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future = loop.create_future()
+    buffer = bytearray()
+
+    def on_readable() -> None:
+        chunk = os.read(read_fd, 4096)
+        buffer.extend(chunk)
+        if (not chunk or b"\n" in buffer) and not ready.done():
+            ready.set_result(bytes(buffer).split(b"\n")[0].decode("utf-8", "replace"))
+
+    loop.add_reader(read_fd, on_readable)
+    try:
+        return await asyncio.wait_for(ready, timeout_s)
+    finally:
+        loop.remove_reader(read_fd)
+        os.close(read_fd)
+
+
+async def start_fork_server(root_dir: str, idle_exit_s: float | None = None) -> None:
+    """Start the root's fork server, detached; returns once one (ours or another's) is up."""
+    root_dir = os.path.abspath(root_dir)
+    os.makedirs(root_dir, mode=0o700, exist_ok=True)
+    read_fd, write_fd = os.pipe()
+    argv = [sys.executable, "-S", FORKSERVER_SCRIPT, root_dir, str(write_fd)]
+    if idle_exit_s is not None:
+        argv.append(str(idle_exit_s))
+    with open(os.path.join(root_dir, ".forkserver.log"), "ab") as log_file:
+        process = subprocess.Popen(
+            argv,
+            pass_fds=(write_fd,),
+            start_new_session=True,  # outlives the worker that started it, and its Ctrl-C
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=log_file,
+            cwd=root_dir,
+            env=runtime_env(),
+        )
+    os.close(write_fd)
+    reaper.register_child(process)  # collected by this process if the server exits first
+    try:
+        line = await read_ready_line(read_fd, _START_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        line = f"error it did not report ready within {_START_TIMEOUT_S:g} s"
+    if line.startswith("ok ") or line.startswith("busy"):
+        return  # "busy": another worker's server won the lock; it is binding its socket
+    raise ForkServerUnavailable(f"the fork server in {root_dir} did not start: {line or 'it exited'}")
+
+
+async def stop_fork_server(root_dir: str, timeout_s: float = 5.0) -> bool:
+    """Ask the root's fork server to exit (its sandboxes live on); False when none answered."""
+    try:
+        reader, writer = await asyncio.open_unix_connection(socket_path(root_dir))
+    except (FileNotFoundError, ConnectionRefusedError):
+        return False
+    try:
+        writer.write(protocol.pack({"op": "stop"}))
+        line = await asyncio.wait_for(reader.readline(), timeout_s)
+    finally:
+        writer.close()
+    pid = int(line.split()[1]) if line.startswith(b"ok ") else None
+    if pid is not None:
+        deadline = time.monotonic() + timeout_s
+        while reaper.pid_alive(pid) and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+    return pid is not None
+
+
+async def _request_spawn(root_dir: str, request: dict, timeout_s: float) -> str | None:
+    """The supervisor's ready line, or None when no fork server took the request."""
+    try:
+        reader, writer = await asyncio.open_unix_connection(socket_path(root_dir))
+    except (FileNotFoundError, ConnectionRefusedError):
+        return None
+    try:
+        writer.write(protocol.pack(request))
+        try:
+            accepted = await asyncio.wait_for(reader.readline(), 10.0)
+        except (ConnectionError, asyncio.TimeoutError):
+            return None  # the server exited (idle) with our connection still queued
+        if accepted != b"accepted\n":
+            if accepted.startswith(b"error"):
+                return accepted.decode("utf-8", "replace").strip()
+            return None
+        try:
+            line = await asyncio.wait_for(reader.readline(), timeout_s)
+        except asyncio.TimeoutError:
+            return f"error the supervisor did not report ready within {timeout_s:g} s"
+        except ConnectionError:
+            line = b""
+        return line.decode("utf-8", "replace").strip()
+    finally:
+        writer.close()
+
+
+async def spawn_supervisor(root_dir: str, plan_path: str, log_path: str, cwd: str, timeout_s: float) -> str:
+    """Fork a supervisor for `plan_path` from the root's fork server, starting it if needed.
+
+    Returns the supervisor's ready line ("ok PID", "error ...", or "" if it died first);
+    raises ForkServerUnavailable when no fork server can be had.
+    """
+    request = {"op": "spawn", "plan_path": plan_path, "log_path": log_path, "cwd": cwd}
+    deadline = time.monotonic() + _START_TIMEOUT_S
+    started = False
+    while True:
+        line = await _request_spawn(root_dir, request, timeout_s)
+        if line is not None:
+            return line
+        if time.monotonic() > deadline:
+            raise ForkServerUnavailable(
+                f"no fork server answers at {socket_path(root_dir)}; see {root_dir}/.forkserver.log"
+            )
+        if not started:
+            await start_fork_server(root_dir)
+            started = True
+        else:
+            await asyncio.sleep(0.01)  # another worker's server is binding, or ours is exiting
+
+
+async def spawn_direct(plan_path: str, log_path: str, cwd: str, timeout_s: float) -> str:
+    """Start a supervisor as a new interpreter (slower; no fork server needed)."""
+    read_fd, write_fd = os.pipe()
+    with open(log_path, "ab") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-S", SUPERVISOR_SCRIPT, plan_path, str(write_fd)],
+            pass_fds=(write_fd,),
+            start_new_session=True,  # survives the caller's death and its Ctrl-C
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=log_file,
+            cwd=cwd,
+            env=runtime_env(),
+        )
+    os.close(write_fd)
+    reaper.register_child(process)
+    try:
+        return await read_ready_line(read_fd, timeout_s)
+    except asyncio.TimeoutError:
+        return f"error the supervisor did not report ready within {timeout_s:g} s"

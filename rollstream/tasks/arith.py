@@ -1,0 +1,92 @@
+"""The built-in ``arith`` toy task: a question like "What is 37 + 48?" that the agent should
+answer by computing it with the bash tool and submitting the result. A small model learns it
+on a CPU in minutes, so the whole loop (sandbox, tools, LLM turns, DAPO) can be seen to work.
+``conversations`` gives the worked examples for a short supervised warm-up on the format."""
+
+from __future__ import annotations
+
+import random
+from typing import Any, ClassVar
+
+from rollstream.errors import InvalidJob
+from rollstream.messages import Envelope
+from rollstream.tasks.agent_task import AgentTask
+
+SYSTEM = "Compute with bash, then submit the number."
+# A short schema keeps the prompt short, which is what makes CPU training fast.
+BASH_SCHEMA = {"type": "function", "function": {
+    "name": "bash", "description": "Run a shell command.",
+    "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
+OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+
+
+def question(a: int, op: str, b: int) -> str:
+    return f"What is {a} {op} {b}?"
+
+
+def expected(instance: dict) -> int:
+    return OPS[instance["op"]](int(instance["a"]), int(instance["b"]))
+
+
+def make_instances(n: int, seed: int = 0, ops: str = "+", low: int = 1, high: int = 99) -> list[dict]:
+    rng = random.Random(seed)
+    return [{"a": rng.randint(low, high), "op": rng.choice(ops), "b": rng.randint(low, high)} for _ in range(n)]
+
+
+def prompt(instance: dict) -> list[dict]:
+    return [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": question(instance["a"], instance["op"], instance["b"])}]
+
+
+def conversations(instances: list[dict]) -> list[list[dict]]:
+    """Worked episodes: a bash call that computes the answer, its output, a submit."""
+    out = []
+    for inst in instances:
+        command = f"echo $(({inst['a']}{inst['op']}{inst['b']}))"
+        result = str(expected(inst))
+        out.append(prompt(inst) + [
+            {"role": "assistant", "content": "",
+             "tool_calls": [{"type": "function", "function": {"name": "bash", "arguments": {"command": command}}}]},
+            {"role": "tool", "name": "bash", "content": result + "\n"},
+            {"role": "assistant", "content": "",
+             "tool_calls": [{"type": "function", "function": {"name": "submit", "arguments": {"answer": result}}}]},
+        ])
+    return out
+
+
+def parse_int(answer: Any) -> int | None:
+    if isinstance(answer, dict):
+        answer = answer.get("answer")
+    try:
+        return int(str(answer).strip())
+    except (TypeError, ValueError):
+        return None
+
+
+class ArithTask(AgentTask):
+    name = "arith"
+    tools: ClassVar[list[str]] = ["bash"]
+
+    def validate(self, instance: dict) -> None:
+        try:
+            int(instance["a"]), int(instance["b"])
+        except (KeyError, TypeError, ValueError):
+            raise InvalidJob("arith needs integer instance.a and instance.b, e.g. {\"a\": 3, \"op\": \"+\", \"b\": 4}")
+        if instance.get("op") not in OPS:
+            raise InvalidJob(f"arith: op must be one of {sorted(OPS)}")
+
+    def sandbox_spec(self, instance: dict):
+        from rollstream.sandboxes import SandboxLimits, SandboxSpec
+
+        return SandboxSpec(limits=SandboxLimits(memory_mb=512, cpu_time_s=60, default_timeout_s=10,
+                                                default_no_output_timeout_s=10, idle_timeout_s=600))
+
+    def prompt_messages(self, instance: dict) -> list[dict]:
+        return prompt(instance)
+
+    def tool_schemas(self, instance: dict) -> list[dict]:
+        return [BASH_SCHEMA]
+
+    async def reward(self, env: Envelope, sandbox: Any) -> float:
+        answer = parse_int(env.trajectory.extra.get("answer")) if env.trajectory else None
+        return 1.0 if answer is not None and answer == expected(env.job.instance) else 0.0

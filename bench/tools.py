@@ -2,7 +2,8 @@
 
 Run: python bench/tools.py [--calls 300] [--live 64]. Prints a table, then a last line
 `RESULT {json}` with bash_echo_p50_ms, bash_echo_p99_ms, tmux_echo_p50_ms,
-subprocess_echo_p50_ms, ipython_p50_ms (and the raw kernel's, ipython_raw_kernel_p50_ms),
+subprocess_echo_p50_ms, ipython_p50_ms (and raw kernels': ipython_raw_kernel_p50_ms with ipykernel's
+defaults, ipython_raw_tuned_kernel_p50_ms with the sandbox's KERNEL_ARGS),
 sandbox_create_destroy_p50_ms, live_sandboxes.
 """
 
@@ -20,6 +21,8 @@ import time
 import uuid
 
 from rollstream.sandboxes import SandboxClient, SandboxSpec, create_sandbox, destroy_sandbox
+from rollstream.sandboxes.backends.base import KERNEL_ARGS
+from rollstream.sandboxes.forkserver import stop_fork_server
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -74,21 +77,22 @@ def bench_subprocess(command: str, calls: int) -> list[float]:
     return times
 
 
-def bench_raw_kernel(calls: int) -> list[float]:
+def bench_raw_kernel(calls: int, kernel_args: list[str]) -> list[float]:
     """The issue's baseline: a local kernel driven by jupyter_client's own client, no sandbox.
 
-    Started the way sandboxes start theirs (KERNEL_ARGS), so that the gap to the sandbox
-    row is our socket, supervisor and bwrap, whatever the load on the machine.
+    Run with ipykernel's defaults (the baseline) and with the KERNEL_ARGS sandboxes use,
+    so that the gap to the sandbox row is our socket, supervisor and bwrap, whatever
+    the load on the machine.
     """
     import sys
 
     from jupyter_client import KernelManager
 
-    from rollstream.sandboxes.backends.base import KERNEL_ARGS
-
     folder = tempfile.mkdtemp(prefix="rsk-", dir="/tmp")
     manager = KernelManager(transport="ipc", ip=os.path.join(folder, "k"))
-    manager.kernel_spec.argv = [sys.executable, *KERNEL_ARGS]
+    manager.kernel_spec.argv = [sys.executable, *kernel_args]
+    # IPython's on-disk history of the stock kernel goes where a sandbox's would.
+    manager.kernel_spec.env = {"IPYTHONDIR": os.path.join(folder, "ipython")}
     manager.start_kernel()
     client = manager.client()
     client.start_channels()
@@ -165,12 +169,15 @@ async def main() -> None:
                 rows.append(("sandbox ipython `1+1`", ipython))
         finally:
             await destroy_sandbox(handle)
-        rows.append(("raw kernel `1+1` (jupyter_client, no sandbox)", bench_raw_kernel(args.ipython_calls)))
+        stock = ["-m", "ipykernel_launcher", "-f", "{connection_file}"]
+        rows.append(("raw stock kernel `1+1` (jupyter_client, no sandbox)", bench_raw_kernel(args.ipython_calls, stock)))
+        rows.append(("raw kernel, sandbox KERNEL_ARGS `1+1`", bench_raw_kernel(args.ipython_calls, KERNEL_ARGS)))
         rows.append(("tmux send-keys + capture-pane/10 ms `echo hi`", bench_tmux("echo hi", args.baseline_calls)))
         rows.append(("subprocess.run bash -c `echo hi`", bench_subprocess("echo hi", args.baseline_calls)))
         rows.append(("bwrap sandbox create + destroy", await bench_create_destroy(root_dir, args.create_rounds)))
         live = await bench_live(root_dir, args.live)
     finally:
+        await stop_fork_server(root_dir)  # started by the first create_sandbox in root_dir
         shutil.rmtree(root_dir, ignore_errors=True)
 
     print(f"{'measurement':55} {'n':>5} {'p50 ms':>9} {'p99 ms':>9} {'mean ms':>9}")
@@ -191,7 +198,8 @@ async def main() -> None:
         "tmux_echo_p50_ms": round(percentile(tmux, .5), 3) if tmux else None,
         "subprocess_echo_p50_ms": round(percentile(by_name["subprocess.run bash -c `echo hi`"], .5), 3),
         "ipython_p50_ms": round(percentile(by_name["sandbox ipython `1+1`"], .5), 3),
-        "ipython_raw_kernel_p50_ms": round(percentile(by_name["raw kernel `1+1` (jupyter_client, no sandbox)"], .5), 3),
+        "ipython_raw_kernel_p50_ms": round(percentile(by_name["raw stock kernel `1+1` (jupyter_client, no sandbox)"], .5), 3),
+        "ipython_raw_tuned_kernel_p50_ms": round(percentile(by_name["raw kernel, sandbox KERNEL_ARGS `1+1`"], .5), 3),
         "sandbox_create_destroy_p50_ms": round(percentile(by_name["bwrap sandbox create + destroy"], .5), 3),
         "live_sandboxes": live,
     }

@@ -6,6 +6,7 @@ the sandboxes commands list this node's sandboxes and reap the ones nobody wants
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -14,8 +15,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from . import images
+from . import forkserver, images
 from .reaper import Reaper
+from .spec import default_root_dir
 
 app = typer.Typer(help="Prepare sandbox images (SIF files, unpacked rootfs folders) as background jobs.")
 sandboxes_app = typer.Typer(help="Inspect and clean up this node's sandboxes.")
@@ -110,3 +112,21 @@ def reap(
     console.print(f"reaped {len(reaped)} sandbox(es): {', '.join(reaped) or '-'}")
 
 
+@sandboxes_app.command("forkserver")
+def forkserver_command(
+    root_dir: str = typer.Option(None, help="sandbox root; default $ROLLSTREAM_SANDBOX_ROOT"),
+    start: bool = typer.Option(False, "--start", help="start it now (create_sandbox otherwise does, once)"),
+    stop: bool = typer.Option(False, "--stop", help="stop it; its sandboxes live on"),
+) -> None:
+    """Show, start or stop this node's fork server, which forks sandbox supervisors."""
+    root = root_dir or default_root_dir()
+    if start and stop:
+        raise typer.BadParameter("pass --start or --stop, not both")
+    if stop:
+        stopped = asyncio.run(forkserver.stop_fork_server(root))
+        console.print("stopped" if stopped else f"no fork server answers in {root}")
+        return
+    if start and asyncio.run(forkserver.ping_fork_server(root)) is None:
+        asyncio.run(forkserver.start_fork_server(root))
+    pid = asyncio.run(forkserver.ping_fork_server(root))
+    console.print(f"fork server pid {pid} at {forkserver.socket_path(root)}" if pid else f"no fork server in {root}")

@@ -109,18 +109,30 @@ async def start_fork_server(root_dir: str, idle_exit_s: float | None = None) -> 
     raise ForkServerUnavailable(f"the fork server in {root_dir} did not start: {line or 'it exited'}")
 
 
-async def stop_fork_server(root_dir: str, timeout_s: float = 5.0) -> bool:
-    """Ask the root's fork server to exit (its sandboxes live on); False when none answered."""
+async def _ask(root_dir: str, op: str, timeout_s: float) -> int | None:
+    """Send `op` (ping or stop) to the root's fork server; its pid, or None if none answers."""
     try:
         reader, writer = await asyncio.open_unix_connection(socket_path(root_dir))
     except (FileNotFoundError, ConnectionRefusedError):
-        return False
+        return None
     try:
-        writer.write(protocol.pack({"op": "stop"}))
+        writer.write(protocol.pack({"op": op}))
         line = await asyncio.wait_for(reader.readline(), timeout_s)
+    except (ConnectionError, asyncio.TimeoutError):
+        return None
     finally:
         writer.close()
-    pid = int(line.split()[1]) if line.startswith(b"ok ") else None
+    return int(line.split()[1]) if line.startswith(b"ok ") else None
+
+
+async def ping_fork_server(root_dir: str, timeout_s: float = 5.0) -> int | None:
+    """The pid of the root's fork server if one answers, else None."""
+    return await _ask(root_dir, "ping", timeout_s)
+
+
+async def stop_fork_server(root_dir: str, timeout_s: float = 5.0) -> bool:
+    """Ask the root's fork server to exit (its sandboxes live on); False when none answered."""
+    pid = await _ask(root_dir, "stop", timeout_s)
     if pid is not None:
         deadline = time.monotonic() + timeout_s
         while reaper.pid_alive(pid) and time.monotonic() < deadline:

@@ -4,7 +4,7 @@ import random
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from rollstream.trainer.batch import build_batch
 from rollstream.trainer.checkpoint import CheckpointMeta, latest_checkpoint, list_checkpoints, load_checkpoint, model_dir, save_checkpoint

@@ -59,6 +59,8 @@ class Settings(BaseSettings):
                                "built-in server) or 'sglang'.")
     sandbox_root: Path | None = Field(None, description="Where this node's sandboxes live (default "
                                       "/tmp/rollstream-sb-<uid>).")
+    sandbox_backend: str = Field("auto", description="Sandbox backend for tasks that leave it to the node: "
+                                 "auto (bubblewrap where it works), bwrap, singularity, docker, local.")
     reap_interval_s: float = Field(30.0, description="How often eval workers reap sandboxes no job wants.")
     group_affinity_slack: int = Field(2, description="A group's backend is preferred while its in-flight "
                                       "count is within this many of the least loaded.")

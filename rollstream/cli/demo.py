@@ -53,12 +53,12 @@ def summarize(results: list[Result], elapsed_s: float) -> Table:
         by_task[res.task].append(res)
     table = Table(title=f"{len(results)} rollouts in {elapsed_s:.1f} s = {len(results) / elapsed_s:.2f} jobs/s",
                   title_justify="left")
-    for col in ("task", "jobs", "ok", "failed", "reward mean", "init s", "run s", "eval s", "turns",
-                "tool calls", "tool p50 ms"):
+    for col in ("task", "jobs", "ok", "fail", "reward", "init s", "run s", "eval s", "turns",
+                "tools", "tool ms"):
         table.add_column(col, justify="left" if col == "task" else "right")
 
     def mean(xs):
-        return f"{statistics.fmean(xs):.3f}" if xs else "-"
+        return f"{statistics.fmean(xs):.2f}" if xs else "-"
 
     for task, rs in sorted(by_task.items()):
         ok = [r for r in rs if r.status == "completed"]
@@ -68,7 +68,7 @@ def summarize(results: list[Result], elapsed_s: float) -> Table:
                       mean([r.timings_s.get("init_s", 0) for r in ok]), mean([r.timings_s.get("run_s", 0) for r in ok]),
                       mean([r.timings_s.get("eval_s", 0) for r in ok]),
                       mean([r.trajectory.num_turns for r in ok if r.trajectory]), str(len(tools)),
-                      f"{statistics.median(tools):.2f}" if tools else "-")
+                      f"{statistics.median(tools):.1f}" if tools else "-")
     return table
 
 

@@ -49,6 +49,9 @@ class AgentTask(Task):
         from rollstream.sandboxes import SandboxClient, create_sandbox
 
         spec = self.sandbox_spec(env.job.instance)
+        node_backend = ctx.services.get("sandbox_backend")
+        if spec.backend == "auto" and node_backend and node_backend != "auto":
+            spec = spec.model_copy(update={"backend": node_backend})
         if env.job.sandbox:
             spec = spec.model_copy(update=env.job.sandbox)
         handle = await create_sandbox(spec, sandbox_id=f"{env.job.job_id[:40]}-{env.attempt}",

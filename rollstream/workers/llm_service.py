@@ -52,8 +52,11 @@ class LLMService:
     async def policy_version(self) -> int:
         return int(await self.r.get(self.keys.policy_version) or 0)
 
-    def start(self) -> None:
-        """Background duties: lease renewal/reclaim and backend health checks."""
+    async def start(self) -> None:
+        """Load the tokenizer (off the event loop) and start the background duties: lease
+        renewal/reclaim and backend health checks."""
+        if self.settings.model_dir:
+            await asyncio.to_thread(lambda: self.tokenizer)
         self._health = HealthChecker(self.balancer)
         self._tasks = [asyncio.create_task(self.balancer.keep_alive()), asyncio.create_task(self._health.run())]
 

@@ -40,7 +40,7 @@ async def serve_stage(stage: str, settings: Settings, concurrency: int, *, consu
     await check_async(ctx.redis, settings.redis_url)
     (settings.data_dir / "work").mkdir(parents=True, exist_ok=True)
     loop = ConsumerLoop(STAGES[stage](ctx), ctx, concurrency, consumer=consumer)
-    background = _start_services(stage, ctx, loop.consumer)
+    background = await _start_services(stage, ctx, loop.consumer)
     aloop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         aloop.add_signal_handler(sig, loop.stop)
@@ -57,17 +57,18 @@ async def serve_stage(stage: str, settings: Settings, concurrency: int, *, consu
         await ctx.redis.aclose()
 
 
-def _start_services(stage: str, ctx: WorkerContext, worker_id: str) -> list[asyncio.Task]:
+async def _start_services(stage: str, ctx: WorkerContext, worker_id: str) -> list[asyncio.Task]:
     """What the stage's tasks reach through ``ctx.service(name)``, and the node duties of
     the stage (the eval pool reaps sandboxes)."""
     settings = ctx.settings
     ctx.services["sandbox_root"] = str(settings.sandbox_root) if settings.sandbox_root else None
+    ctx.services["sandbox_backend"] = settings.sandbox_backend
     background: list[asyncio.Task] = []
     if stage == "run":
         from rollstream.workers.llm_service import LLMService
 
         llm = LLMService(ctx.redis, settings, worker_id=worker_id)
-        llm.start()
+        await llm.start()
         ctx.services["llm"] = llm
     if stage == "eval":
         background.append(asyncio.create_task(_reap_forever(ctx)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,10 +13,13 @@ import time
 
 import psutil
 import pytest
+from typer.testing import CliRunner
 
 from rollstream.sandboxes import reaper
 from rollstream.sandboxes import Reaper, SandboxClient, SandboxHandle, SandboxSpec, SandboxStartError, create_sandbox, destroy_sandbox
+from rollstream.sandboxes.cli import sandboxes_app
 from rollstream.sandboxes.forkserver import server_pid, socket_path, start_fork_server
+from rollstream.sandboxes.runtime import protocol
 
 from .conftest import needs_bwrap, processes_mentioning
 
@@ -102,10 +106,18 @@ async def test_concurrent_starts_leave_one_fork_server(root_dir):
     assert live_servers() == [server_pid(root_dir)]
 
 
-async def test_fork_server_exits_when_its_root_is_removed(root_dir):
+async def test_fork_server_rebinds_a_removed_socket_and_exits_with_its_root(root_dir):
     await start_fork_server(root_dir)
     server = server_pid(root_dir)
     os.unlink(socket_path(root_dir))
+    for _ in range(300):
+        if os.path.exists(socket_path(root_dir)):
+            break
+        await asyncio.sleep(0.01)
+    handle = await create_sandbox(SandboxSpec(), sandbox_id="rebound", root_dir=root_dir)
+    assert psutil.Process(handle.supervisor_pid).ppid() == server
+    await destroy_sandbox(handle)
+    shutil.rmtree(root_dir)
     assert await gone(server), "the fork server outlived its root"
 
 
@@ -156,3 +168,28 @@ async def test_supervisor_that_fails_to_start_reports_and_is_reaped(root_dir):
         await asyncio.sleep(0.01)
     assert psutil.Process(server).children() == []
     assert not os.path.exists(os.path.join(root_dir, "broken"))
+
+
+async def test_bad_requests_are_answered_and_the_server_keeps_serving(root_dir):
+    await start_fork_server(root_dir)
+    for request in ({"op": "spawn", "plan_path": 3}, {"op": "nonsense"}):
+        reader, writer = await asyncio.open_unix_connection(socket_path(root_dir))
+        writer.write(protocol.pack(request))
+        reply = (await reader.read()).decode()
+        writer.close()
+        assert "error" in reply
+    handle = await create_sandbox(SandboxSpec(), sandbox_id="afterbad", root_dir=root_dir)
+    await destroy_sandbox(handle)
+
+
+def test_cli_starts_shows_and_stops_the_fork_server(root_dir):
+    runner = CliRunner()
+    assert "no fork server" in runner.invoke(sandboxes_app, ["forkserver", "--root-dir", root_dir]).output
+    started = runner.invoke(sandboxes_app, ["forkserver", "--root-dir", root_dir, "--start"]).output
+    pid = server_pid(root_dir)
+    assert f"pid {pid}" in started
+    assert "stopped" in runner.invoke(sandboxes_app, ["forkserver", "--root-dir", root_dir, "--stop"]).output
+    deadline = time.monotonic() + 5
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)

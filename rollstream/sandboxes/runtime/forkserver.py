@@ -79,16 +79,21 @@ class ForkServer:
             return False
         return True
 
-    def listen(self) -> None:
+    def _bind(self) -> None:
         try:
             os.unlink(self.socket_path)  # left by a server that was killed: we hold the lock now
         except FileNotFoundError:
             pass
+        if self.listener is not None:
+            self.listener.close()
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(self.socket_path)
         os.chmod(self.socket_path, 0o600)
         self.listener.listen(256)
         self.socket_inode = os.stat(self.socket_path).st_ino
+
+    def listen(self) -> None:
+        self._bind()
         with open(os.path.join(self.root_dir, PID_NAME), "w") as handle:
             handle.write(str(os.getpid()))
         libc = ctypes.CDLL(None, use_errno=True)
@@ -111,9 +116,10 @@ class ForkServer:
         preload_pending = True
         while True:
             self._reap()
-            if self.stopping or (not self.children and self._should_exit()):
+            if self.stopping or self._should_exit():
                 return
-            timeout = 0.0 if preload_pending else 1.0
+            # Preload after a short lull, so that the create that started us is not kept waiting.
+            timeout = 0.05 if preload_pending else 1.0
             try:
                 readable, _, _ = select.select([self.listener, self.wake_read], [], [], timeout)
             except InterruptedError:
@@ -134,12 +140,17 @@ class ForkServer:
                 gc.freeze()
 
     def _should_exit(self) -> bool:
-        if time.monotonic() - self.last_request > self.idle_exit_s:
-            return True
+        """Exit once no supervisor is left and the root is gone or we were idle too long."""
         try:
-            return os.stat(self.socket_path).st_ino != self.socket_inode
+            socket_ok = os.stat(self.socket_path).st_ino == self.socket_inode
         except FileNotFoundError:
-            return True  # the root was removed, or our socket with it
+            socket_ok = False
+        root_exists = os.path.isdir(self.root_dir)
+        if not socket_ok and root_exists:
+            self._bind()  # someone removed our socket from a live root: serve on
+        if self.children:
+            return False
+        return not root_exists or time.monotonic() - self.last_request > self.idle_exit_s
 
     def _reap(self) -> None:
         while True:
@@ -170,12 +181,19 @@ class ForkServer:
                 self.stopping = op == "stop"
             else:
                 connection.sendall(f"error unknown op {op!r}; use spawn, ping or stop\n".encode())
-        except (OSError, protocol.ProtocolError) as error:
-            print(f"forkserver: dropped a request: {error}", file=sys.stderr, flush=True)
+        except Exception as error:  # a bad request must not take the node's server down
+            print(f"forkserver: dropped a request: {error!r}", file=sys.stderr, flush=True)
+            try:
+                connection.sendall(f"error the fork server dropped the request: {error!r}\n".encode())
+            except OSError:
+                pass
         finally:
             connection.close()
 
     def _spawn(self, connection: socket.socket, request: dict) -> None:
+        for key in ("plan_path", "log_path", "cwd"):
+            if not isinstance(request.get(key), str):
+                raise ValueError(f"spawn needs {key!r} as a string")
         log_fd = os.open(request["log_path"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             pid = os.fork()

@@ -73,9 +73,19 @@ class ConsumerLoop:
         """Stop pulling work; in-flight jobs get ``shutdown_grace_s`` to finish."""
         self._stopping.set()
 
+    async def _register(self) -> None:
+        """Create the group and announce this worker, riding out a Redis that restarts."""
+        while True:
+            try:
+                await ensure_group(self.r, self.stream, self.group)
+                await self._heartbeat()
+                return
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                log.warning("%s: Redis unreachable at start (%s); retrying in 1 s", self.consumer, exc)
+                await asyncio.sleep(1.0)
+
     async def serve(self) -> None:
-        await ensure_group(self.r, self.stream, self.group)
-        await self._heartbeat()
+        await self._register()
         background = [asyncio.create_task(self._every(self.s.heartbeat_interval_s, self._heartbeat)),
                       asyncio.create_task(self._every(max(self.s.visibility_timeout_s / 4, 0.2), self._reclaim)),
                       asyncio.create_task(self._every(1.0, self._watch_cancellations))]

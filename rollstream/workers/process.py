@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 
 from rollstream.config import Settings
+from rollstream.errors import RedisUnavailable
 from rollstream.pipeline.connection import async_redis, check_async
 from rollstream.pipeline.handoff import Handoff
 from rollstream.pipeline.keys import Keys
@@ -37,7 +39,7 @@ async def serve_stage(stage: str, settings: Settings, concurrency: int, *, consu
     if not settings.redis_url:
         raise ValueError("a worker needs settings.redis_url")
     ctx = make_context(settings, settings.redis_url)
-    await check_async(ctx.redis, settings.redis_url)
+    await _wait_for_redis(ctx, settings)
     (settings.data_dir / "work").mkdir(parents=True, exist_ok=True)
     loop = ConsumerLoop(STAGES[stage](ctx), ctx, concurrency, consumer=consumer)
     background = await _start_services(stage, ctx, loop.consumer)
@@ -84,6 +86,21 @@ async def _reap_forever(ctx: WorkerContext) -> None:
             await reap_node(ctx.redis, ctx.keys, ctx.node, ctx.services.get("sandbox_root"))
         except Exception:  # a failed round is retried next interval
             log.exception("sandbox reaping failed")
+
+
+async def _wait_for_redis(ctx: WorkerContext, settings: Settings) -> None:
+    """Workers may start before Redis (a restarting server, a head job still loading its
+    AOF): wait for it, saying so, up to ``redis_wait_s``."""
+    deadline = time.monotonic() + settings.redis_wait_s
+    while True:
+        try:
+            await check_async(ctx.redis, settings.redis_url)
+            return
+        except RedisUnavailable as exc:
+            if time.monotonic() > deadline:
+                raise
+            log.warning("waiting for Redis: %s", exc)
+            await asyncio.sleep(1.0)
 
 
 def run_worker(stage: str, settings: Settings, concurrency: int) -> None:

@@ -19,10 +19,13 @@ def _arith_job(inst: dict) -> dict:
 
 
 def _supervisors(sandbox_root) -> list[psutil.Process]:
+    """Live sandbox supervisors of this root (forked ones are named rs-supervisor and
+    run in their sandbox's folder)."""
     found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(proc.info["cmdline"] or [])
-        if "supervisor.py" in cmd and str(sandbox_root) in cmd:
+    for proc in psutil.process_iter(["name", "cwd", "status"]):
+        cwd = proc.info.get("cwd") or ""
+        if proc.info["status"] != psutil.STATUS_ZOMBIE and proc.info["name"] == "rs-supervisor" \
+                and cwd.startswith(str(sandbox_root)):
             found.append(proc)
     return found
 

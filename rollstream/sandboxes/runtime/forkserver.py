@@ -37,7 +37,7 @@ PID_NAME = ".forkserver.pid"
 LOG_NAME = ".forkserver.log"
 # With no supervisor left, the server exits after this long without a request, so an
 # unused node (or a test's throwaway root) does not keep a process around.
-IDLE_EXIT_S = 600.0
+IDLE_EXIT_S = 300.0
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_NAME = 15
 _REQUEST_TIMEOUT_S = 5.0

@@ -86,12 +86,16 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=256)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="rs-bench-"))
+    # The echo task makes and removes a work folder per job; on this machine's disk that is
+    # ~1 ms of syscalls, which would measure the disk, not the broker. Work folders go to tmpfs.
+    shm = Path("/dev/shm")
+    work = Path(tempfile.mkdtemp(prefix="rs-bench-work-", dir=shm if shm.is_dir() else None))
     rows = []
     with EmbeddedRedis(tmp / "redis") as server:
         out: dict = {}
-        pool = run_pool(server.url, 1, args.concurrency, tmp)
+        pool = run_pool(server.url, 1, args.concurrency, work)
         try:
-            s = Settings(redis_url=server.url, namespace=pool.namespace, data_dir=tmp, node="bench")
+            s = Settings(redis_url=server.url, namespace=pool.namespace, data_dir=work, node="bench")
             lat = asyncio.run(measure_overhead(s, args.latency_jobs))
             out["overhead_p50_ms"] = round(statistics.median(lat), 3)
             out["overhead_p99_ms"] = round(pct(lat, 99), 3)
@@ -101,9 +105,9 @@ def main() -> None:
             rows.append((f"{args.jobs} jobs, 1 process per stage", f"{out['jobs_per_s_1proc']} jobs/s", "", "≥ 1000"))
         finally:
             pool.stop()
-        pool = run_pool(server.url, 2, args.concurrency, tmp)
+        pool = run_pool(server.url, 2, args.concurrency, work)
         try:
-            s = Settings(redis_url=server.url, namespace=pool.namespace, data_dir=tmp, node="bench")
+            s = Settings(redis_url=server.url, namespace=pool.namespace, data_dir=work, node="bench")
             out["jobs_per_s_2proc"] = round(asyncio.run(measure_throughput(s, args.jobs, 2)), 1)
             rows.append((f"{args.jobs} jobs, 2 processes per stage", f"{out['jobs_per_s_2proc']} jobs/s", "", "≥ 1000"))
         finally:

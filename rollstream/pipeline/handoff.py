@@ -54,9 +54,18 @@ class Handoff:
     async def forward(self, src: Source, env: Envelope, to_stream: str, to_stage: str) -> bool:
         """Acknowledge ``src`` and queue the job on the next stage's stream."""
         state = {"stage": to_stage, "status": "queued", "node": env.node or "", "attempts": env.attempt + 1}
-        if env.sandbox:
-            state["sandbox"] = str(env.sandbox.get("id", ""))
-        return await self._move(src, env.job.job_id, state, [(to_stream, 0, pack(env))], stat="forwarded")
+        sandbox_id = str(env.sandbox.get("id", "")) if env.sandbox else ""
+        if sandbox_id:
+            state["sandbox"] = sandbox_id
+        moved = await self._move(src, env.job.job_id, state, [(to_stream, 0, pack(env))], stat="forwarded")
+        if moved and sandbox_id and src.group == "init":
+            await self.r.sadd(self.keys.node_sandboxes(env.node or ""), sandbox_id)
+        return moved
+
+    async def sandbox_gone(self, env: Envelope) -> None:
+        """The job's sandbox was destroyed: it no longer counts against its node."""
+        if env.sandbox and env.node:
+            await self.r.srem(self.keys.node_sandboxes(env.node), str(env.sandbox.get("id", "")))
 
     async def finish(self, src: Source, result: Result) -> bool:
         """Acknowledge ``src`` and deliver the job's one result."""

@@ -70,6 +70,10 @@ class Keys:
     def submitters(self) -> str:
         return self._k("submitters")
 
+    def node_sandboxes(self, node: str) -> str:
+        """Set of the sandbox ids live on ``node`` (init's back-pressure)."""
+        return self._k("node", node, "sandboxes")
+
     def stats(self, stage: str) -> str:
         return self._k("stats", stage)
 

@@ -24,8 +24,8 @@ from rollstream.workers.stage import Forward, Stage, WorkerContext, ended_result
 log = logging.getLogger(__name__)
 
 
-class _Shutdown(Exception):
-    """Marks a job interrupted because its worker is stopping."""
+def _id(raw) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw
 
 
 def decode_envelope(fields: dict) -> Envelope:
@@ -120,14 +120,10 @@ class ConsumerLoop:
     async def _free_slots(self) -> int:
         free = self.concurrency - len(self.inflight)
         if self.stage.name == "init" and free > 0:
-            # Back-pressure: a sandbox lives from init until eval finishes, i.e. while its
-            # job is queued or held on this node's run and eval streams.
-            keys = self.ctx.keys
-            async with self.r.pipeline(transaction=False) as pipe:
-                pipe.xlen(keys.run_stream(self.ctx.node))
-                pipe.xlen(keys.eval_stream(self.ctx.node))
-                run_n, eval_n = await pipe.execute()
-            free = min(free, self.s.max_sandboxes_per_node - run_n - eval_n - len(self.inflight))
+            # Back-pressure: pull only while the node has sandbox slots (those of jobs on
+            # its run and eval streams, plus what this process is creating).
+            live = await self.r.scard(self.ctx.keys.node_sandboxes(self.ctx.node))
+            free = min(free, self.s.max_sandboxes_per_node - live - len(self.inflight))
         return free
 
     async def _read_loop(self) -> None:
@@ -152,15 +148,43 @@ class ConsumerLoop:
                 log.warning("%s: Redis unreachable (%s); retrying in 1 s", self.consumer, exc)
                 await asyncio.sleep(1.0)
                 continue
-            for _stream, entries in resp or []:
-                for msg_id, fields in entries:
-                    self._spawn(msg_id.decode() if isinstance(msg_id, bytes) else msg_id, fields, 1)
+            entries = [(_id(m), f, 1) for _stream, items in resp or [] for m, f in items]
+            try:
+                await self._admit(entries)
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                # Admitted or not, the messages stay pending with us; the reclaimer retries them.
+                log.warning("%s: Redis unreachable while admitting jobs (%s)", self.consumer, exc)
 
-    def _spawn(self, msg_id: str, fields: dict, deliveries: int) -> None:
-        if msg_id in self.inflight:
+    async def _admit(self, entries: list[tuple[str, dict, int]]) -> None:
+        """Start a batch of messages: decode them, then in one round trip read their
+        cancellation flags and mark them running, then run each as its own task."""
+        decoded: list[tuple[str, Envelope, int]] = []
+        for msg_id, fields, deliveries in entries:
+            if msg_id in self.inflight:
+                continue
+            try:
+                decoded.append((msg_id, decode_envelope(fields), deliveries))
+            except (DecodeError, ValidationError) as exc:
+                src = Source(self.stream, self.group, msg_id, self.consumer)
+                self._track(msg_id, None, self._guard(None, self._undecodable(src, fields, exc)))
+        if not decoded:
             return
-        task = asyncio.create_task(self._handle(msg_id, fields, deliveries))
-        self.inflight[msg_id] = (task, None)
+        started = time.time()
+        stage = self.stage.name
+        async with self.r.pipeline(transaction=False) as pipe:
+            for _m, env, _d in decoded:
+                pipe.mget(cancel.flag_keys(self.ctx.keys, env.job))
+                pipe.hset(self.ctx.keys.job(env.job.job_id), mapping={
+                    "stage": stage, "status": "running", "worker": self.consumer, "node": self.ctx.node,
+                    f"{stage}_started_at": started})
+            replies = await pipe.execute()
+        for (msg_id, env, deliveries), flags in zip(decoded, replies[0::2]):
+            src = Source(self.stream, self.group, msg_id, self.consumer)
+            self._track(msg_id, env, self._guard(env, self._run_job(src, env, deliveries, flags, started)))
+
+    def _track(self, msg_id: str, env: Envelope | None, coro) -> None:
+        task = asyncio.create_task(coro)
+        self.inflight[msg_id] = (task, env)
         task.add_done_callback(lambda _t, m=msg_id: self._done(m))
 
     def _done(self, msg_id: str) -> None:
@@ -170,33 +194,19 @@ class ConsumerLoop:
         self._slot_freed.set()
 
     # -- one job -----------------------------------------------------------------------
-    async def _handle(self, msg_id: str, fields: dict, deliveries: int) -> None:
-        src = Source(self.stream, self.group, msg_id, self.consumer)
+    async def _guard(self, env: Envelope | None, coro) -> None:
         try:
-            env = decode_envelope(fields)
-        except (DecodeError, ValidationError) as exc:
-            await self._undecodable(src, fields, exc)
-            return
-        self.inflight[msg_id] = (self.inflight[msg_id][0], env)
-        try:
-            await self._run_job(src, env, deliveries)
+            await coro
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
             # The job stays pending; after the visibility timeout a worker reclaims it.
             log.error("job %s: Redis failed during %s (%s); left pending for reclaim",
-                      env.job.job_id, self.stage.name, exc)
+                      env.job.job_id if env else "?", self.stage.name, exc)
 
-    async def _run_job(self, src: Source, env: Envelope, deliveries: int) -> None:
+    async def _run_job(self, src: Source, env: Envelope, deliveries: int, flags: list, started: float) -> None:
         job, stage = env.job, self.stage.name
         if deliveries > self.s.max_deliveries:
             return await self._give_up(src, env, f"delivered {deliveries} times to {stage} workers that "
                                                  "died or hung before finishing it")
-        started = time.time()
-        async with self.r.pipeline(transaction=False) as pipe:
-            pipe.mget(cancel.flag_keys(self.ctx.keys, job))
-            pipe.hset(self.ctx.keys.job(job.job_id), mapping={
-                "stage": stage, "status": "running", "worker": self.consumer, "node": self.ctx.node,
-                f"{stage}_started_at": started})
-            flags, _ = await pipe.execute()
         reason = cancel.is_cancelled(job, flags)
         if reason:
             return await self._end(src, env, "cancelled", reason)
@@ -208,9 +218,9 @@ class ConsumerLoop:
             if remaining_s <= 0:
                 raise asyncio.TimeoutError
             self._processing.add(src.msg_id)
-            outcome = await asyncio.wait_for(
-                self.stage.process(env, self.ctx.task_context(lambda: cancel.check(self.r, self.ctx.keys, job))),
-                remaining_s)
+            async with asyncio.timeout(remaining_s):
+                outcome = await self.stage.process(
+                    env, self.ctx.task_context(lambda: cancel.check(self.r, self.ctx.keys, job)))
         except asyncio.TimeoutError:
             return await self._give_up(src, env, f"job timed out in {stage}: over its timeout_s={job.timeout_s}")
         except JobCancelled as exc:
@@ -240,6 +250,7 @@ class ConsumerLoop:
         else:
             outcome.timings_s = env.timings_s
             moved = await self.ctx.handoff.finish(src, outcome)
+            await self.ctx.handoff.sandbox_gone(env)  # eval tore it down
         if not moved:
             log.warning("job %s: %s finished after another worker reclaimed it; dropped this copy",
                         job.job_id, stage)
@@ -247,6 +258,7 @@ class ConsumerLoop:
     async def _release(self, env: Envelope) -> None:
         try:
             await self.stage.release(env)
+            await self.ctx.handoff.sandbox_gone(env)
         except Exception:
             log.exception("job %s: freeing its resources failed", env.job.job_id)
 
@@ -313,12 +325,14 @@ class ConsumerLoop:
         _next, claimed, deleted = await self._xautoclaim(free)
         if deleted:
             await self.r.xack(self.stream, self.group, *deleted)
+        entries = []
         for msg_id, fields in claimed:
-            msg_id = msg_id.decode() if isinstance(msg_id, bytes) else msg_id
+            msg_id = _id(msg_id)
             info = await self.r.xpending_range(self.stream, self.group, min=msg_id, max=msg_id, count=1)
             deliveries = info[0]["times_delivered"] if info else self.s.max_deliveries + 1
             log.info("%s reclaimed %s (delivery %d)", self.consumer, msg_id, deliveries)
-            self._spawn(msg_id, fields or {}, deliveries)
+            entries.append((msg_id, fields or {}, deliveries))
+        await self._admit(entries)
 
     async def _xautoclaim(self, count: int):
         resp = await self.r.xautoclaim(self.stream, self.group, self.consumer,

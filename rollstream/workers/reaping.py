@@ -21,8 +21,6 @@ async def reap_node(r, keys: Keys, node: str, root_dir: str | None) -> list[str]
 
     reaper = Reaper(root_dir)
     records = await asyncio.to_thread(reaper.sandboxes)
-    if not records:
-        return []
     async with r.pipeline(transaction=False) as pipe:
         for rec in records:
             pipe.hmget(keys.job(rec.owner), "stage", "node", "sandbox")
@@ -36,6 +34,13 @@ async def reap_node(r, keys: Keys, node: str, root_dir: str | None) -> list[str]
         elif stage == "init" and now - rec.created_at < INIT_GRACE_S:
             wanted.add(rec.id)
     reaped = await asyncio.to_thread(reaper.reap, lambda sandbox_id, _owner: sandbox_id in wanted)
+    # Counts drift when a worker dies between a sandbox's end and the bookkeeping; the
+    # sandboxes on disk are the truth for init's back-pressure.
+    live_key = keys.node_sandboxes(node)
+    counted = {v.decode() for v in await r.smembers(live_key)}
+    gone = counted - {rec.id for rec in records if rec.id not in reaped}
+    if gone:
+        await r.srem(live_key, *gone)
     if reaped:
         log.info("reaped %d sandboxes no job wants: %s", len(reaped), ", ".join(reaped[:10]))
     return reaped

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
+from rollstream.pipeline import histograms
 from rollstream.pipeline.keys import Keys
 from rollstream.pipeline.status import snapshot
 
@@ -39,6 +40,21 @@ async def render_metrics(r: aioredis.Redis, keys: Keys) -> str:
     metric("rollstream_results_waiting", "gauge", "Results not yet consumed by their submitters.",
            [("", st.results_waiting)])
     metric("rollstream_policy_version", "gauge", "Policy version new trajectories carry.", [("", st.policy_version)])
+    out.append("# HELP rollstream_stage_duration_seconds Time a job spent in each stage's work.")
+    out.append("# TYPE rollstream_stage_duration_seconds histogram")
+    for stage in ("init", "run", "eval"):
+        raw = await histograms.read(r, histograms.stage_key(keys, stage))
+        out.extend(histograms.prometheus_lines("rollstream_stage_duration_seconds", f'stage="{stage}",', raw))
+    out.append("# HELP rollstream_tool_call_seconds Latency of the agents' tool calls, by tool.")
+    out.append("# TYPE rollstream_tool_call_seconds histogram")
+    for key in sorted(k.decode() for k in await r.keys(histograms.tool_key(keys, "*"))):
+        tool = key.rsplit(":", 1)[-1]
+        out.extend(histograms.prometheus_lines("rollstream_tool_call_seconds", f'tool="{tool}",',
+                                               await histograms.read(r, key)))
+    if st.counters:
+        metric("rollstream_jobs_finished_total", "counter", "Jobs that left the pipeline, by outcome.",
+               [(_labels(outcome=o), sum(c.get(o, 0) for c in st.counters.values()))
+                for o in ("completed", "cancelled", "dead")])
     backends = await _backend_samples(r, keys)
     metric("rollstream_backend_inflight", "gauge", "In-flight requests per inference backend.", backends)
     return "\n".join(out) + "\n"

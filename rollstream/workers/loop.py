@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from rollstream.errors import InvalidJob, JobCancelled, JobFailed
 from rollstream.messages import DeadLetter, Envelope, Job, Result
-from rollstream.pipeline import cancel
+from rollstream.pipeline import cancel, histograms
 from rollstream.pipeline.codec import DecodeError, fields_payload
 from rollstream.pipeline.groups import ensure_group
 from rollstream.pipeline.handoff import Source
@@ -251,9 +251,22 @@ class ConsumerLoop:
             outcome.timings_s = env.timings_s
             moved = await self.ctx.handoff.finish(src, outcome)
             await self.ctx.handoff.sandbox_gone(env)  # eval tore it down
+            if moved:
+                await self._record_latencies(outcome)
         if not moved:
             log.warning("job %s: %s finished after another worker reclaimed it; dropped this copy",
                         job.job_id, stage)
+
+    async def _record_latencies(self, result: Result) -> None:
+        """Stage durations and tool-call latencies into the shared histograms (/metrics)."""
+        async with self.r.pipeline(transaction=False) as pipe:
+            for stage in ("init", "run", "eval"):
+                if f"{stage}_s" in result.timings_s:
+                    histograms.observe(pipe, histograms.stage_key(self.ctx.keys, stage), [result.timings_s[f"{stage}_s"]])
+            for call in result.trajectory.tool_calls if result.trajectory else []:
+                if call.duration_ms > 0:
+                    histograms.observe(pipe, histograms.tool_key(self.ctx.keys, call.name), [call.duration_ms / 1000])
+            await pipe.execute()
 
     async def _release(self, env: Envelope) -> None:
         try:

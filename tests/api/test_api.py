@@ -62,6 +62,10 @@ async def test_500_jobs_over_http_yield_500_results(api_server, auth, worker_poo
         await http.get("/v1/results/web", params={"ack": cursor, "wait_s": 0})
         again = (await http.get("/v1/results/web", params={"wait_s": 0})).json()
         state = (await http.get(f"/v1/jobs/{submitted[0]}")).json()
+        metrics = (await http.get("/metrics")).text
+    count = next(line for line in metrics.splitlines()
+                 if line.startswith('rollstream_stage_duration_seconds_count{stage="run"}'))
+    assert float(count.split()[-1]) == len(submitted)
     assert sorted(r["job_id"] for r in got) == sorted(submitted)
     assert all(r["status"] == "completed" for r in got)
     assert again["results"] == []  # acknowledged results are not delivered twice
@@ -95,3 +99,4 @@ async def test_results_stream_cancel_status_and_metrics(api_server, auth, worker
     assert len(lines) == 3 and all('"cancelled"' in line for line in lines)
     assert any(s["stage"] == "init" for s in status["streams"])
     assert "rollstream_stream_length" in metrics and "rollstream_jobs_total" in metrics
+    assert 'rollstream_stage_duration_seconds_bucket{stage="init",le="+Inf"}' in metrics

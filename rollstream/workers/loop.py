@@ -375,10 +375,15 @@ class ConsumerLoop:
             tasks = [t for t, _e in self.inflight.values()]
             _done, pending = await asyncio.wait(tasks, timeout=self.s.shutdown_grace_s)
             for msg_id, (task, _env) in list(self.inflight.items()):
-                if task in pending and msg_id in self._processing:
-                    self._cancel_reasons[msg_id] = "shutdown"
-                    task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+                if task in pending:
+                    if msg_id in self._processing:  # hand the job back (see _run_job)
+                        self._cancel_reasons[msg_id] = "shutdown"
+                    task.cancel()  # anything else stays pending in Redis and is reclaimed
+            if pending:
+                _done, stuck = await asyncio.wait(pending, timeout=10.0)
+                if stuck:
+                    log.error("%s: %d jobs did not stop; their messages stay pending for reclaim",
+                              self.consumer, len(stuck))
 
     async def _deregister(self) -> None:
         try:

@@ -63,7 +63,7 @@ async def _start_services(stage: str, ctx: WorkerContext, worker_id: str) -> lis
     """What the stage's tasks reach through ``ctx.service(name)``, and the node duties of
     the stage (the eval pool reaps sandboxes)."""
     settings = ctx.settings
-    ctx.services["sandbox_root"] = str(settings.sandbox_root) if settings.sandbox_root else None
+    ctx.services["sandbox_root"] = sandbox_root(settings)
     ctx.services["sandbox_backend"] = settings.sandbox_backend
     background: list[asyncio.Task] = []
     if stage == "run":
@@ -75,6 +75,16 @@ async def _start_services(stage: str, ctx: WorkerContext, worker_id: str) -> lis
     if stage == "eval":
         background.append(asyncio.create_task(_reap_forever(ctx)))
     return background
+
+
+def sandbox_root(settings: Settings) -> str:
+    """This deployment's sandbox folder. By default one per namespace under the node's
+    sandbox root, so that a reaper only ever judges sandboxes of its own jobs."""
+    if settings.sandbox_root:
+        return str(settings.sandbox_root)
+    from rollstream.sandboxes import default_root_dir
+
+    return f"{default_root_dir()}/{settings.namespace}"
 
 
 async def _reap_forever(ctx: WorkerContext) -> None:

@@ -36,15 +36,12 @@ async def test_echo_job_passes_all_three_stages(settings):
     assert state.stage == "done" and state.status == "completed" and state.ttl_s > 0
 
 
-async def test_thousand_jobs_yield_thousand_results_none_doubled(settings):
-    tasks = await _serve_all(settings, concurrency=128)
-    try:
-        async with AsyncClient(settings=settings) as client:
-            ids = await client.submit_many([{"task": "echo", "instance": {"prompt": f"p{i}"}} for i in range(1000)])
-            results = await client.collect(1000, timeout_s=120)
-            extra = [r async for r in client.results(timeout_s=0.5)]
-    finally:
-        await _stop(tasks)
+async def test_thousand_jobs_yield_thousand_results_none_doubled(settings, worker_pool):
+    worker_pool().start_all(concurrency=128)
+    async with AsyncClient(settings=settings) as client:
+        ids = await client.submit_many([{"task": "echo", "instance": {"prompt": f"p{i}"}} for i in range(1000)])
+        results = await client.collect(1000, timeout_s=120)
+        extra = [r async for r in client.results(timeout_s=0.5)]
     counts = Counter(r.job_id for r in results)
     assert set(counts) == set(ids) and max(counts.values()) == 1 and not extra
     assert all(r.status == "completed" and r.reward == 1.0 for r in results)

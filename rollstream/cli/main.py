@@ -14,7 +14,7 @@ from typing import Optional
 import typer
 from rich.live import Live
 
-from rollstream.cli.common import console, redis_for, settings_from, setup_logging
+from rollstream.cli.common import console, settings_from, setup_logging
 from rollstream.cli.status_view import render
 from rollstream.pipeline.connection import async_redis
 from rollstream.pipeline.keys import Keys

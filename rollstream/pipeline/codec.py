@@ -10,6 +10,8 @@ from typing import TypeVar
 import msgpack
 from pydantic import BaseModel
 
+from rollstream.messages import Envelope, Job
+
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -43,3 +45,14 @@ def fields_payload(fields: dict) -> object:
             raise DecodeError(f"field 'json' is not valid JSON: {exc}") from exc
     names = sorted(k.decode(errors="replace") for k in fields)
     raise DecodeError(f"stream entry has fields {names}; expected 'data' (msgpack) or 'json'")
+
+
+def decode_envelope(fields: dict) -> Envelope:
+    """A stage message as an Envelope; a bare Job (e.g. added by hand with redis-cli)
+    is wrapped."""
+    payload = fields_payload(fields)
+    if not isinstance(payload, dict):
+        raise DecodeError(f"message is a {type(payload).__name__}, expected a map")
+    if "job" in payload:
+        return Envelope.model_validate(payload)
+    return Envelope(job=Job.model_validate(payload))

@@ -12,8 +12,8 @@ import redis.asyncio as aioredis
 from pydantic import ValidationError
 
 from rollstream.config import Settings
-from rollstream.messages import DeadLetter, Envelope, Job, Result
-from rollstream.pipeline.codec import DecodeError, fields_payload
+from rollstream.messages import DeadLetter, Result
+from rollstream.pipeline.codec import DecodeError, decode_envelope
 from rollstream.pipeline.groups import ensure_group
 from rollstream.pipeline.handoff import Handoff, Source
 from rollstream.pipeline.keys import Keys
@@ -21,17 +21,10 @@ from rollstream.pipeline.keys import Keys
 log = logging.getLogger(__name__)
 
 
-def _decode(fields: dict) -> Envelope:
-    payload = fields_payload(fields)
-    if isinstance(payload, dict) and "job" in payload:
-        return Envelope.model_validate(payload)
-    return Envelope(job=Job.model_validate(payload))
-
-
 async def _move_back(handoff: Handoff, keys: Keys, settings: Settings, src: Source, fields: dict,
                      node: str) -> None:
     try:
-        env = _decode(fields)
+        env = decode_envelope(fields)
     except (DecodeError, ValidationError) as exc:
         letter = DeadLetter(job_id=None, submitter=None, stage=src.group, error=f"malformed job message: {exc}",
                             raw=fields.get(b"data") or fields.get(b"json"))

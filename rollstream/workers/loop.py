@@ -14,9 +14,9 @@ import redis
 from pydantic import ValidationError
 
 from rollstream.errors import InvalidJob, JobCancelled, JobFailed
-from rollstream.messages import DeadLetter, Envelope, Job, Result
+from rollstream.messages import DeadLetter, Envelope, Result
 from rollstream.pipeline import cancel, histograms
-from rollstream.pipeline.codec import DecodeError, fields_payload
+from rollstream.pipeline.codec import DecodeError, decode_envelope, fields_payload
 from rollstream.pipeline.groups import ensure_group
 from rollstream.pipeline.handoff import Source
 from rollstream.workers.stage import Forward, Stage, WorkerContext, ended_result
@@ -26,17 +26,6 @@ log = logging.getLogger(__name__)
 
 def _id(raw) -> str:
     return raw.decode() if isinstance(raw, bytes) else raw
-
-
-def decode_envelope(fields: dict) -> Envelope:
-    """A stage message as an Envelope; a bare Job (e.g. added by hand with redis-cli)
-    is wrapped."""
-    payload = fields_payload(fields)
-    if not isinstance(payload, dict):
-        raise DecodeError(f"message is a {type(payload).__name__}, expected a map")
-    if "job" in payload:
-        return Envelope.model_validate(payload)
-    return Envelope(job=Job.model_validate(payload))
 
 
 def _best_effort_ids(fields: dict) -> tuple[str | None, str | None]:

@@ -13,7 +13,6 @@ Shape served (SGLang's GenerateReqInput / meta_info, single prompt):
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-import pytest
 
 from rollstream.client import AsyncClient
 from rollstream.workers.process import serve_stage

@@ -1,7 +1,6 @@
 """The training loop end to end on a CPU: the tiny model learns a simple preference through
 the built-in server (rollouts sampled there, weights synced back after every update)."""
 
-import asyncio
 import json
 
 import httpx

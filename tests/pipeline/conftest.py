@@ -6,22 +6,21 @@ import time
 
 import pytest
 
-from rollstream.workers.process import serve_stage
 
 
 @pytest.fixture
-def inproc_workers():
-    """Start stage workers as asyncio tasks in the test's loop: ``async with inproc_workers(settings):``."""
+def stage_workers(worker_pool):
+    """The three stages as real worker processes: ``async with stage_workers(settings):``."""
 
     @contextlib.asynccontextmanager
     async def run(settings, stages=("init", "run", "eval"), concurrency=64):
-        tasks = [asyncio.create_task(serve_stage(stage, settings, concurrency)) for stage in stages]
+        pool = worker_pool(**{k: getattr(settings, k) for k in ("redis_url", "namespace", "data_dir", "node")})
+        for stage in stages:
+            pool.start(stage, concurrency=concurrency)
         try:
-            yield tasks
+            yield pool
         finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.get_running_loop().run_in_executor(None, pool.stop)
 
     return run
 

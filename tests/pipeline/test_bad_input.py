@@ -31,7 +31,7 @@ async def test_job_over_size_limit_is_rejected(settings):
             await client.submit({"task": "echo", "instance": {"prompt": "x" * 5000}})
 
 
-async def test_malformed_messages_in_the_stream_end_as_dead_letters_and_failed_results(settings, inproc_workers):
+async def test_malformed_messages_in_the_stream_end_as_dead_letters_and_failed_results(settings, stage_workers):
     keys = Keys(settings.namespace)
     async with AsyncClient(settings=settings, submitter="alice") as client:
         r = client.r
@@ -43,7 +43,7 @@ async def test_malformed_messages_in_the_stream_end_as_dead_letters_and_failed_r
         await r.xadd(keys.init_stream, {"json": json.dumps({"task": 5, "job_id": "j-bad", "submitter": "alice"})})
         await r.xadd(keys.init_stream, {"json": json.dumps({"task": "echo", "job_id": "j-good",
                                                             "submitter": "alice", "instance": {"prompt": "hi"}})})
-        async with inproc_workers(settings):
+        async with stage_workers(settings):
             results = {res.job_id: res for res in await client.collect(4, timeout_s=20)}
         dead = [unpack(DeadLetter, f[b"data"]) for _id, f in await r.xrange(keys.dead)]
     assert results["j-good"].status == "completed" and results["j-good"].reward == 1.0

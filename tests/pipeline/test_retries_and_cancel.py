@@ -11,15 +11,15 @@ from rollstream.pipeline.codec import unpack
 from rollstream.pipeline.keys import Keys
 
 
-async def test_a_failing_stage_is_retried_and_then_succeeds(settings, inproc_workers):
-    async with AsyncClient(settings=settings) as client, inproc_workers(settings):
+async def test_a_failing_stage_is_retried_and_then_succeeds(settings, stage_workers):
+    async with AsyncClient(settings=settings) as client, stage_workers(settings):
         await client.submit({"task": "echo", "instance": {"prompt": "a", "fail_in": "run", "fail_times": 1}})
         [res] = await client.collect(1, timeout_s=20)
     assert res.status == "completed" and res.attempts == 2
 
 
-async def test_a_job_failing_every_time_is_dead_lettered_with_its_errors(settings, inproc_workers):
-    async with AsyncClient(settings=settings) as client, inproc_workers(settings):
+async def test_a_job_failing_every_time_is_dead_lettered_with_its_errors(settings, stage_workers):
+    async with AsyncClient(settings=settings) as client, stage_workers(settings):
         job_id = await client.submit({"task": "echo", "instance": {"prompt": "a", "fail_in": "eval"}})
         [res] = await client.collect(1, timeout_s=20)
         [(_id, fields)] = await client.r.xrange(Keys(settings.namespace).dead)
@@ -29,28 +29,28 @@ async def test_a_job_failing_every_time_is_dead_lettered_with_its_errors(setting
     assert letter.job_id == job_id and letter.stage == "eval"
 
 
-async def test_a_job_past_its_timeout_fails_with_the_reason(settings, inproc_workers):
-    async with AsyncClient(settings=settings) as client, inproc_workers(settings):
+async def test_a_job_past_its_timeout_fails_with_the_reason(settings, stage_workers):
+    async with AsyncClient(settings=settings) as client, stage_workers(settings):
         await client.submit({"task": "echo", "instance": {"prompt": "a", "run_s": 30}, "timeout_s": 1})
         [res] = await client.collect(1, timeout_s=20)
     assert res.status == "failed" and "timed out in run" in res.error
 
 
-async def test_cancel_of_a_group_stops_its_queued_jobs(settings, inproc_workers):
+async def test_cancel_of_a_group_stops_its_queued_jobs(settings, stage_workers):
     async with AsyncClient(settings=settings) as client:
         gid, ids = await client.submit_group({"task": "echo", "instance": {"prompt": "x"}}, 8)
         _other, other_ids = await client.submit_group({"task": "echo", "instance": {"prompt": "y"}}, 4)
         await client.cancel(group_id=gid)
-        async with inproc_workers(settings):
+        async with stage_workers(settings):
             results = await client.collect(12, timeout_s=20)
     by_id = {r.job_id: r for r in results}
     assert all(by_id[j].status == "cancelled" and by_id[j].group_id == gid for j in ids)
     assert all(by_id[j].status == "completed" for j in other_ids)
 
 
-async def test_cancel_of_a_running_job_interrupts_it_and_frees_its_workdir(settings, inproc_workers,
+async def test_cancel_of_a_running_job_interrupts_it_and_frees_its_workdir(settings, stage_workers,
                                                                             wait_for_state):
-    async with AsyncClient(settings=settings) as client, inproc_workers(settings):
+    async with AsyncClient(settings=settings) as client, stage_workers(settings):
         job_id = await client.submit({"task": "echo", "instance": {"prompt": "x", "run_s": 60}})
         await wait_for_state(client, job_id, lambda s: s.stage == "run" and s.status == "running")
         await client.cancel(job_id=job_id)
@@ -59,13 +59,13 @@ async def test_cancel_of_a_running_job_interrupts_it_and_frees_its_workdir(setti
     assert not (Path(settings.data_dir) / "work" / job_id).exists()
 
 
-async def test_cancel_everything_of_a_submitter_spares_later_jobs(settings, inproc_workers):
+async def test_cancel_everything_of_a_submitter_spares_later_jobs(settings, stage_workers):
     async with AsyncClient(settings=settings) as client:
         first = await client.submit_many([{"task": "echo", "instance": {"prompt": str(i)}} for i in range(5)])
         await client.cancel(everything=True)
         await asyncio.sleep(0.01)
         later = await client.submit({"task": "echo", "instance": {"prompt": "later"}})
-        async with inproc_workers(settings):
+        async with stage_workers(settings):
             results = {r.job_id: r for r in await client.collect(6, timeout_s=20)}
     assert all(results[j].status == "cancelled" for j in first)
     assert results[later].status == "completed"

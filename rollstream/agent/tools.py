@@ -9,16 +9,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Protocol, runtime_checkable
 
-from pydantic import BaseModel
-
-
-class ToolOutput(BaseModel):
-    """What a tool call answers: the observation text the model reads, and whether it worked.
-    Same fields as rollstream.sandboxes.ToolOutput, so either satisfies the loop."""
-
-    text: str
-    ok: bool = True
-    error: str | None = None
+from rollstream.sandboxes.results import ToolOutput  # the one tool-result model, shared with sandboxes
 
 
 @runtime_checkable

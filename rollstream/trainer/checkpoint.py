@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
 from pydantic import BaseModel, Field
+
+from rollstream.trainer.weight_sync import atomic_folder
 
 log = logging.getLogger(__name__)
 
@@ -64,20 +65,13 @@ def save_checkpoint(
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{meta.step:06d}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
-    try:
+    with atomic_folder(final) as tmp:
         model.save_pretrained(tmp / _MODEL, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp / _MODEL)
         torch.save(optimizer.state_dict(), tmp / _OPTIMIZER)
         torch.save(rng_state(), tmp / _RNG)
         (tmp / _STATE).write_text(meta.model_dump_json(indent=2))
-        if final.exists():
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     for old in list_checkpoints(root)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     log.info("checkpoint written: %s", final)

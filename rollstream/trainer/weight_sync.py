@@ -22,6 +22,8 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -135,23 +137,30 @@ class SyncReport:
         return self.save_s + self.load_s
 
 
-def save_weights(model, tokenizer, out_dir: Path) -> Path:
-    """save_pretrained (safetensors) into out_dir via a sibling temp folder + rename, so a
-    backend never loads a half-written version."""
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+@contextmanager
+def atomic_folder(final: Path) -> Iterator[Path]:
+    """Yield a sibling temp folder to fill; on success it replaces ``final`` in one rename,
+    so a reader (a backend, a resuming trainer) never sees a half-written folder."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.rename(tmp, out_dir)
+        yield tmp
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
+
+
+def save_weights(model, tokenizer, out_dir: Path) -> Path:
+    """save_pretrained (safetensors) into out_dir atomically."""
+    with atomic_folder(out_dir) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+    return Path(out_dir)
 
 
 class WeightPublisher:

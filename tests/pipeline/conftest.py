@@ -6,6 +6,9 @@ import time
 
 import pytest
 
+from rollstream.pipeline.connection import async_redis
+from rollstream.pipeline.keys import Keys
+
 
 
 @pytest.fixture
@@ -17,6 +20,14 @@ def stage_workers(worker_pool):
         pool = worker_pool(**{k: getattr(settings, k) for k in ("redis_url", "namespace", "data_dir", "node")})
         for stage in stages:
             pool.start(stage, concurrency=concurrency)
+        # Tests time their jobs from submission: start them only once every stage serves.
+        r = async_redis(settings.redis_url)
+        try:
+            deadline = time.monotonic() + 60
+            while await r.zcard(Keys(settings.namespace).workers) < len(stages) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        finally:
+            await r.aclose()
         try:
             yield pool
         finally:

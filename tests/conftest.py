@@ -98,5 +98,29 @@ def worker_pool(settings, tmp_path):
         pool.stop(timeout_s=15)
 
 
+def cache_dir() -> Path:
+    """Built models kept across sessions (ROLLSTREAM_TEST_CACHE, else ~/.cache/rollstream/tests)."""
+    return Path(os.environ.get("ROLLSTREAM_TEST_CACHE", Path.home() / ".cache" / "rollstream" / "tests"))
+
+
+@pytest.fixture(scope="session")
+def arith_model_dir() -> Path:
+    """The tiny model warmed up on the arith tool-call format (built once, then cached)."""
+    from rollstream.llm.format_pretrain import build_arith_model
+
+    return build_arith_model(cache_dir() / "arith-model")
+
+
+@pytest.fixture(scope="session")
+def arith_server(arith_model_dir):
+    """Base URL of a built-in server process serving the arith model."""
+    from rollstream.llm.server.app import start_server_process
+
+    proc, url = start_server_process(arith_model_dir, device="cpu")
+    yield url
+    proc.terminate()
+    proc.wait(30)
+
+
 def pytest_configure(config):
     os.environ.setdefault("PYTHONUNBUFFERED", "1")

@@ -19,6 +19,7 @@ from typing import Callable
 
 import psutil
 
+from .runtime.confine import Confinement, sweep_orphans
 from .runtime.supervisor import remove_tree
 from .spec import default_root_dir
 
@@ -149,6 +150,13 @@ def teardown(directory: str, pid: int | None = None, term_grace_s: float = 5.0) 
     if not os.path.isdir(directory):
         return  # the supervisor cleaned up after itself
     plan = _plan(directory)
+    confinement = Confinement.load(directory)
+    if confinement is not None:
+        # The cgroup holds every process of the sandbox, double-forked ones included; the
+        # tmpfs must be unmounted before the folder can go.
+        stuck = confinement.release()
+        if stuck:
+            log.warning("sandbox %s: could not release %s", plan.get("sandbox_id"), "; ".join(stuck))
     for process in leftover_processes(directory):
         try:
             process.kill()
@@ -232,4 +240,7 @@ class Reaper:
             log.info("reaping sandbox %s (owner %s, supervisor running: %s)", record.id, record.owner, record.running)
             teardown(record.dir, record.supervisor_pid)
             reaped.append(record.id)
+        # Cgroups and mounts of sandboxes whose folder was deleted (rm -rf of a sandbox root).
+        for leftover in sweep_orphans():
+            log.info("released the orphaned sandbox cgroup or mount %s", leftover)
         return reaped

@@ -30,17 +30,22 @@ class SandboxLimits(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    memory_mb: int | None = Field(4096, description="address space per process (RLIMIT_AS); docker: --memory")
+    memory_mb: int | None = Field(
+        4096, description="address space per process (RLIMIT_AS) and, where a memory cgroup is ours, the "
+        "whole sandbox's memory, its tmpfs files included; docker: --memory"
+    )
     cpu_time_s: int | None = Field(3600, description="CPU seconds per process (RLIMIT_CPU)")
     max_processes: int | None = Field(
-        512, description="processes (RLIMIT_NPROC, not enforced for root); docker: --pids-limit"
+        512, description="processes of the whole sandbox (cgroup pids.max; without a writable cgroup "
+        "RLIMIT_NPROC, which root ignores); docker: --pids-limit"
     )
     max_open_files: int = Field(4096, description="open files per process (RLIMIT_NOFILE)")
     disk_mb: int | None = Field(
-        4096, description="largest file (RLIMIT_FSIZE) and total size of workdir + /tmp, checked every 5 s"
+        4096, description="largest file (RLIMIT_FSIZE) and total size of workdir + /tmp: a tmpfs of this "
+        "size as root (ENOSPC), else usage checked every 5 s"
     )
     output_bytes: int = Field(65536, description="tool output kept per call (head and tail halves)")
-    cpus: float | None = Field(None, description="CPU share for docker/singularity (--cpus)")
+    cpus: float | None = Field(None, description="CPU quota: cgroup cpu.max where ours; docker/singularity --cpus")
     default_timeout_s: float = Field(120.0, description="per-command wall time when a call names none")
     default_no_output_timeout_s: float | None = Field(
         60.0, description="interrupt a command silent this long (None: never)"

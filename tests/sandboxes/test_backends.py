@@ -23,7 +23,7 @@ def test_docker_plan_isolates_and_labels_the_container():
     assert run[run.index("--memory") + 1] == "1024m"
     assert run[run.index("--pids-limit") + 1] == "100"
     assert run[run.index("--cpus") + 1] == "2.0"
-    assert "/tmp/rs-root/job-1/work:/workspace" in run and "/tmp/rs-root/job-1/tmp:/tmp" in run
+    assert "/tmp/rs-root/job-1/data/work:/workspace" in run and "/tmp/rs-root/job-1/data/tmp:/tmp" in run
     assert run[-3:] == ["sleep", "python:3.11-slim", "infinity"]
     assert plan.bash_argv[1:4] == ["exec", "--interactive", "--tty"]
     assert "rs-job-1" in plan.bash_argv and plan.bash_argv[-5:] == ["bash", "--noediting", "--noprofile", "--norc", "-i"]
@@ -45,7 +45,7 @@ def test_singularity_plan_uses_instances_binds_and_containall():
     for flag in ("--containall", "--cleanenv", "--writable-tmpfs", "--no-home"):
         assert flag in start
     assert start[start.index("--network") + 1] == "none" and "--net" in start
-    assert "/tmp/rs-root/job-1/work:/workspace" in start
+    assert "/tmp/rs-root/job-1/data/work:/workspace" in start
     assert start[-2:] == ["/images/py.sif", "rs-job_1"]
     assert plan.exec_prefix[:2] == ["/usr/bin/apptainer", "exec"]
     assert plan.exec_prefix[-1] == "instance://rs-job_1"

@@ -69,12 +69,17 @@ class SandboxLayout:
         return cls(os.path.join(os.path.abspath(root_dir), sandbox_id))
 
     @property
+    def data(self) -> str:
+        """Holds work/ and tmp/; the supervisor mounts a tmpfs of the disk limit here where it can."""
+        return os.path.join(self.dir, "data")
+
+    @property
     def work(self) -> str:
-        return os.path.join(self.dir, "work")
+        return os.path.join(self.data, "work")
 
     @property
     def tmp(self) -> str:
-        return os.path.join(self.dir, "tmp")
+        return os.path.join(self.data, "tmp")
 
     @property
     def kernel(self) -> str:
@@ -126,6 +131,12 @@ class LaunchPlan:
     idle_timeout_s: float
     max_lifetime_s: float
     disk_bytes: int | None
+    data_dir: str = ""  # mount point of the sandbox's tmpfs (work/ and tmp/ inside)
+    max_processes: int | None = None  # cgroup pids.max
+    memory_bytes: int | None = None  # cgroup memory limit for the whole sandbox
+    cpus: float | None = None  # cgroup CPU quota
+    # False where a container runtime (docker) holds the processes and their limits itself.
+    confine_processes: bool = True
     start_argv: list[str] | None = None
     stop_argv: list[str] | None = None
     cleanup_argv: list[str] | None = None  # what a reaper runs when the supervisor died uncleanly
@@ -223,6 +234,10 @@ def base_plan(spec: SandboxSpec, layout: SandboxLayout, sandbox_id: str, owner: 
         idle_timeout_s=limits.idle_timeout_s,
         max_lifetime_s=limits.max_lifetime_s,
         disk_bytes=limits.disk_mb * 2**20 if limits.disk_mb else None,
+        data_dir=layout.data,
+        max_processes=limits.max_processes,
+        memory_bytes=limits.memory_mb * 2**20 if limits.memory_mb else None,
+        cpus=limits.cpus,
     )
 
 

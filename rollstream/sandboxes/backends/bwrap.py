@@ -64,6 +64,29 @@ def rootfs_args(rootfs: str) -> list[str]:
     return args
 
 
+_SO_ACCEPTCON = 0x10000
+
+
+def listening_unix_sockets() -> list[str]:
+    """Paths of the host's listening Unix sockets (a Redis, a docker daemon, our supervisors).
+
+    A network namespace does not cover filesystem sockets, and a read-only bind does not
+    stop connect(): a socket visible inside is reachable, so the sandbox gets /dev/null
+    bound over each instead.
+    """
+    paths = []
+    try:
+        with open("/proc/net/unix") as handle:
+            next(handle, None)
+            for line in handle:
+                fields = line.split()
+                if len(fields) >= 8 and int(fields[3], 16) & _SO_ACCEPTCON and fields[7].startswith("/"):
+                    paths.append(fields[7])
+    except (OSError, ValueError):
+        pass
+    return paths
+
+
 class BwrapBackend:
     name = "bwrap"
 
@@ -116,6 +139,13 @@ class BwrapBackend:
                 args += ["--tmpfs", path]
             else:
                 args += ["--ro-bind", "/dev/null", path]
+        hidden_dirs = [path.rstrip("/") + "/" for path in hidden if os.path.isdir(path)]
+        for path in sorted(set(listening_unix_sockets())):
+            top = path.strip("/").split("/")[0]
+            if top in _NOT_BOUND or path.startswith(tuple(hidden_dirs)) or not os.path.exists(path):
+                continue
+            # The supervisor drops the mask of a socket gone by the time it spawns a shell.
+            args += ["--ro-bind", "/dev/null", path]
         # The host interpreter (for the kernel) may live under a home folder we just hid.
         for prefix in {sys.base_prefix, sys.prefix}:
             if prefix.strip("/").split("/")[0] in ("root", "home", "run"):

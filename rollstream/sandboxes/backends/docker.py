@@ -110,6 +110,7 @@ class DockerBackend:
             spawn_cwd=layout.dir,
             host_env=host_env,
             rlimits={},  # limits apply inside the container; host rlimits would only bind the CLI
+            confine_processes=False,  # dockerd holds the processes: --pids-limit, --memory, --cpus
             start_argv=self.run_argv(spec, layout, sandbox_id, owner, env),
             stop_argv=[docker, "rm", "--force", name],
             cleanup_argv=[docker, "rm", "--force", name],

@@ -113,6 +113,16 @@ def kill_session_processes(*session_ids: int) -> None:
             continue
 
 
+def join_cgroups(procs_files: list[str]) -> None:
+    """Move the calling process into the sandbox's cgroups (see confine.py); runs before exec."""
+    for path in procs_files:
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
+
+
 class Spawner:
     """Starts child processes from one long-lived thread.
 
@@ -161,6 +171,7 @@ class BashSession:
         output_bytes: int,
         interrupt_grace_s: float = 2.0,
         spawner: Callable[[Callable[[], T]], T] | None = None,  # noqa: F821 (typing not imported: startup time)
+        cgroup_procs: list[str] | None = None,
     ) -> None:
         self.argv = argv
         self.env = env
@@ -169,6 +180,7 @@ class BashSession:
         self.output_bytes = output_bytes
         self.interrupt_grace_s = interrupt_grace_s
         self.spawner = spawner or (lambda function: function())
+        self.cgroup_procs = cgroup_procs or []
         self.lock = threading.Lock()
         self.process: ptyprocess.PtyProcess | None = None
         self.number = 0
@@ -182,6 +194,7 @@ class BashSession:
         attributes = termios.tcgetattr(0)
         attributes[1] &= ~termios.ONLCR
         termios.tcsetattr(0, termios.TCSANOW, attributes)
+        join_cgroups(self.cgroup_procs)
         for name, value in self.rlimits.items():
             limit = getattr(resource, name)
             resource.setrlimit(limit, (value, value))

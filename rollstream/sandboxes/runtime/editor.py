@@ -1,16 +1,78 @@
 """The editor tool: view / create / str_replace / insert / undo_edit on sandbox files.
 
 Runs in the supervisor on the host side of the workdir bind mount; every path is
-resolved (symlinks included) and refused if it leaves the sandbox's folders.
+resolved (symlinks included) and refused if it leaves the sandbox's folders, and files are
+opened beneath their root folder (openat2 RESOLVE_BENEATH) so that a symlink swapped in by
+the sandbox between check and open cannot redirect a write of the (root) supervisor.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 
 
 class EditorError(Exception):
     """A bad edit request; the message tells the model what to do instead."""
+
+
+_SYS_OPENAT2 = 437  # the same number on every Linux architecture
+_RESOLVE_NO_MAGICLINKS, _RESOLVE_BENEATH = 0x02, 0x08
+_openat2_missing = False
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+def _openat2(dir_fd: int, relative: str, flags: int, mode: int) -> int:
+    global _openat2_missing
+    if not _openat2_missing:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0,
+                       _RESOLVE_BENEATH | _RESOLVE_NO_MAGICLINKS)
+        fd = libc.syscall(_SYS_OPENAT2, dir_fd, relative.encode("utf-8", "surrogateescape"),
+                          ctypes.byref(how), ctypes.sizeof(how))
+        if fd >= 0:
+            return fd
+        code = ctypes.get_errno()
+        if code != errno.ENOSYS:
+            raise OSError(code, os.strerror(code), relative)
+        _openat2_missing = True  # Linux < 5.6: walk with O_NOFOLLOW, refusing any symlink
+    parts = [part for part in relative.split("/") if part not in ("", ".")]
+    fd = os.dup(dir_fd)
+    try:
+        for part in parts[:-1]:
+            following = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = following
+        return os.open(parts[-1] if parts else ".", flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def open_beneath(root: str, relative: str, flags: int, mode: int = 0o644) -> int:
+    """os.open of root/relative that fails (ELOOP/EXDEV) if any step leaves `root`."""
+    root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return _openat2(root_fd, relative or ".", flags, mode)
+    finally:
+        os.close(root_fd)
+
+
+def makedirs_beneath(root: str, relative: str) -> None:
+    """os.makedirs(root/relative, exist_ok=True), one mkdirat at a time beneath `root`."""
+    parts = [part for part in relative.split("/") if part not in ("", ".")]
+    for index, part in enumerate(parts):
+        parent = open_beneath(root, "/".join(parts[:index]), os.O_PATH | os.O_DIRECTORY)
+        try:
+            os.mkdir(part, 0o755, dir_fd=parent)
+        except FileExistsError:
+            pass
+        finally:
+            os.close(parent)
 
 
 class PathMap:
@@ -42,6 +104,39 @@ class PathMap:
         raise EditorError(f"{path} is outside the sandbox; use a path under {', '.join(roots)}")
 
 
+    def root_of(self, host: str) -> tuple[str, str]:
+        """(host root folder, path relative to it) of a host path from `to_host`."""
+        for _, host_root in self.mounts:
+            root = os.path.normpath(host_root)
+            if host == root or host.startswith(root + "/"):
+                return root, os.path.relpath(host, root)
+        raise EditorError(f"{host} is outside the sandbox's folders")
+
+    def open(self, host: str, flags: int, mode: int = 0o644) -> int:
+        """Open a path from `to_host` without following anything out of its root."""
+        root, relative = self.root_of(host)
+        try:
+            if flags & os.O_CREAT:
+                makedirs_beneath(root, os.path.dirname(relative))
+            return open_beneath(root, relative, flags, mode)
+        except OSError as error:
+            if error.errno in (errno.EXDEV, errno.ELOOP):
+                raise EditorError(
+                    f"{relative} resolves (through a symlink) outside the sandbox; use its real path"
+                ) from None
+            raise
+
+    def read_bytes(self, host: str, max_bytes: int = -1) -> bytes:
+        with os.fdopen(self.open(host, os.O_RDONLY), "rb") as handle:
+            return handle.read(max_bytes)
+
+    def write_bytes(self, host: str, data: bytes, mode: int | None = None) -> None:
+        with os.fdopen(self.open(host, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as handle:
+            handle.write(data)
+            if mode is not None:
+                os.fchmod(handle.fileno(), mode)
+
+
 class Editor:
     """Text edits with a per-file undo history."""
 
@@ -57,8 +152,7 @@ class Editor:
         if os.path.isdir(host):
             raise EditorError(f"{path} is a directory; this command needs a file")
         try:
-            with open(host, "rb") as handle:
-                return handle.read().decode("utf-8")
+            return self.paths.read_bytes(host).decode("utf-8")
         except FileNotFoundError:
             raise EditorError(f"{path} does not exist; create it with command='create'") from None
         except UnicodeDecodeError:
@@ -66,12 +160,11 @@ class Editor:
 
     def _write(self, host: str, text: str) -> None:
         previous: bytes | None = None
-        if os.path.exists(host):
-            with open(host, "rb") as handle:
-                previous = handle.read()
-        os.makedirs(os.path.dirname(host), exist_ok=True)
-        with open(host, "wb") as handle:
-            handle.write(text.encode("utf-8"))
+        try:
+            previous = self.paths.read_bytes(host)
+        except FileNotFoundError:
+            pass
+        self.paths.write_bytes(host, text.encode("utf-8"))
         self.history.setdefault(host, []).append(previous)
 
     def _cap(self, text: str) -> str:
@@ -202,10 +295,14 @@ class Editor:
             raise EditorError(f"no edit of {path} to undo")
         previous = history.pop()
         if previous is None:
-            os.remove(host)
+            root, relative = self.paths.root_of(host)
+            parent = open_beneath(root, os.path.dirname(relative), os.O_PATH | os.O_DIRECTORY)
+            try:
+                os.unlink(os.path.basename(relative), dir_fd=parent)
+            finally:
+                os.close(parent)
             return f"Undid the creation of {path}; the file is removed."
-        with open(host, "wb") as handle:
-            handle.write(previous)
+        self.paths.write_bytes(host, previous)
         return f"Last edit to {path} undone."
 
     def _snippet(self, text: str, first_line: int, changed_lines: int, context: int = 4) -> str:

@@ -51,9 +51,11 @@ def _preload() -> None:
     except Exception:  # no jupyter_client here: sandboxes import it (and fail) on first use
         pass
     if __package__:
-        from . import kernel  # noqa: F401
+        from . import confine, kernel  # noqa: F401
     else:
+        import confine
         import kernel  # noqa: F401
+    confine.hierarchies()  # found once here, inherited by every supervisor forked after
 
 
 class ForkServer:

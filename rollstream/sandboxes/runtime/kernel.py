@@ -19,9 +19,17 @@ import time
 
 from_package = bool(__package__)
 if from_package:
-    from .bash_session import OutputCollector, SessionBusy, kill_session_processes
+    from .bash_session import OutputCollector, SessionBusy, join_cgroups, kill_session_processes
 else:  # run as a script by the supervisor (python -S supervisor.py)
-    from bash_session import OutputCollector, SessionBusy, kill_session_processes
+    from bash_session import OutputCollector, SessionBusy, join_cgroups, kill_session_processes
+
+def _loads(data: bytes) -> dict:
+    """JSON of a kernel message; undecodable bytes (a print of a lone surrogate) become U+FFFD."""
+    try:
+        return json.loads(data)
+    except UnicodeDecodeError:
+        return json.loads(data.decode("utf-8", "replace"))
+
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _POLL_S = 0.25
@@ -48,6 +56,7 @@ class Kernel:
         start_timeout_s: float = 60.0,
         interrupt_grace_s: float = 3.0,
         spawner=None,
+        cgroup_procs: list[str] | None = None,
     ) -> None:
         self.exec_prefix = exec_prefix
         self.kernel_argv = kernel_argv
@@ -61,6 +70,7 @@ class Kernel:
         self.start_timeout_s = start_timeout_s
         self.interrupt_grace_s = interrupt_grace_s
         self.spawner = spawner or (lambda function: function())
+        self.cgroup_procs = cgroup_procs or []
         self.lock = threading.Lock()
         self.process: subprocess.Popen | None = None
         self.context = None
@@ -68,6 +78,7 @@ class Kernel:
 
     # -- lifecycle -------------------------------------------------------------------
     def _preexec(self) -> None:
+        join_cgroups(self.cgroup_procs)
         for name, value in self.rlimits.items():
             resource.setrlimit(getattr(resource, name), (value, value))
 
@@ -102,7 +113,7 @@ class Kernel:
                     stdout=log,
                     stderr=log,
                     start_new_session=True,
-                    preexec_fn=self._preexec if self.rlimits else None,
+                    preexec_fn=self._preexec if self.rlimits or self.cgroup_procs else None,
                 )
             )
         finally:
@@ -300,9 +311,9 @@ class Kernel:
         signature, header, parent, metadata, content = frames[start : start + 5]
         if not hmac.compare_digest(self.session.sign([header, parent, metadata, content]), signature):
             return None  # not from our kernel: ignore it, as Session.recv would refuse it
-        if json.loads(parent).get("msg_id") != parent_id:
+        if _loads(parent).get("msg_id") != parent_id:
             return None
-        return json.loads(header)["msg_type"], json.loads(content)
+        return _loads(header)["msg_type"], _loads(content)
 
     def _poller(self):
         if getattr(self, "_cached_poller", None) is None:

@@ -28,7 +28,10 @@ def pack(message: dict) -> bytes:
 
 
 def unpack(body: bytes) -> dict:
-    message = msgpack.unpackb(body, raw=False)
+    try:
+        message = msgpack.unpackb(body, raw=False)
+    except Exception as error:  # ExtraData, FormatError, StackError, invalid UTF-8 in a str
+        raise ProtocolError(f"the frame is not valid msgpack: {error}") from None
     if not isinstance(message, dict):
         raise ProtocolError(f"expected a msgpack map, got {type(message).__name__}")
     return message

@@ -19,10 +19,11 @@ import threading
 import time
 
 if __package__:
-    from . import protocol
+    from . import confine, protocol
     from .bash_session import BashSession, SessionBusy, Spawner, kill_session_processes
     from .editor import Editor, EditorError, PathMap
 else:  # python -S supervisor.py: sibling modules are top-level
+    import confine
     import protocol
     from bash_session import BashSession, SessionBusy, Spawner, kill_session_processes
     from editor import Editor, EditorError, PathMap
@@ -51,6 +52,7 @@ class Supervisor:
         self.activity_lock = threading.Lock()
         self.stopping = threading.Event()
         self.disk_exceeded = ""
+        self.confinement: confine.Confinement | None = None
         self.listener: socket.socket | None = None
         self.held_connections: list[socket.socket] = []
         self.spawner = Spawner()
@@ -66,6 +68,7 @@ class Supervisor:
 
     # -- startup -----------------------------------------------------------------------
     def start(self) -> None:
+        self.confinement = confine.Confinement.create(self.plan)
         if self.plan.get("start_argv"):
             import subprocess
 
@@ -99,16 +102,25 @@ class Supervisor:
                     "one with close_session"
                 )
             created = BashSession(
-                self.plan["bash_argv"],
+                without_vanished_masks(self.plan["bash_argv"]),
                 self.plan["spawn_env"],
                 self.plan["spawn_cwd"],
                 self.plan["rlimits"],
                 self.plan["output_bytes"],
                 spawner=self.spawner,
+                cgroup_procs=self._cgroup_procs(),
             )
             created.start()
             self.sessions[name] = created
             return created
+
+    def _cgroup_procs(self) -> list[str]:
+        return self.confinement.join_files if self.confinement is not None else []
+
+    def _disk_gate(self) -> None:
+        """Refuse writes past a polled disk limit (a tmpfs limit answers ENOSPC by itself)."""
+        if self.disk_exceeded and not (self.confinement and self.confinement.disk_on_tmpfs):
+            raise BadRequest(self.disk_exceeded)
 
     # -- serving -----------------------------------------------------------------------
     def serve(self) -> None:
@@ -201,26 +213,22 @@ class Supervisor:
         if op == "ipython":
             return self._ipython(args)
         if op == "edit":
-            if self.disk_exceeded and args.get("command") in ("create", "str_replace", "insert"):
-                raise BadRequest(self.disk_exceeded)
-            with self.editor_lock:
+            if args.get("command") in ("create", "str_replace", "insert"):
+                self._disk_gate()
+            with self.editor_lock, _disk_full_as_bad_request():
                 args = dict(args)
                 return {"output": self.editor.run(args.pop("command", None), args.pop("path", ""), **args)}
         if op == "write_file":
-            if self.disk_exceeded:
-                raise BadRequest(self.disk_exceeded)
+            self._disk_gate()
             host = self.paths.to_host(args["path"])
-            os.makedirs(os.path.dirname(host), exist_ok=True)
-            with open(host, "wb") as handle:
-                handle.write(args["data"])
-            if args.get("mode") is not None:
-                os.chmod(host, int(args["mode"]))
+            with _disk_full_as_bad_request():
+                mode = args.get("mode")
+                self.paths.write_bytes(host, args["data"], None if mode is None else int(mode))
             return {"bytes": len(args["data"])}
         if op == "read_file":
             host = self.paths.to_host(args["path"])
             try:
-                with open(host, "rb") as handle:
-                    return {"data": handle.read(int(args.get("max_bytes") or -1))}
+                return {"data": self.paths.read_bytes(host, int(args.get("max_bytes") or -1))}
             except FileNotFoundError:
                 raise BadRequest(f"{args['path']} does not exist in the sandbox") from None
         if op == "close_session":
@@ -236,6 +244,7 @@ class Supervisor:
                 "kernel_alive": bool(self.kernel and self.kernel.alive),
                 "uptime_s": time.monotonic() - self.started,
                 "disk_exceeded": self.disk_exceeded,
+                "limits": self.confinement.describe(self.plan) if self.confinement else {},
             }
         if op == "shutdown":
             return {"stopping": True}
@@ -253,10 +262,43 @@ class Supervisor:
         timeout_s = float(args.get("timeout_s") or self.plan["default_timeout_s"])
         no_output = args.get("no_output_timeout_s", self.plan["default_no_output_timeout_s"])
         session = self.session(str(args.get("session") or "main"))
+        notes = []
+        hits = 0
+        if self.confinement is not None:
+            if self.confinement.at_process_limit() and self._kill_shell(session):
+                # A fork bomb from an earlier command still holds every process slot.
+                notes.append(self._limit_note("before this command"))
+            hits = self.confinement.pid_limit_hits()
         result = session.run(command, timeout_s, float(no_output) if no_output else None)
+        if self.confinement is not None and self.confinement.pid_limit_hits() > hits:
+            if self.confinement.at_process_limit() and self._kill_shell(session):
+                notes.append(self._limit_note("during this command"))
+            else:
+                notes.append(f"the sandbox reached its process limit ({self.plan.get('max_processes')}); forks failed")
+        result["note"] = "; ".join(filter(None, [*notes, result["note"]]))
+        if self.confinement is not None and self.confinement.disk_on_tmpfs:
+            self.disk_exceeded = self.confinement.disk_full_note()  # one statvfs: say it now
         if self.disk_exceeded:
             result["note"] = "; ".join(filter(None, [result["note"], self.disk_exceeded]))
         return result
+
+    def _kill_shell(self, session: BashSession) -> bool:
+        """Kill a shell and all it started (its pid namespace, under bwrap), unless it is busy."""
+        if not session.lock.acquire(blocking=False):
+            return False
+        try:
+            session.close()
+        finally:
+            session.lock.release()
+        assert self.confinement is not None
+        self.confinement.wait_below_process_limit(2.0)  # killed processes exit asynchronously
+        return True
+
+    def _limit_note(self, when: str) -> str:
+        return (
+            f"the sandbox was at its process limit ({self.plan.get('max_processes')} processes) {when}: "
+            "this shell and every process it started were killed (cwd and env reset)"
+        )
 
     def _ipython(self, args: dict) -> dict:
         code = args.get("code")
@@ -269,7 +311,7 @@ class Supervisor:
                 else:
                     from kernel import Kernel
                 self.kernel = Kernel(
-                    self.plan["exec_prefix"],
+                    without_vanished_masks(self.plan["exec_prefix"]),
                     self.plan["kernel_argv"],
                     self.plan["spawn_env"],
                     self.plan["spawn_cwd"],
@@ -279,6 +321,7 @@ class Supervisor:
                     self.plan["output_bytes"],
                     os.path.join(self.dir, "kernel.log"),
                     spawner=self.spawner,
+                    cgroup_procs=self._cgroup_procs(),
                 )
         return self.kernel.execute(code, float(args.get("timeout_s") or self.plan["default_timeout_s"]))
 
@@ -295,7 +338,9 @@ class Supervisor:
             if idle or now - self.started > lifetime_s:
                 self.stop()
                 return
-            if disk_bytes and now >= next_disk_check:
+            if self.confinement and self.confinement.disk_on_tmpfs:
+                self.disk_exceeded = self.confinement.disk_full_note()  # one statvfs
+            elif disk_bytes and now >= next_disk_check:
                 next_disk_check = now + 5.0
                 used = sum(_tree_bytes(host) for _, host in self.plan["mounts"])
                 self.disk_exceeded = (
@@ -330,13 +375,53 @@ class Supervisor:
 
             subprocess.run(self.plan["stop_argv"], capture_output=True, env=self.plan["host_env"], timeout=120)
             kill_session_processes(os.getpid())  # what the container CLI left behind
-        if self.plan.get("remove_dir_on_exit", True):
+        stuck = self.confinement.release() if self.confinement is not None else []
+        if stuck:  # the reaper (or destroy_sandbox's teardown) retries from confinement.json
+            print(f"supervisor: could not release {'; '.join(stuck)}", file=sys.stderr, flush=True)
+        elif self.plan.get("remove_dir_on_exit", True):
             remove_tree(self.dir)
         else:
             try:
                 os.unlink(self.plan["socket_path"])
             except FileNotFoundError:
                 pass
+
+
+def without_vanished_masks(argv: list[str]) -> list[str]:
+    """Drop `--ro-bind /dev/null PATH` masks whose PATH is gone: bwrap could not mount them.
+
+    The bwrap backend masks host files and sockets that existed when the sandbox was
+    planned; a socket removed since (a Redis that stopped) needs no mask any more.
+    """
+    if "/dev/null" not in argv:
+        return argv
+    result: list[str] = []
+    index = 0
+    while index < len(argv):
+        if (argv[index] == "--ro-bind" and index + 2 < len(argv) and argv[index + 1] == "/dev/null"
+                and not os.path.lexists(argv[index + 2])):
+            index += 3
+            continue
+        if argv[index] == "--":
+            return result + argv[index:]
+        result.append(argv[index])
+        index += 1
+    return result
+
+
+class _disk_full_as_bad_request:
+    """Turns ENOSPC / EDQUOT from a host-side write into an error that says what to do."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, error, _traceback) -> bool:
+        if isinstance(error, OSError) and error.errno in (28, 122):  # ENOSPC, EDQUOT
+            raise BadRequest(
+                "no space left in the sandbox's disk (workdir and /tmp share its disk limit); "
+                "delete files before writing more"
+            ) from None
+        return False
 
 
 def _tree_bytes(path: str) -> int:

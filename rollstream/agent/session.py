@@ -4,10 +4,12 @@ to one backend across turns; a failing backend is ejected and the turn retried e
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 
 from rollstream.llm.client import BackendError, CompletionBackend, Generation, SamplingParams
-from rollstream.pipeline.balancer import Balancer
+from rollstream.pipeline.balancer import Balancer, Lease, NoBackendAvailable
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +28,7 @@ class LLMSession:
         backend_url: str | None = None,
         max_backend_attempts: int = 3,
         request_timeout_s: float = 600.0,
+        backend_wait_s: float = 120.0,
     ) -> None:
         if balancer is None and backend_url is None:
             raise ValueError("LLMSession needs a balancer or a backend_url to send turns to")
@@ -36,6 +39,7 @@ class LLMSession:
         self.backend_url = backend_url
         self.max_backend_attempts = max_backend_attempts
         self.request_timeout_s = request_timeout_s
+        self.backend_wait_s = backend_wait_s
         self.backends_used: list[str] = []  # in order, one entry per change of backend
         self.failures: list[str] = []
 
@@ -47,7 +51,7 @@ class LLMSession:
             if self.balancer is None:
                 backend, lease = self.backend_url, None
             else:
-                lease = await self.balancer.acquire(self.job_id, self.group_id)
+                lease = await self._acquire()
                 backend = lease.backend
             if not self.backends_used or self.backends_used[-1] != backend:
                 self.backends_used.append(backend)
@@ -67,6 +71,21 @@ class LLMSession:
                     await self.balancer.release(lease)
         assert last_error is not None
         raise last_error
+
+    async def _acquire(self) -> Lease:
+        """A lease on a healthy backend, waiting up to backend_wait_s while none is: a backend
+        that restarts (or a health checker that has not readmitted it yet) must not cost the
+        job its attempts."""
+        deadline = time.monotonic() + self.backend_wait_s
+        pause = 0.2
+        while True:
+            try:
+                return await self.balancer.acquire(self.job_id, self.group_id)
+            except NoBackendAvailable:
+                if time.monotonic() + pause > deadline:
+                    raise
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 5.0)
 
     @property
     def backend(self) -> str | None:

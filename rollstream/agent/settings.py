@@ -24,6 +24,10 @@ class AgentSettings(BaseModel):
     max_backend_attempts: int = Field(
         3, ge=1, description="Backends one turn may try when backends fail (each failure ejects one)."
     )
+    backend_wait_s: float = Field(
+        120.0, ge=0, description="How long a turn waits for a backend when none is healthy (all ejected or "
+        "restarting) before the job fails and is retried."
+    )
     sampling: SamplingParams = Field(
         default_factory=SamplingParams, description="Sampling of each turn; max_tokens is set per turn."
     )

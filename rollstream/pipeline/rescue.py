@@ -81,7 +81,18 @@ async def rescue_dead_nodes(r: aioredis.Redis, keys: Keys, handoff: Handoff, set
         if n:
             log.warning("rescued %d jobs from dead node %s back to init", n, node)
         moved += n
-        # Forget the node only if it is still silent (it may have come back meanwhile).
-        if (score := await r.zscore(keys.nodes, node)) is not None and score <= cutoff:
-            await r.zrem(keys.nodes, node)
+        await r.eval(_FORGET_NODE, 2, keys.nodes, keys.node_sandboxes(node), node, cutoff)
     return moved
+
+
+# Forget a node, and the sandbox bookkeeping that died with it, only if it is still silent:
+# a node that came back meanwhile keeps both.
+_FORGET_NODE = """
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if score and tonumber(score) <= tonumber(ARGV[2]) then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('DEL', KEYS[2])
+  return 1
+end
+return 0
+"""

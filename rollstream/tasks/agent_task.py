@@ -79,7 +79,8 @@ class AgentTask(Task):
         async with SandboxClient(env.sandbox["socket_path"]) as sb:
             tools = CallToolAdapter(sb, self.tool_schemas(job.instance))
             session = llm.session(job.job_id, job.group_id, max_backend_attempts=settings.max_backend_attempts,
-                                  request_timeout_s=settings.request_timeout_s)
+                                  request_timeout_s=settings.request_timeout_s,
+                                  backend_wait_s=settings.backend_wait_s)
             traj = await run_agent(self.prompt_messages(job.instance), tools, session, settings, llm.tokenizer,
                                    cancelled=cancelled)
         if traj.finish_reason == "cancelled":

@@ -43,11 +43,12 @@ class LLMService:
         return self._tokenizer
 
     def session(self, job_id: str, group_id: str | None, *, max_backend_attempts: int = 3,
-                request_timeout_s: float = 600.0):
+                request_timeout_s: float = 600.0, backend_wait_s: float = 120.0):
         from rollstream.agent.session import LLMSession
 
         return LLMSession(self.client, job_id, group_id, balancer=self.balancer,
-                          max_backend_attempts=max_backend_attempts, request_timeout_s=request_timeout_s)
+                          max_backend_attempts=max_backend_attempts, request_timeout_s=request_timeout_s,
+                          backend_wait_s=backend_wait_s)
 
     async def policy_version(self) -> int:
         return int(await self.r.get(self.keys.policy_version) or 0)

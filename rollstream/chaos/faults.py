@@ -1,0 +1,79 @@
+"""The faults a soak run injects while load is running, each a real kill or restart of a
+real process. Every fault returns a line saying what it did, for the report."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+from collections.abc import Awaitable, Callable
+
+from rollstream.chaos.cluster import LocalCluster
+
+Fault = Callable[[LocalCluster, random.Random], Awaitable[str]]
+
+
+def _kill_worker(stage: str) -> Fault:
+    async def fault(cluster: LocalCluster, rng: random.Random) -> str:
+        candidates = [p for node in cluster.cfg.nodes if node not in cluster.cancelled_nodes
+                      for p in cluster.workers(stage, node)]
+        if not candidates:
+            return f"no live {stage} worker to kill"
+        victim = rng.choice(candidates)
+        victim.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(victim.wait)
+        return f"SIGKILL {stage} worker pid {victim.pid}"
+    return fault
+
+
+async def kill_supervisors(cluster: LocalCluster, rng: random.Random) -> str:
+    """SIGKILL up to two live sandbox supervisors (the sandboxes of jobs in flight)."""
+    for _ in range(100):  # wait for a sandbox to exist
+        found = cluster.supervisors()
+        if found:
+            break
+        await asyncio.sleep(0.1)
+    else:
+        return "no live sandbox supervisor to kill"
+    victims = rng.sample(found, min(2, len(found)))
+    for proc in victims:
+        proc.send_signal(signal.SIGKILL)
+    return f"SIGKILL {len(victims)} sandbox supervisor(s)"
+
+
+async def restart_redis(cluster: LocalCluster, rng: random.Random) -> str:
+    await asyncio.to_thread(cluster.restart_redis)
+    return "redis-server restarted (SIGTERM, AOF reload)"
+
+
+async def kill_backend(cluster: LocalCluster, rng: random.Random, down_s: float = 3.0) -> str:
+    if not cluster.servers:
+        return "no inference backend to kill"
+    index = rng.randrange(len(cluster.servers))
+    cluster.kill_model_server(index)
+    await asyncio.sleep(down_s)
+    await cluster.restart_model_server(index)
+    return f"model server {index} SIGKILLed, restarted {down_s:.0f} s later on the same port"
+
+
+async def restart_api(cluster: LocalCluster, rng: random.Random) -> str:
+    await cluster.restart_api()
+    return "API process SIGKILLed and restarted"
+
+
+async def cancel_node(cluster: LocalCluster, rng: random.Random) -> str:
+    node = cluster.cfg.nodes[-1]
+    n = await asyncio.to_thread(cluster.cancel_node, node)
+    return f"node {node}: {n} workers and its sandboxes SIGKILLed, not restarted"
+
+
+FAULTS: dict[str, Fault] = {
+    "kill-init": _kill_worker("init"),
+    "kill-run": _kill_worker("run"),
+    "kill-eval": _kill_worker("eval"),
+    "kill-supervisor": kill_supervisors,
+    "restart-redis": restart_redis,
+    "kill-backend": kill_backend,
+    "restart-api": restart_api,
+    "cancel-node": cancel_node,  # last: the node stays down
+}

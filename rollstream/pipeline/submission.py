@@ -1,10 +1,11 @@
-"""Putting jobs on the init stream: a job state hash and a stream entry per job, written in
-one MULTI so a job is either fully queued or not at all. Validation of task names and
-instances happens before this, at the edge (client, API)."""
+"""Putting jobs on the init stream: a job state hash and a stream entry per job, written by
+one Lua script, so a batch is queued whole or not at all, and each job at most once per job
+id. Validation of task names and instances happens before this, at the edge (client, API)."""
 
 from __future__ import annotations
 
 import time
+from importlib import resources
 
 import redis.asyncio as aioredis
 
@@ -12,6 +13,9 @@ from rollstream.errors import InvalidJob
 from rollstream.messages import Envelope, Job
 from rollstream.pipeline.codec import pack
 from rollstream.pipeline.keys import Keys
+from rollstream.pipeline.wire import FastRedis
+
+_SUBMIT = resources.files("rollstream.pipeline").joinpath("lua/submit.lua").read_text()
 
 
 def initial_state(job: Job) -> dict:
@@ -36,14 +40,22 @@ def encode_for_init(job: Job, max_job_bytes: int) -> bytes:
     return payload
 
 
-async def enqueue(r: aioredis.Redis, keys: Keys, jobs: list[Job], *, max_job_bytes: int) -> list[str]:
-    """Queue already-validated jobs for the init stage; returns their ids."""
+async def enqueue(r: aioredis.Redis, keys: Keys, jobs: list[Job], *, max_job_bytes: int,
+                  fast: FastRedis | None = None) -> list[str]:
+    """Queue already-validated jobs for the init stage; returns their ids. Idempotent per
+    job id while its state hash lives (until job_state_ttl_s after it finished): a retried
+    submission queues nothing twice."""
     payloads = [encode_for_init(job, max_job_bytes) for job in jobs]
-    async with r.pipeline(transaction=True) as pipe:
-        for job, payload in zip(jobs, payloads):
-            pipe.hset(keys.job(job.job_id), mapping=initial_state(job))
-            pipe.xadd(keys.init_stream, {"data": payload})
-        for submitter in {job.submitter for job in jobs}:
-            pipe.zadd(keys.submitters, {submitter: time.time()})
-        await pipe.execute()
+    submitters = sorted({job.submitter for job in jobs})
+    args: list = [time.time(), len(submitters), *submitters]
+    for job, payload in zip(jobs, payloads):
+        state = initial_state(job)
+        args += [payload, len(state)]
+        for field, value in state.items():
+            args += [field, value]
+    script_keys = [keys.init_stream, keys.submitters, *(keys.job(job.job_id) for job in jobs)]
+    if fast is not None:  # the client's lean connection: submit is on a job's critical path
+        await fast.evalsha(_SUBMIT, script_keys, args)
+    else:
+        await r.register_script(_SUBMIT)(keys=script_keys, args=args)
     return [job.job_id for job in jobs]

@@ -19,6 +19,10 @@ class UnknownTask(InvalidJob):
     """The job names a task that no installed plugin provides."""
 
 
+class JobTooLarge(InvalidJob):
+    """The encoded job is over max_job_bytes."""
+
+
 class JobFailed(RollstreamError):
     """A stage could not complete a job. ``retryable`` says whether another attempt may help."""
 

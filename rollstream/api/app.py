@@ -18,7 +18,7 @@ from rollstream.api.limits import BodySizeLimit
 from rollstream.api.metrics import render_metrics
 from rollstream.api.results import ResultsReader
 from rollstream.config import Settings
-from rollstream.errors import InvalidJob
+from rollstream.errors import InvalidJob, JobTooLarge
 from rollstream.messages import Job, Result, new_id
 from rollstream.pipeline import cancel as cancel_flags
 from rollstream.pipeline.connection import async_redis
@@ -85,8 +85,10 @@ def create_app(settings: Settings, *, token: str | None = None) -> FastAPI:
                 raise HTTPException(422, detail=f"job {job.job_id}: {exc}") from exc
         try:
             return await enqueue(r(), keys, jobs, max_job_bytes=settings.max_job_bytes)
-        except InvalidJob as exc:
+        except JobTooLarge as exc:
             raise HTTPException(413, detail=str(exc)) from exc
+        except InvalidJob as exc:
+            raise HTTPException(422, detail=str(exc)) from exc
 
     @app.get("/health", tags=["ops"])
     async def health() -> dict:

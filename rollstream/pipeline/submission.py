@@ -9,7 +9,7 @@ from importlib import resources
 
 import redis.asyncio as aioredis
 
-from rollstream.errors import InvalidJob
+from rollstream.errors import InvalidJob, JobTooLarge
 from rollstream.messages import Envelope, Job
 from rollstream.pipeline.codec import pack
 from rollstream.pipeline.keys import Keys
@@ -32,9 +32,14 @@ def initial_state(job: Job) -> dict:
 
 
 def encode_for_init(job: Job, max_job_bytes: int) -> bytes:
-    payload = pack(Envelope(job=job))
+    try:
+        payload = pack(Envelope(job=job))
+    except UnicodeEncodeError as exc:  # a lone surrogate (\ud800) that JSON let through
+        bad = exc.object[max(0, exc.start - 20):exc.end + 20] if isinstance(exc.object, str) else ""
+        raise InvalidJob(f"job {job.job_id} has text that is not valid Unicode near {bad!r} "
+                         f"({exc.reason}); send UTF-8 text, or bytes as base64") from None
     if len(payload) > max_job_bytes:
-        raise InvalidJob(f"job {job.job_id} is {len(payload)} bytes encoded, over the limit of "
+        raise JobTooLarge(f"job {job.job_id} is {len(payload)} bytes encoded, over the limit of "
                          f"{max_job_bytes}; keep large files out of the job (point at them) or raise "
                          "ROLLSTREAM_MAX_JOB_BYTES")
     return payload

@@ -1,7 +1,8 @@
 """``rollstream demo``: the whole system on one machine with nothing to configure — the
 embedded Redis, the built-in model server with a small local model (warmed up on the arith
 task's format, built on first use), the three pools, a few dozen rollouts across the
-built-in tasks with a live progress view, a summary table, trajectories in a JSONL file."""
+built-in tasks with a live progress view, a summary table, trajectories in a JSONL file,
+then a small DAPO training run on arith through the same pools, with weight sync."""
 
 from __future__ import annotations
 
@@ -45,6 +46,24 @@ def demo_jobs(n_arith: int, group_size: int, seed: int) -> list[tuple[dict, int]
                     job.setdefault("agent", agent)
                     jobs.append((job, 1))
     return jobs
+
+
+def train_briefly(url: str, namespace: str, model_dir: Path, root: Path, steps: int, seed: int):
+    """A few DAPO steps on arith: groups through the running pools, each update published to
+    the built-in server (the backends registered in Redis) before the next step's rollouts."""
+    from rollstream.tasks import arith
+    from rollstream.trainer import TrainConfig, train
+
+    prompts = root / "train-prompts.jsonl"
+    prompts.write_text("".join(json.dumps(inst) + "\n" for inst in arith.make_instances(64, seed=seed + 1)))
+    config = TrainConfig(
+        model_dir=model_dir, task="arith", prompts_file=prompts, output_dir=root / "train", steps=steps, seed=seed,
+        device="cpu", redis_url=url, namespace=namespace, submitter="demo-trainer", resume=False,
+        sampling={"temperature": 1.0, "max_tokens": 48},
+        agent={"max_turns": 3, "max_tokens_per_turn": 48, "max_context_tokens": 1024, "max_wall_time_s": 120},
+        sampler={"groups_per_batch": 2, "group_size": 4, "result_timeout_s": 240},
+        optim={"lr": 1e-5, "micro_batch_size": 8}, checkpoint_every_steps=steps, progress=True)
+    return train(config)
 
 
 def summarize(results: list[Result], elapsed_s: float) -> Table:
@@ -113,6 +132,7 @@ def register(app: typer.Typer) -> None:
              group_size: int = typer.Option(4),
              concurrency: int = typer.Option(16, help="Jobs in flight per worker process."),
              seed: int = typer.Option(0),
+             train_steps: int = typer.Option(3, help="DAPO steps after the rollouts (0 = none)."),
              timeout_s: float = typer.Option(240.0, help="Give up when no result came for this long.")):
         """Run the whole system end to end on this machine and print a summary."""
         from rollstream.llm.format_pretrain import build_arith_model
@@ -150,13 +170,21 @@ def register(app: typer.Typer) -> None:
                     plan = demo_jobs(jobs, group_size, seed)
                     out = root / "trajectories.jsonl"
                     results, elapsed, total = asyncio.run(_run(url, namespace, plan, out, timeout_s))
+                    console.print(summarize(results, elapsed))
+                    trained = None
+                    if train_steps and server is not None:  # weights go to the built-in server only
+                        console.print(f"[bold]training[/bold]: {train_steps} DAPO steps on arith through the same pools")
+                        trained = train_briefly(url, namespace, model_dir, root, train_steps, seed)
                 finally:
                     pool.stop(timeout_s=30)
             finally:
                 if server is not None:
                     server.terminate()
                     server.wait(30)
-        console.print(summarize(results, elapsed))
+        if trained is not None:
+            console.print(f"trained {trained.steps_done} steps: reward {trained.reward_first} → {trained.reward_last}, "
+                          f"policy version {trained.policy_version}; metrics {trained.metrics_path}"
+                          + (f", curve {trained.reward_curve}" if trained.reward_curve else ""))
         tools = [c.duration_ms for r in results if r.trajectory for c in r.trajectory.tool_calls if c.duration_ms > 0]
         if tools:
             console.print(f"tool-call latency: p50 {statistics.median(tools):.2f} ms, "

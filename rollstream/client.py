@@ -17,18 +17,20 @@ from rollstream.errors import InvalidJob, RedisUnavailable
 from rollstream.messages import Job, Result, new_id
 from rollstream.pipeline import cancel as cancel_flags
 from rollstream.pipeline.codec import unpack
-from rollstream.pipeline.connection import MAX_BLOCK_MS, async_redis, check_async
+from rollstream.pipeline.connection import (MAX_BLOCK_MS, SOCKET_TIMEOUT_S, async_redis, check_async,
+                                            raise_if_cancelled)
 from rollstream.pipeline.groups import ensure_group
 from rollstream.pipeline.jobstate import JobState, read_state
 from rollstream.pipeline.keys import RESULTS_GROUP, Keys
 from rollstream.pipeline.submission import enqueue
+from rollstream.pipeline.wire import FastRedis, stream_entries
 from rollstream.tasks.registry import validate_instance
 
 
 class AsyncClient:
     """Submit and collect rollouts. One client is one submitter: its results arrive on
-    ``{ns}:results:{submitter}`` and each result is yielded once (acknowledged when the
-    next one is asked for, so a crashed consumer sees an unacknowledged result again)."""
+    ``{ns}:results:{submitter}`` and each result is yielded once (acknowledged with the
+    next read, or at ``close``, so a crashed consumer sees an unacknowledged result again)."""
 
     def __init__(self, redis_url: str | None = None, *, submitter: str | None = None,
                  settings: Settings | None = None, validate_tasks: bool = True):
@@ -47,6 +49,10 @@ class AsyncClient:
         self._group_ready = False
         self._backlog_done = False  # unacknowledged results of an earlier consumer: re-read once
         self._to_ack: list[bytes] = []
+        # Lean connections for the two calls on a job's critical path: submit, and the
+        # blocking result read (its own, since a blocking read holds its connection).
+        self._fast_submit = FastRedis.from_client(self.r)
+        self._fast_results = FastRedis.from_client(self.r)
 
     async def __aenter__(self) -> "AsyncClient":
         await check_async(self.r, self.url)
@@ -57,6 +63,9 @@ class AsyncClient:
 
     async def close(self) -> None:
         await self._ack_pending()
+        for fast in (self._fast_submit, self._fast_results):
+            if fast is not None:
+                await fast.close()
         await self.r.aclose()
 
     # -- submitting --------------------------------------------------------------------
@@ -84,7 +93,8 @@ class AsyncClient:
     async def submit_many(self, jobs: list[Job | dict]) -> list[str]:
         prepared = [self._prepare(j) for j in jobs]
         await self._ensure_results_group()
-        return await enqueue(self.r, self.keys, prepared, max_job_bytes=self.settings.max_job_bytes)
+        return await enqueue(self.r, self.keys, prepared, max_job_bytes=self.settings.max_job_bytes,
+                             fast=self._fast_submit)
 
     async def submit_group(self, job: Job | dict, n: int, *, group_id: str | None = None) -> tuple[str, list[str]]:
         """Queue ``n`` rollouts of the same instance as one group (GRPO/DAPO); returns
@@ -107,6 +117,36 @@ class AsyncClient:
                 pipe.xdel(self._results_stream, *ids)
                 await pipe.execute()
 
+    async def _read(self, last_id: str, count: int, block_ms: int | None):
+        """XREADGROUP on the results stream; acknowledgements still owed ride in the same
+        round trip, so reading a result costs one round trip, not two."""
+        streams = {self._results_stream: last_id}
+        if self._fast_results is not None:
+            read = ["XREADGROUP", "GROUP", RESULTS_GROUP, self._consumer, "COUNT", count]
+            read += (["BLOCK", block_ms] if block_ms is not None else []) + ["STREAMS", self._results_stream, last_id]
+            ids, self._to_ack = self._to_ack, []
+            commands = [("XACK", self._results_stream, RESULTS_GROUP, *ids), ("XDEL", self._results_stream, *ids)] if ids else []
+            try:
+                replies = await self._fast_results.execute_many(
+                    [*commands, tuple(read)], timeout_s=(block_ms or 0) / 1000 + SOCKET_TIMEOUT_S)
+            except BaseException:
+                self._to_ack = ids + self._to_ack  # not known to be acknowledged: owe them still
+                raise
+            entries = stream_entries(replies[-1])
+            return [[self._results_stream, entries]] if entries else []
+        if not self._to_ack:
+            return await self.r.xreadgroup(RESULTS_GROUP, self._consumer, streams, count=count, block=block_ms)
+        ids, self._to_ack = self._to_ack, []
+        async with self.r.pipeline(transaction=False) as pipe:
+            pipe.xack(self._results_stream, RESULTS_GROUP, *ids)
+            pipe.xdel(self._results_stream, *ids)
+            pipe.xreadgroup(RESULTS_GROUP, self._consumer, streams, count=count, block=block_ms)
+            try:
+                return (await pipe.execute())[-1]
+            except BaseException:
+                self._to_ack = ids + self._to_ack  # not known to be acknowledged: owe them still
+                raise
+
     async def results(self, timeout_s: float | None = None, *, max_results: int | None = None,
                       batch: int = 256) -> AsyncIterator[Result]:
         """Yield results as they arrive. Stops after ``timeout_s`` without a new result
@@ -117,7 +157,6 @@ class AsyncClient:
         self._backlog_done = True
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while max_results is None or yielded < max_results:
-            await self._ack_pending()
             if backlog:
                 block_ms = None
             else:
@@ -125,8 +164,8 @@ class AsyncClient:
                 if left_ms <= 0:
                     return
                 block_ms = max(1, min(left_ms, MAX_BLOCK_MS))
-            resp = await self.r.xreadgroup(RESULTS_GROUP, self._consumer, {self._results_stream: "0" if backlog else ">"},
-                                           count=batch, block=block_ms)
+            resp = await self._read("0" if backlog else ">", batch, block_ms)
+            raise_if_cancelled()
             entries = resp[0][1] if resp else []
             if backlog:
                 backlog = False
@@ -145,7 +184,8 @@ class AsyncClient:
                 yielded += 1
                 if max_results is not None and yielded >= max_results:
                     break
-        await self._ack_pending()
+        # The last results are acknowledged with the next read or at close(), not here:
+        # a round trip less between one result and the next request.
 
     async def collect(self, n: int, timeout_s: float = 60.0) -> list[Result]:
         """The next ``n`` results; raises TimeoutError if they do not all come in time."""

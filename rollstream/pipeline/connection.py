@@ -3,6 +3,8 @@ async and sync clients, and an error that says what to do when nobody answers.""
 
 from __future__ import annotations
 
+import asyncio
+
 import redis
 import redis.asyncio as aioredis
 
@@ -83,3 +85,14 @@ def check_sync(r: redis.Redis, url: str) -> None:
                                "put the password in the URL: redis://user:password@host:port") from exc
     except (redis.ConnectionError, OSError) as exc:
         raise RedisUnavailable(f"no Redis at {redacted(url)} ({exc}); {_HINT}") from exc
+
+
+def raise_if_cancelled() -> None:
+    """Call after each blocking read in a loop. redis-py's asyncio client (8.1 here, on
+    Python 3.11) can swallow a task's cancellation that lands during a blocking read
+    (XREAD/XREADGROUP BLOCK): the read returns its empty reply as if nothing happened and
+    the task, though ``cancelling()``, reads on, so whoever awaits it (a test stopping
+    in-process workers, ``asyncio.wait_for``) hangs. Raising here restores the cancel."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

@@ -1,6 +1,7 @@
 """Stage hand-off: forward a job to the next stream, finish it into its submitter's results
 stream, dead-letter it, or hand it back, each as one atomic Lua script together with the
-acknowledgement of the message it came from and the update of its state hash."""
+acknowledgement of the message it came from, the update of its state hash, the node's
+sandbox count and (forwarding) the authoritative check of its cancellation flags."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ from importlib import resources
 
 import redis.asyncio as aioredis
 
-from rollstream.messages import DeadLetter, Envelope, Result
+from rollstream.errors import JobCancelled
+from rollstream.messages import DeadLetter, Envelope, Job, Result
+from rollstream.pipeline import cancel
 from rollstream.pipeline.codec import pack
 from rollstream.pipeline.keys import Keys
+from rollstream.pipeline.wire import FastRedis
 
 _SCRIPT = resources.files("rollstream.pipeline").joinpath("lua/transition.lua").read_text()
 
@@ -25,6 +29,21 @@ class Source:
     group: str
     msg_id: str
     consumer: str = ""  # '' skips the ownership check
+    started_at: float = 0.0  # when the stage started the job: written as <stage>_started_at
+
+
+@dataclass(frozen=True)
+class SandboxCount:
+    """A change to the node's live-sandbox set (init's back-pressure), applied by the same
+    script as the move so that the count never drifts from where the jobs are."""
+
+    op: str  # 'SADD' or 'SREM'
+    node: str
+    sandbox_id: str
+
+
+def sandbox_of(env: Envelope) -> str:
+    return str(env.sandbox.get("id", "")) if env.sandbox else ""
 
 
 class Handoff:
@@ -38,46 +57,73 @@ class Handoff:
         self.results_maxlen = results_maxlen
         self.dead_maxlen = dead_maxlen
         self._script = r.register_script(_SCRIPT)
+        self._fast = FastRedis.from_client(r)  # the script is the one awaited call per hop
+
+    async def aclose(self) -> None:
+        if self._fast is not None:
+            await self._fast.close()
+
+    def sandbox_gone(self, env: Envelope) -> SandboxCount | None:
+        """The count change for a job whose sandbox was torn down (None if it had none)."""
+        sandbox_id = sandbox_of(env)
+        return SandboxCount("SREM", env.node, sandbox_id) if sandbox_id and env.node else None
 
     async def _move(self, src: Source, job_id: str, state: dict, dests: list[tuple[str, int, bytes]],
-                    *, ttl_s: int = 0, stat: str = "") -> bool:
+                    *, ttl_s: int = 0, stat: str = "", count: SandboxCount | None = None,
+                    refuse_if_cancelled: Job | None = None) -> int:
         stage = src.group if src.group in ("init", "run", "eval") else "client"
+        if state and src.consumer:
+            state.setdefault("worker", src.consumer)
+        if state and src.started_at and stage != "client":
+            state[f"{stage}_started_at"] = src.started_at
         flat: list = []
         for k, v in state.items():
             flat += [k, "" if v is None else v]
-        keys = [src.stream, self.keys.job(job_id), self.keys.stats(stage), *(d[0] for d in dests)]
-        args: list = [src.group, src.msg_id, src.consumer, ttl_s, stat, len(state), *flat]
+        job = refuse_if_cancelled
+        flags = cancel.flag_keys(self.keys, job) if job else [self.keys.job(job_id)] * 3
+        keys = [src.stream, self.keys.job(job_id), self.keys.stats(stage),
+                self.keys.node_sandboxes(count.node) if count else self.keys.job(job_id), *flags,
+                *(d[0] for d in dests)]
+        args: list = [src.group, src.msg_id, src.consumer, ttl_s, stat,
+                      count.op if count else "", count.sandbox_id if count else "",
+                      repr(job.submitted_at) if job else "", "1" if job and job.group_id else "",
+                      len(state), *flat]
         for _, maxlen, payload in dests:
             args += [maxlen, payload]
-        return bool(await self._script(keys=keys, args=args))
+        if self._fast is not None:
+            return int(await self._fast.evalsha(_SCRIPT, keys, args))
+        return int(await self._script(keys=keys, args=args))
 
     async def forward(self, src: Source, env: Envelope, to_stream: str, to_stage: str) -> bool:
-        """Acknowledge ``src`` and queue the job on the next stage's stream."""
+        """Acknowledge ``src`` and queue the job on the next stage's stream; False if this
+        consumer no longer owns the message. Raises ``JobCancelled`` (and moves nothing: the
+        message stays pending with the caller, who ends the job) if the job was cancelled:
+        a cancelled job never reaches the next stage."""
         state = {"stage": to_stage, "status": "queued", "node": env.node or "", "attempts": env.attempt + 1}
-        sandbox_id = str(env.sandbox.get("id", "")) if env.sandbox else ""
+        sandbox_id = sandbox_of(env)
         if sandbox_id:
             state["sandbox"] = sandbox_id
-        moved = await self._move(src, env.job.job_id, state, [(to_stream, 0, pack(env))], stat="forwarded")
-        if moved and sandbox_id and src.group == "init":
-            await self.r.sadd(self.keys.node_sandboxes(env.node or ""), sandbox_id)
-        return moved
+        # A sandbox leaving init starts counting against its node, atomically with the move.
+        count = SandboxCount("SADD", env.node or "", sandbox_id) if sandbox_id and src.group == "init" else None
+        code = await self._move(src, env.job.job_id, state, [(to_stream, 0, pack(env))], stat="forwarded",
+                                count=count, refuse_if_cancelled=env.job)
+        if code > 1:
+            raise JobCancelled(cancel.reason_for_code(env.job, code))
+        return code == 1
 
-    async def sandbox_gone(self, env: Envelope) -> None:
-        """The job's sandbox was destroyed: it no longer counts against its node."""
-        if env.sandbox and env.node:
-            await self.r.srem(self.keys.node_sandboxes(env.node), str(env.sandbox.get("id", "")))
-
-    async def finish(self, src: Source, result: Result) -> bool:
-        """Acknowledge ``src`` and deliver the job's one result."""
+    async def finish(self, src: Source, result: Result, *, count: SandboxCount | None = None) -> bool:
+        """Acknowledge ``src`` and deliver the job's one result (and, with ``count``, stop
+        counting its torn-down sandbox against the node)."""
         state = {"stage": "done", "status": result.status, "finished_at": result.finished_at,
                  "error": result.error or "", "attempts": result.attempts}
         if result.reward is not None:
             state["reward"] = result.reward
         return await self._move(src, result.job_id, state,
                                 [(self.keys.results(result.submitter), self.results_maxlen, pack(result))],
-                                ttl_s=self.state_ttl_s, stat=result.status)
+                                ttl_s=self.state_ttl_s, stat=result.status, count=count) == 1
 
-    async def dead_letter(self, src: Source, letter: DeadLetter, result: Result | None) -> bool:
+    async def dead_letter(self, src: Source, letter: DeadLetter, result: Result | None, *,
+                          count: SandboxCount | None = None) -> bool:
         """Acknowledge ``src``, record the dead letter and, when the submitter is known,
         deliver a failed result so it never waits in silence."""
         dests = [(self.keys.dead, self.dead_maxlen, pack(letter))]
@@ -87,10 +133,13 @@ class Handoff:
         job_id = letter.job_id or f"undecodable-{src.msg_id}"
         if letter.job_id is None:
             state = {}
-        return await self._move(src, job_id, state, dests, ttl_s=self.state_ttl_s if state else 0, stat="dead")
+        return await self._move(src, job_id, state, dests, ttl_s=self.state_ttl_s if state else 0, stat="dead",
+                                count=count) == 1
 
-    async def requeue(self, src: Source, env: Envelope, stream: str, stage: str, reason: str) -> bool:
+    async def requeue(self, src: Source, env: Envelope, stream: str, stage: str, reason: str, *,
+                      count: SandboxCount | None = None) -> bool:
         """Acknowledge ``src`` and put the job on ``stream`` again (a retry, a restart from
         init, or work handed back by a worker that is shutting down)."""
         state = {"stage": stage, "status": "queued", "attempts": env.attempt + 1, "last_error": reason[:2000]}
-        return await self._move(src, env.job.job_id, state, [(stream, 0, pack(env))], stat="requeued")
+        return await self._move(src, env.job.job_id, state, [(stream, 0, pack(env))], stat="requeued",
+                                count=count) == 1

@@ -1,12 +1,16 @@
-"""Reading a job's state hash (stage, status, attempts, worker, node, timings, error), which
-the hand-off scripts and workers write and ``GET /v1/jobs/{id}`` / ``rollstream status`` read."""
+"""A job's state hash (stage, status, attempts, worker, node, timings, error): the hand-off
+script writes where the job goes, workers mark it running (``RunningMarks``), and
+``GET /v1/jobs/{id}`` / ``rollstream status`` read it."""
 
 from __future__ import annotations
+
+from importlib import resources
 
 import redis.asyncio as aioredis
 from pydantic import BaseModel, Field
 
 from rollstream.pipeline.keys import Keys
+from rollstream.pipeline.wire import FastRedis
 
 
 class JobState(BaseModel):
@@ -52,3 +56,40 @@ async def read_state(r: aioredis.Redis, keys: Keys, job_id: str) -> JobState | N
     if not raw:
         return None
     return parse_state(job_id, raw, ttl)
+
+
+_RUNNING = resources.files("rollstream.pipeline").joinpath("lua/running.lua").read_text()
+
+
+class RunningMarks:
+    """Marks jobs "running" in a stage, for observers (status, tests, the reaper). Workers
+    send the marks of a read batch without waiting for them, off the hand-off's critical
+    path; the script drops a mark that arrives after the job has moved on, so a job's
+    state never goes back. The stage's start time also travels with the hand-off."""
+
+    def __init__(self, r: aioredis.Redis, keys: Keys):
+        self.r = r
+        self.keys = keys
+        self._script = r.register_script(_RUNNING)
+        self._fast = FastRedis.from_client(r)
+
+    async def aclose(self) -> None:
+        if self._fast is not None:
+            await self._fast.close()
+
+    async def mark(self, marks: list[tuple[str, str, dict]]) -> None:
+        """``marks``: (job_id, stage message id, fields) per job, in one round trip."""
+        if self._fast is not None:
+            commands = []
+            for job_id, msg_id, fields in marks:
+                flat = [x for k, v in fields.items() for x in (k, v)]
+                commands.append((self.keys.job(job_id), [msg_id, *flat]))
+            await self._fast.evalsha_many(_RUNNING, commands)
+            return
+        async with self.r.pipeline(transaction=False) as pipe:
+            for job_id, msg_id, fields in marks:
+                flat: list = [msg_id]
+                for k, v in fields.items():
+                    flat += [k, v]
+                await self._script(keys=[self.keys.job(job_id)], args=flat, client=pipe)
+            await pipe.execute()

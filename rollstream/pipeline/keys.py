@@ -54,6 +54,12 @@ class Keys:
     def cancel_submitter(self, submitter: str) -> str:
         return self._k("cancel", "submitter", submitter)
 
+    @property
+    def cancels(self) -> str:
+        """Stream of cancellation notices (one per cancel call), which workers follow to
+        keep their in-memory book of cancelled jobs, groups and submitters."""
+        return self._k("cancels")
+
     # Liveness: sorted sets scored by last heartbeat (unix seconds).
     @property
     def workers(self) -> str:

@@ -1,6 +1,8 @@
 """The consumer loop every stage worker runs: read its stream through a consumer group,
 keep N jobs in flight, keep them fresh with heartbeats, reclaim what dead workers left,
-watch for cancellation, and hand each job on through ``pipeline.handoff``."""
+follow cancellations, and hand each job on through ``pipeline.handoff``. A stage hop costs
+one wake-up and one awaited round trip (the hand-off script); everything else (the
+"running" mark, latency histograms) is sent off the critical path."""
 
 from __future__ import annotations
 
@@ -17,8 +19,11 @@ from rollstream.errors import InvalidJob, JobCancelled, JobFailed
 from rollstream.messages import DeadLetter, Envelope, Result
 from rollstream.pipeline import cancel, histograms
 from rollstream.pipeline.codec import DecodeError, decode_envelope, fields_payload
+from rollstream.pipeline.connection import SOCKET_TIMEOUT_S, raise_if_cancelled
 from rollstream.pipeline.groups import ensure_group
-from rollstream.pipeline.handoff import Source
+from rollstream.pipeline.handoff import SandboxCount, Source
+from rollstream.pipeline.jobstate import RunningMarks
+from rollstream.pipeline.wire import FastRedis, stream_entries
 from rollstream.workers.stage import Forward, Stage, WorkerContext, ended_result
 
 log = logging.getLogger(__name__)
@@ -56,6 +61,12 @@ class ConsumerLoop:
         self._stopping = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self.processed = 0
+        self.book = cancel.CancelBook(ttl_s=self.s.job_state_ttl_s)
+        self.marks = RunningMarks(self.r, ctx.keys)
+        self._side_tasks: set[asyncio.Task] = set()  # sent without awaiting; kept from GC
+        self._observations: list[tuple[str, float]] = []  # latency samples not yet in Redis
+        self._flushing = False
+        self._reader = FastRedis.from_client(self.r)  # the wake-up read, on its own connection
 
     # -- lifecycle ---------------------------------------------------------------------
     def stop(self) -> None:
@@ -68,6 +79,8 @@ class ConsumerLoop:
             try:
                 await ensure_group(self.r, self.stream, self.group)
                 await self._heartbeat()
+                # Cancels issued before this worker started must hold for its first read.
+                await self.book.catch_up(self.r, self.ctx.keys)
                 return
             except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
                 log.warning("%s: Redis unreachable at start (%s); retrying in 1 s", self.consumer, exc)
@@ -77,6 +90,7 @@ class ConsumerLoop:
         await self._register()
         background = [asyncio.create_task(self._every(self.s.heartbeat_interval_s, self._heartbeat)),
                       asyncio.create_task(self._every(max(self.s.visibility_timeout_s / 4, 0.2), self._reclaim)),
+                      asyncio.create_task(self._follow_cancellations()),
                       asyncio.create_task(self._every(1.0, self._watch_cancellations))]
         if self.stage.name == "init":
             from rollstream.pipeline.rescue import rescue_dead_nodes
@@ -91,8 +105,16 @@ class ConsumerLoop:
             await self._drain()
             for task in background:
                 task.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
+            await asyncio.gather(*background, *self._side_tasks, return_exceptions=True)
+            try:
+                await self._flush_latencies()
+            except (redis.RedisError, OSError) as exc:
+                log.warning("%s: latency samples lost at shutdown: %s", self.consumer, exc)
             await self._deregister()
+            if self._reader is not None:
+                await self._reader.close()
+            await self.marks.aclose()
+            await self.ctx.handoff.aclose()
 
     async def _every(self, period_s: float, fn) -> None:
         while not self._stopping.is_set():
@@ -100,6 +122,7 @@ class ConsumerLoop:
                 await fn()
             except (redis.RedisError, OSError) as exc:
                 log.warning("%s: background step %s failed: %s", self.consumer, getattr(fn, "__name__", fn), exc)
+            raise_if_cancelled()
             try:
                 await asyncio.wait_for(self._stopping.wait(), period_s)
             except asyncio.TimeoutError:
@@ -111,7 +134,8 @@ class ConsumerLoop:
         if self.stage.name == "init" and free > 0:
             # Back-pressure: pull only while the node has sandbox slots (those of jobs on
             # its run and eval streams, plus what this process is creating).
-            live = await self.r.scard(self.ctx.keys.node_sandboxes(self.ctx.node))
+            key = self.ctx.keys.node_sandboxes(self.ctx.node)
+            live = await (self._reader.execute("SCARD", key) if self._reader else self.r.scard(key))
             free = min(free, self.s.max_sandboxes_per_node - live - len(self.inflight))
         return free
 
@@ -126,8 +150,8 @@ class ConsumerLoop:
                     except asyncio.TimeoutError:
                         pass
                     continue
-                resp = await self.r.xreadgroup(self.group, self.consumer, {self.stream: ">"},
-                                               count=free, block=self.s.read_block_ms)
+                entries = await self._read(free)
+                raise_if_cancelled()
             except redis.ResponseError as exc:
                 if "NOGROUP" in str(exc):  # the stream was deleted under us (e.g. FLUSHALL)
                     await ensure_group(self.r, self.stream, self.group)
@@ -137,39 +161,58 @@ class ConsumerLoop:
                 log.warning("%s: Redis unreachable (%s); retrying in 1 s", self.consumer, exc)
                 await asyncio.sleep(1.0)
                 continue
-            entries = [(_id(m), f, 1) for _stream, items in resp or [] for m, f in items]
-            try:
-                await self._admit(entries)
-            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-                # Admitted or not, the messages stay pending with us; the reclaimer retries them.
-                log.warning("%s: Redis unreachable while admitting jobs (%s)", self.consumer, exc)
+            if entries:
+                self._admit(entries)
+                # Let the new jobs run up to their first wait before this loop sends its next
+                # read: on the critical path a job comes first.
+                await asyncio.sleep(0)
 
-    async def _admit(self, entries: list[tuple[str, dict, int]]) -> None:
-        """Start a batch of messages: decode them, then in one round trip read their
-        cancellation flags and mark them running, then run each as its own task."""
-        decoded: list[tuple[str, Envelope, int]] = []
+    async def _read(self, count: int) -> list[tuple[str, dict, int]]:
+        """The next messages for this consumer (waiting up to read_block_ms), as
+        (id, fields, deliveries=1)."""
+        block = self.s.read_block_ms
+        if self._reader is None:
+            resp = await self.r.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=count, block=block)
+            return [(_id(m), f, 1) for _stream, items in resp or [] for m, f in items]
+        reply = await self._reader.execute("XREADGROUP", "GROUP", self.group, self.consumer, "COUNT", count,
+                                           "BLOCK", block, "STREAMS", self.stream, ">",
+                                           timeout_s=block / 1000 + SOCKET_TIMEOUT_S)
+        return [(_id(m), f, 1) for m, f in stream_entries(reply)]
+
+    def _admit(self, entries: list[tuple[str, dict, int]]) -> None:
+        """Start a batch of messages, each as its own task, with no round trip: the
+        cancellation check reads the in-memory book (the hand-off script re-checks the
+        flags), and the "running" marks of the batch go out afterwards in one pipeline that
+        nobody waits for. Messages stay pending with us until their hand-off."""
+        started = time.time()
+        stage = self.stage.name
+        marks: list[tuple[str, str, dict]] = []
         for msg_id, fields, deliveries in entries:
             if msg_id in self.inflight:
                 continue
+            src = Source(self.stream, self.group, msg_id, self.consumer, started_at=started)
             try:
-                decoded.append((msg_id, decode_envelope(fields), deliveries))
+                env = decode_envelope(fields)
             except (DecodeError, ValidationError) as exc:
-                src = Source(self.stream, self.group, msg_id, self.consumer)
                 self._track(msg_id, None, self._guard(None, self._undecodable(src, fields, exc)))
-        if not decoded:
-            return
-        started = time.time()
-        stage = self.stage.name
-        async with self.r.pipeline(transaction=False) as pipe:
-            for _m, env, _d in decoded:
-                pipe.mget(cancel.flag_keys(self.ctx.keys, env.job))
-                pipe.hset(self.ctx.keys.job(env.job.job_id), mapping={
-                    "stage": stage, "status": "running", "worker": self.consumer, "node": self.ctx.node,
-                    f"{stage}_started_at": started})
-            replies = await pipe.execute()
-        for (msg_id, env, deliveries), flags in zip(decoded, replies[0::2]):
-            src = Source(self.stream, self.group, msg_id, self.consumer)
-            self._track(msg_id, env, self._guard(env, self._run_job(src, env, deliveries, flags, started)))
+                continue
+            self._track(msg_id, env, self._guard(env, self._run_job(src, env, deliveries)))
+            marks.append((env.job.job_id, msg_id, {"stage": stage, "status": "running", "worker": self.consumer,
+                                                   "node": self.ctx.node, f"{stage}_started_at": started}))
+        if marks:
+            self._side(self.marks.mark(marks), "marking jobs running")
+
+    def _side(self, coro, what: str) -> None:
+        """Run ``coro`` without waiting for it; a failure is logged, never raised."""
+        async def guarded() -> None:
+            try:
+                await coro
+            except (redis.RedisError, OSError) as exc:
+                log.warning("%s: %s failed: %s", self.consumer, what, exc)
+
+        task = asyncio.create_task(guarded())
+        self._side_tasks.add(task)
+        task.add_done_callback(self._side_tasks.discard)
 
     def _track(self, msg_id: str, env: Envelope | None, coro) -> None:
         task = asyncio.create_task(coro)
@@ -191,12 +234,12 @@ class ConsumerLoop:
             log.error("job %s: Redis failed during %s (%s); left pending for reclaim",
                       env.job.job_id if env else "?", self.stage.name, exc)
 
-    async def _run_job(self, src: Source, env: Envelope, deliveries: int, flags: list, started: float) -> None:
-        job, stage = env.job, self.stage.name
+    async def _run_job(self, src: Source, env: Envelope, deliveries: int) -> None:
+        job, stage, started = env.job, self.stage.name, src.started_at
         if deliveries > self.s.max_deliveries:
             return await self._give_up(src, env, f"delivered {deliveries} times to {stage} workers that "
                                                  "died or hung before finishing it")
-        reason = cancel.is_cancelled(job, flags)
+        reason = self.book.reason(job)
         if reason:
             return await self._end(src, env, "cancelled", reason)
         if deliveries > 1 and stage != "init":
@@ -208,8 +251,7 @@ class ConsumerLoop:
                 raise asyncio.TimeoutError
             self._processing.add(src.msg_id)
             async with asyncio.timeout(remaining_s):
-                outcome = await self.stage.process(
-                    env, self.ctx.task_context(lambda: cancel.check(self.r, self.ctx.keys, job)))
+                outcome = await self.stage.process(env, self.ctx.task_context(lambda: self._cancelled(job)))
         except asyncio.TimeoutError:
             return await self._give_up(src, env, f"job timed out in {stage}: over its timeout_s={job.timeout_s}")
         except JobCancelled as exc:
@@ -235,64 +277,89 @@ class ConsumerLoop:
         env.timings_s[f"{stage}_s"] = time.time() - started
         if isinstance(outcome, Forward):
             to_stream = self.ctx.keys.stage_stream(outcome.stage, self.ctx.node)
-            moved = await self.ctx.handoff.forward(src, env, to_stream, outcome.stage)
+            try:
+                moved = await self.ctx.handoff.forward(src, env, to_stream, outcome.stage)
+            except JobCancelled as exc:  # cancelled while this stage worked: it goes no further
+                return await self._end(src, env, "cancelled", str(exc))
         else:
             outcome.timings_s = env.timings_s
-            moved = await self.ctx.handoff.finish(src, outcome)
-            await self.ctx.handoff.sandbox_gone(env)  # eval tore it down
+            # Eval tore the sandbox down; it stops counting in the same script.
+            moved = await self.ctx.handoff.finish(src, outcome, count=self.ctx.handoff.sandbox_gone(env))
             if moved:
-                await self._record_latencies(outcome)
+                self._record_latencies(outcome)
         if not moved:
             log.warning("job %s: %s finished after another worker reclaimed it; dropped this copy",
                         job.job_id, stage)
 
-    async def _record_latencies(self, result: Result) -> None:
-        """Stage durations and tool-call latencies into the shared histograms (/metrics)."""
-        async with self.r.pipeline(transaction=False) as pipe:
-            for stage in ("init", "run", "eval"):
-                if f"{stage}_s" in result.timings_s:
-                    histograms.observe(pipe, histograms.stage_key(self.ctx.keys, stage), [result.timings_s[f"{stage}_s"]])
-            for call in result.trajectory.tool_calls if result.trajectory else []:
-                if call.duration_ms > 0:
-                    histograms.observe(pipe, histograms.tool_key(self.ctx.keys, call.name), [call.duration_ms / 1000])
-            await pipe.execute()
+    async def _cancelled(self, job) -> str | None:
+        """For tasks that check between steps (the agent loop between turns)."""
+        return self.book.reason(job) or await cancel.check(self.r, self.ctx.keys, job)
 
-    async def _release(self, env: Envelope) -> None:
+    def _record_latencies(self, result: Result) -> None:
+        """Stage durations and tool-call latencies for the shared histograms (/metrics),
+        written right after the result but without waiting for it; samples that come in
+        while a write is under way go together in the next one."""
+        keys = self.ctx.keys
+        for stage in ("init", "run", "eval"):
+            if f"{stage}_s" in result.timings_s:
+                self._observations.append((histograms.stage_key(keys, stage), result.timings_s[f"{stage}_s"]))
+        for call in result.trajectory.tool_calls if result.trajectory else []:
+            if call.duration_ms > 0:
+                self._observations.append((histograms.tool_key(keys, call.name), call.duration_ms / 1000))
+        if not self._flushing:
+            self._flushing = True
+            self._side(self._flush_latencies(), "writing latency histograms")
+
+    async def _flush_latencies(self) -> None:
+        try:
+            while self._observations:
+                batch, self._observations = self._observations, []
+                async with self.r.pipeline(transaction=False) as pipe:
+                    for key, value in batch:
+                        histograms.observe(pipe, key, [value])
+                    await pipe.execute()
+        finally:
+            self._flushing = False
+
+    async def _release(self, env: Envelope) -> SandboxCount | None:
+        """Tear down what the job holds on this node; returns the sandbox count change for
+        the hand-off that follows (which applies it atomically with the move)."""
         try:
             await self.stage.release(env)
-            await self.ctx.handoff.sandbox_gone(env)
         except Exception:
             log.exception("job %s: freeing its resources failed", env.job.job_id)
+        return self.ctx.handoff.sandbox_gone(env)
 
     async def _end(self, src: Source, env: Envelope, status: str, reason: str) -> None:
-        await self._release(env)
-        await self.ctx.handoff.finish(src, ended_result(env, status, reason, self.stage.name))
+        count = await self._release(env)
+        await self.ctx.handoff.finish(src, ended_result(env, status, reason, self.stage.name), count=count)
 
     async def _give_up(self, src: Source, env: Envelope, error: str) -> None:
-        await self._release(env)
+        count = await self._release(env)
         history = "; earlier attempts: " + " | ".join(env.errors) if env.errors else ""
         letter = DeadLetter(job_id=env.job.job_id, submitter=env.job.submitter, stage=self.stage.name,
                             error=error + history, envelope=env)
         log.warning("job %s dead-lettered in %s: %s", env.job.job_id, self.stage.name, error)
-        await self.ctx.handoff.dead_letter(src, letter, ended_result(env, "failed", error + history, self.stage.name))
+        await self.ctx.handoff.dead_letter(src, letter, ended_result(env, "failed", error + history, self.stage.name),
+                                           count=count)
 
     async def _retry(self, src: Source, env: Envelope, error: str) -> None:
         """Free the node's resources and start the job over from init, unless it has had
         all its attempts."""
-        await self._release(env)
+        count = await self._release(env)
         env.errors.append(f"{self.stage.name}: {error}")
         if env.attempt + 1 >= self.s.max_deliveries:
             env.errors.pop()
             return await self._give_up(src, env, f"{error} (attempt {env.attempt + 1} of {self.s.max_deliveries})")
         restarted = env.model_copy(update={"attempt": env.attempt + 1, "sandbox": None, "state": {},
                                            "trajectory": None, "node": None})
-        await self.ctx.handoff.requeue(src, restarted, self.ctx.keys.init_stream, "init", error)
+        await self.ctx.handoff.requeue(src, restarted, self.ctx.keys.init_stream, "init", error, count=count)
 
     async def _hand_back(self, src: Source, env: Envelope) -> None:
-        await self._release(env)
+        count = await self._release(env)
         fresh = env.model_copy(update={"sandbox": None, "state": {}, "trajectory": None, "node": None})
         await self.ctx.handoff.requeue(src, fresh, self.ctx.keys.init_stream, "init",
-                                       f"handed back by {self.consumer} at shutdown")
+                                       f"handed back by {self.consumer} at shutdown", count=count)
 
     async def _undecodable(self, src: Source, fields: dict, exc: Exception) -> None:
         job_id, submitter = _best_effort_ids(fields)
@@ -327,14 +394,20 @@ class ConsumerLoop:
         _next, claimed, deleted = await self._xautoclaim(free)
         if deleted:
             await self.r.xack(self.stream, self.group, *deleted)
+        if not claimed:
+            return
+        # Delivery counts of everything claimed, in one round trip (off the critical path).
+        async with self.r.pipeline(transaction=False) as pipe:
+            for msg_id, _fields in claimed:
+                pipe.xpending_range(self.stream, self.group, min=_id(msg_id), max=_id(msg_id), count=1)
+            infos = await pipe.execute()
         entries = []
-        for msg_id, fields in claimed:
+        for (msg_id, fields), info in zip(claimed, infos):
             msg_id = _id(msg_id)
-            info = await self.r.xpending_range(self.stream, self.group, min=msg_id, max=msg_id, count=1)
             deliveries = info[0]["times_delivered"] if info else self.s.max_deliveries + 1
             log.info("%s reclaimed %s (delivery %d)", self.consumer, msg_id, deliveries)
             entries.append((msg_id, fields or {}, deliveries))
-        await self._admit(entries)
+        self._admit(entries)
 
     async def _xautoclaim(self, count: int):
         resp = await self.r.xautoclaim(self.stream, self.group, self.consumer,
@@ -342,7 +415,30 @@ class ConsumerLoop:
         deleted = resp[2] if len(resp) > 2 else []
         return resp[0], [(m, f) for m, f in resp[1] if f], deleted
 
+    async def _follow_cancellations(self) -> None:
+        """Tail the cancellation notices: the book learns them within a round trip, and
+        jobs already at work are interrupted at once."""
+        while not self._stopping.is_set():
+            try:
+                if await self.book.catch_up(self.r, self.ctx.keys, block_ms=self.s.read_block_ms):
+                    self._interrupt(self.book.reason)
+            except (redis.RedisError, OSError) as exc:
+                log.warning("%s: following cancellations failed (%s); retrying in 1 s", self.consumer, exc)
+                await asyncio.sleep(1.0)
+            raise_if_cancelled()
+
+    def _interrupt(self, reason_of) -> None:
+        for msg_id, (task, env) in list(self.inflight.items()):
+            if env is None or msg_id not in self._processing or msg_id in self._cancel_reasons:
+                continue
+            reason = reason_of(env.job)
+            if reason:
+                self._cancel_reasons[msg_id] = reason
+                task.cancel()
+
     async def _watch_cancellations(self) -> None:
+        """Backstop to the notices: flags raised without one (by hand with redis-cli) still
+        stop jobs at work within a second."""
         jobs = [(m, env.job) for m, (_t, env) in list(self.inflight.items())
                 if env is not None and m in self._processing and m not in self._cancel_reasons]
         if not jobs:

@@ -1,0 +1,128 @@
+"""The hand-off script's guarantees on a real Redis: a cancelled job never crosses a stage
+boundary, the node's sandbox set moves with the job, a late "running" mark never rewinds a
+job's state, and the lean connection keeps replies in order through cancels and restarts."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis
+
+from rollstream.errors import JobCancelled
+from rollstream.messages import Envelope, Job
+from rollstream.pipeline import cancel
+from rollstream.pipeline.codec import pack
+from rollstream.pipeline.connection import async_redis
+from rollstream.pipeline.handoff import Handoff, Source
+from rollstream.pipeline.jobstate import RunningMarks, read_state
+from rollstream.pipeline.keys import Keys
+from rollstream.pipeline.wire import FastRedis
+
+
+@pytest.fixture
+async def broker(settings):
+    r = async_redis(settings.redis_url)
+    keys = Keys(settings.namespace)
+    handoff = Handoff(r, keys, state_ttl_s=60, results_maxlen=1000, dead_maxlen=1000)
+    yield r, keys, handoff
+    await handoff.aclose()
+    await r.aclose()
+
+
+async def _take(r, keys: Keys, stage: str, env: Envelope, consumer: str = "w1") -> Source:
+    """Queue ``env`` on ``stage``'s stream and read it as ``consumer``, as a worker would."""
+    stream = keys.stage_stream(stage, "n1")
+    await r.xgroup_create(stream, stage, id="0", mkstream=True)
+    await r.xadd(stream, {"data": pack(env)})
+    [(_s, [(msg_id, _f)])] = await r.xreadgroup(stage, consumer, {stream: ">"}, count=1)
+    return Source(stream, stage, msg_id.decode(), consumer, started_at=123.5)
+
+
+def _env(**kw) -> Envelope:
+    return Envelope(job=Job(task="echo", instance={"prompt": "x"}, submitter="s1", **kw), node="n1")
+
+
+async def test_a_job_cancelled_while_its_stage_worked_is_not_forwarded(broker):
+    r, keys, handoff = broker
+    env = _env(group_id="g1")
+    src = await _take(r, keys, "init", env)
+    # A flag raised with no notice: the worker's book cannot know; the script must.
+    await r.set(keys.cancel_group("g1"), 1)
+    with pytest.raises(JobCancelled, match="group g1 cancelled"):
+        await handoff.forward(src, env, keys.run_stream("n1"), "run")
+    assert await r.xlen(keys.run_stream("n1")) == 0
+    pending = await r.xpending(src.stream, "init")
+    assert pending["pending"] == 1  # still ours: the worker ends the job as cancelled
+
+
+async def test_a_submitter_cancel_spares_jobs_submitted_after_it(broker):
+    r, keys, handoff = broker
+    env = _env()
+    await cancel.cancel(r, keys, submitter="s1")  # earlier than the job below
+    later = _env()
+    src = await _take(r, keys, "init", later)
+    assert await handoff.forward(src, later, keys.run_stream("n1"), "run")
+    assert env.job.submitted_at < later.job.submitted_at
+    book = cancel.CancelBook()
+    await book.catch_up(r, keys)
+    assert book.reason(env.job) and not book.reason(later.job)
+
+
+async def test_the_sandbox_count_moves_with_the_job(broker):
+    r, keys, handoff = broker
+    env = _env()
+    env.sandbox = {"id": "sb1"}
+    src = await _take(r, keys, "init", env)
+    assert await handoff.forward(src, env, keys.run_stream("n1"), "run")
+    assert await r.smembers(keys.node_sandboxes("n1")) == {b"sb1"}
+    state = await read_state(r, keys, env.job.job_id)
+    assert state.stage == "run" and state.sandbox == "sb1" and state.timings["init_started_at"] == 123.5
+
+    src = await _take(r, keys, "eval", env)
+    from rollstream.workers.stage import completed_result
+
+    assert await handoff.finish(src, completed_result(env, 1.0), count=handoff.sandbox_gone(env))
+    assert await r.scard(keys.node_sandboxes("n1")) == 0
+    assert (await read_state(r, keys, env.job.job_id)).status == "completed"
+
+
+async def test_a_late_running_mark_never_rewinds_the_state(broker):
+    r, keys, handoff = broker
+    marks = RunningMarks(r, keys)
+    env = _env()
+    src = await _take(r, keys, "init", env)
+    await marks.mark([(env.job.job_id, src.msg_id, {"stage": "init", "status": "running"})])
+    assert (await read_state(r, keys, env.job.job_id)).status == "running"
+    assert await handoff.forward(src, env, keys.run_stream("n1"), "run")
+    # The same mark arriving after the hand-off (it is sent without waiting) is dropped.
+    await marks.mark([(env.job.job_id, src.msg_id, {"stage": "init", "status": "running"})])
+    state = await read_state(r, keys, env.job.job_id)
+    assert (state.stage, state.status) == ("run", "queued")
+    await marks.aclose()
+
+
+async def test_the_lean_connection_survives_cancelled_callers_and_lost_scripts(redis_url, namespace):
+    r = async_redis(redis_url)
+    fast = FastRedis.from_client(r)
+    assert fast is not None
+    try:
+        blocked = asyncio.create_task(fast.execute("XREAD", "BLOCK", 300, "STREAMS", f"{namespace}:s", "$"))
+        await asyncio.sleep(0.05)
+        blocked.cancel()  # its reply still comes and must not be handed to the next caller
+        assert await fast.execute("PING") == b"PONG"
+        replies = await asyncio.gather(*(fast.execute("ECHO", str(i)) for i in range(50)))
+        assert replies == [str(i).encode() for i in range(50)]
+        await r.script_flush()
+        assert await fast.evalsha("return ARGV[1]", [], ["hi"]) == b"hi"
+        await r.client_kill_filter(skipme=False, _type="normal")  # every connection dropped
+        for _ in range(2):  # the call that finds it dead fails; it reconnects for the next
+            try:
+                assert await fast.execute("PING") == b"PONG"
+                break
+            except redis.ConnectionError:
+                pass
+        assert await fast.execute("PING") == b"PONG"
+    finally:
+        await fast.close()
+        await r.aclose()

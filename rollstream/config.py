@@ -52,6 +52,8 @@ class Settings(BaseSettings):
     dead_maxlen: int = Field(100_000, description="Approximate cap on the dead-letter stream.")
     max_sandboxes_per_node: int = Field(64, description="Init pulls work only while this node holds "
                                         "fewer live sandboxes (back-pressure).")
+    lease_ttl_s: float = Field(60.0, gt=0, description="A backend slot held by a worker that stopped renewing "
+                               "it (killed) returns to the balancer after this long.")
     redis_wait_s: float = Field(120.0, description="How long a starting worker waits for Redis to answer.")
     read_block_ms: int = Field(1000, description="XREADGROUP block time; bounds shutdown latency.")
     model_dir: Path | None = Field(None, description="Folder of the served model's tokenizer (and weights, "

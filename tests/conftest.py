@@ -4,12 +4,16 @@ and worker pools as real processes."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -120,6 +124,39 @@ def arith_server(arith_model_dir):
     yield url
     proc.terminate()
     proc.wait(30)
+
+
+@contextlib.contextmanager
+def serve_asgi(app) -> Iterator[str]:
+    """Serve ``app`` with uvicorn on a free loopback port (in a thread) until the block ends;
+    yields the base URL once /health answers."""
+    import httpx
+    import uvicorn
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(500):
+        try:
+            if httpx.get(base + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.02)
+    try:
+        yield base
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture
+def asgi_server():
+    """``with asgi_server(app) as base_url:`` serves an ASGI app for the block (serve_asgi)."""
+    return serve_asgi
 
 
 def pytest_configure(config):

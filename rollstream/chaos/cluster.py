@@ -34,6 +34,7 @@ FAST_TIMEOUTS = {
     "max_deliveries": 5,
     "shutdown_grace_s": 5.0,
     "read_block_ms": 200,
+    "lease_ttl_s": 6.0,
 }
 
 
@@ -193,6 +194,18 @@ class LocalCluster:
                 pass
         psutil.wait_procs(doomed, timeout=5)
         return len(procs)
+
+    def reap_cancelled_nodes(self) -> list[str]:
+        """What a cancelled node's reaper does when workers start there again: tear down what
+        its killed sandboxes left on the host (tmpfs mounts, cgroups, folders). On a real
+        cluster a node that died takes these with it; one whose array task was cancelled keeps
+        them until its next workers start."""
+        from rollstream.sandboxes import Reaper
+
+        reaped = []
+        for node in self.cancelled_nodes:
+            reaped += Reaper(str(self.sandbox_root(node))).reap(lambda _sandbox, _owner: False)
+        return reaped
 
     def supervisors(self) -> list[psutil.Process]:
         """Live sandbox supervisors under this cluster's sandbox roots."""

@@ -97,6 +97,9 @@ async def run_phase(cluster: LocalCluster, fault: str, *, echo_n: int, llm_n: in
     finally:
         stop.set()
         await keeper
+    if fault == "cancel-node":
+        reaped = await asyncio.to_thread(cluster.reap_cancelled_nodes)
+        action += f"; its {len(reaped)} dead sandboxes reaped as on the node's next start"
     r = async_redis(cluster.redis_url)
     try:
         verdict = ledger.verdict(await read_dead_letters(r, cluster.keys), cluster.cfg.timeouts["max_deliveries"])

@@ -17,6 +17,8 @@ from typing import Iterable
 import httpx
 from pydantic import BaseModel, Field
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 log = logging.getLogger(__name__)
 
@@ -267,7 +269,17 @@ class Balancer:
             return 0
         for lease_id in ids:
             self._held.pop(lease_id, None)
-        return int(await self._scripts["release"](keys=self.keys.lease_keys, args=ids))
+        # Releasing twice counts once, so a release that met a restarting Redis is retried
+        # for a while; past that, the lease expires and keep_alive's reclaim gives it back.
+        pause, deadline = 0.1, time.monotonic() + self.lease_ttl_s / 2
+        while True:
+            try:
+                return int(await self._scripts["release"](keys=self.keys.lease_keys, args=ids))
+            except (RedisConnectionError, RedisTimeoutError):
+                if time.monotonic() + pause > deadline:
+                    raise
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 2.0)
 
     async def renew(
         self, leases: Iterable[Lease | str] | None = None, lease_ttl_s: float | None = None

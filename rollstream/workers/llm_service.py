@@ -25,7 +25,7 @@ class LLMService:
         self.settings = settings
         self.keys = Keys(settings.namespace)
         self.balancer = Balancer(r, namespace=settings.namespace, group_affinity_slack=settings.group_affinity_slack,
-                                 worker_id=worker_id)
+                                 lease_ttl_s=settings.lease_ttl_s, worker_id=worker_id)
         self.client = make_client(settings.inference_api)
         self._tokenizer: Any = None
         self._tasks: list[asyncio.Task] = []

@@ -7,14 +7,12 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 import redis as redis_sync
-import uvicorn
 
 from rollstream.api.app import asgi
 from rollstream.client import AsyncClient
@@ -132,30 +130,17 @@ async def test_wrong_credentials_say_where_the_password_goes_and_hide_it(setting
     assert "password" in message or "credentials" in message
 
 
-def test_http_api_serves_through_a_tls_acl_url(settings, secure_redis):
+def test_http_api_serves_through_a_tls_acl_url(settings, secure_redis, asgi_server):
     """The API process talks to Redis with the same URL forms; a submit and a status call
     go through it (the workers are not needed for either)."""
     url = (f"rediss://{ACL_USER}:{ACL_PASSWORD}@127.0.0.1:{secure_redis['tls_port']}/0"
            f"?ssl_ca_certs={secure_redis['ca']}")
     s = settings.model_copy(update={"redis_url": url, "namespace": "acl" + settings.namespace})
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(asgi(s, token="t0k"), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    base, auth = f"http://127.0.0.1:{port}", {"Authorization": "Bearer t0k"}
-    try:
-        for _ in range(200):
-            try:
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.02)
+    auth = {"Authorization": "Bearer t0k"}
+    with asgi_server(asgi(s, token="t0k")) as base:
         submitted = httpx.post(base + "/v1/jobs", json={"task": "echo", "instance": {"prompt": "x"}},
                                headers=auth, timeout=10)
         assert submitted.status_code in (200, 201, 202), submitted.text
         status = httpx.get(base + "/v1/status", headers=auth, timeout=10)
         assert status.status_code == 200, status.text
         assert status.json()["streams"], status.json()
-    finally:
-        server.should_exit = True
-        thread.join(10)

@@ -132,6 +132,10 @@ class FastRedis:
             timeout_s or self.timeout_s, self._time_out, writer, futs[-1])
         try:
             replies = [await fut for fut in futs]
+        except BaseException:
+            for fut in futs:  # a lost connection fails them all, but only one was awaited
+                fut.add_done_callback(_retrieve)
+            raise
         finally:
             timer.cancel()
         for reply in replies:
@@ -170,6 +174,11 @@ class FastRedis:
                 raise
             await self.execute("SCRIPT", "LOAD", script)
             return await self.execute_many(commands)
+
+
+def _retrieve(fut: asyncio.Future) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _typed(error: Exception) -> Exception:

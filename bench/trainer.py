@@ -5,11 +5,13 @@
    (cross-entropy on the same response tokens, same micro-batching, same optimizer).
 2. Weight sync: time from a full batch to weights served again = update + save
    (safetensors) + the built-in server loading them (POST /v1/load_weights).
-3. End to end on this machine: DAPO training of the tiny model through the built-in server
-   on a toy reward (share of digit tokens in an 8-token completion), reward per step.
+3. End to end on this machine (bench/arith_rl.py): DAPO on the arith tool-use task through
+   the whole pipeline (worker pools, bwrap sandboxes, built-in server, weight sync after each
+   step), reward per step; `--e2e digits` runs the older toy instead (share of digit tokens
+   in an 8-token completion, sampled straight from the server, no pipeline).
 On a CUDA machine 1 and 2 are repeated on the GPU, also with a ~150M-parameter Qwen2.
 
-    python bench/trainer.py [--e2e-steps 12] [--quick]
+    python bench/trainer.py [--e2e-steps 12] [--e2e arith|digits] [--quick]
 Last line: RESULT {json} with tokens_per_s, sync_s, reward_first, reward_last, ...
 """
 
@@ -140,6 +142,28 @@ async def e2e(model_dir: Path, base_url: str, steps: int, out: Path) -> list[dic
     return [json.loads(line) for line in summary.metrics_path.read_text().splitlines()]
 
 
+def arith_e2e(steps: int, rows: list, result: dict) -> None:
+    """The arith tool-use task through the whole pipeline (bench/arith_rl.py, its defaults)."""
+    import arith_rl  # bench/ is the script's folder, so on sys.path
+
+    parser = argparse.ArgumentParser()
+    arith_rl.add_arguments(parser)
+    run = arith_rl.run_arith_rl(parser.parse_args(["--steps", str(steps)]))
+    arith_rl.print_table(run)
+    summary = arith_rl.summarize(run)
+    result.update(reward_first=summary["reward_first"], reward_last=summary["reward_last"], e2e_steps=summary["steps"],
+                  e2e_s=summary["seconds"], e2e_reward_curve=summary["reward_curve"],
+                  e2e_task="arith tool use through the pipeline (bench/arith_rl.py)",
+                  e2e_update_tokens_per_s=summary["tokens_per_s"], e2e_sync_s=summary["sync_s"],
+                  e2e_trajectory_versions_ok=summary["trajectory_versions_ok"],
+                  e2e_server_serves_new_weights=summary["server_serves_new_weights"],
+                  e2e_load_avg_1m=summary["load_avg_1m"])
+    rows.append(("e2e arith reward (mean of first/last 3 steps)",
+                 f"{summary['reward_first']:.3f} -> {summary['reward_last']:.3f}",
+                 f"{summary['steps']} steps in {summary['seconds']:.0f} s; curve {summary['reward_curve']}; "
+                 f"versions ok {summary['trajectory_versions_ok']}, served ok {summary['server_serves_new_weights']}"))
+
+
 def larger_model(small: bool = False):
     """A randomly initialised Qwen2 (no download): ~150M parameters, or a toy for dry runs."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -193,6 +217,8 @@ def main() -> None:
     parser.add_argument("--accelerator-section-on-cpu", action="store_true",
                         help="run the CUDA section on the CPU with a toy model (checks the code path)")
     parser.add_argument("--skip-e2e", action="store_true", help="no end-to-end training run")
+    parser.add_argument("--e2e", choices=("arith", "digits"), default="arith",
+                        help="arith: the tool-use task through the pipeline (bench/arith_rl.py); digits: direct source")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -227,7 +253,7 @@ def main() -> None:
                      f"save {sync['save_s'] * 1000:.0f} ms + load {sync['load_s'] * 1000:.0f} ms; "
                      f"full batch -> served {result['batch_to_served_s']:.2f} s"))
         metrics: list[dict] = []
-        if not args.skip_e2e:
+        if not args.skip_e2e and args.e2e == "digits":
             with tempfile.TemporaryDirectory(dir=OUT) as tmp:
                 started = time.monotonic()
                 metrics = asyncio.run(e2e(model_dir, base_url, steps, Path(tmp)))
@@ -235,6 +261,8 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(30)
+    if not args.skip_e2e and args.e2e == "arith":
+        arith_e2e(steps, rows, result)
     if metrics:
         curve = [round(r["reward_mean_all"], 3) for r in metrics]
         k = min(3, len(metrics) // 2) or 1

@@ -38,16 +38,23 @@ def prompt(instance: dict) -> list[dict]:
             {"role": "user", "content": question(instance["a"], instance["op"], instance["b"])}]
 
 
-def conversations(instances: list[dict]) -> list[list[dict]]:
-    """Worked episodes: a bash call that computes the answer, its output, a submit."""
+def conversations(instances: list[dict], answer_copy_rate: float = 1.0, seed: int = 0) -> list[list[dict]]:
+    """Worked episodes: a bash call that computes the answer, its output, a submit.
+
+    With ``answer_copy_rate`` < 1 only that share of episodes submits the tool's output; the
+    others submit a wrong number near it. A model warmed up on them calls the tool right but
+    answers right only sometimes: RL then has a behaviour to amplify (bench/arith_rl.py)."""
+    rng = random.Random(seed)
     out = []
     for inst in instances:
         command = f"echo $(({inst['a']}{inst['op']}{inst['b']}))"
         result = str(expected(inst))
+        if rng.random() >= answer_copy_rate:
+            result = str(expected(inst) + rng.choice((-1, 1)) * rng.randint(1, 30))
         out.append(prompt(inst) + [
             {"role": "assistant", "content": "",
              "tool_calls": [{"type": "function", "function": {"name": "bash", "arguments": {"command": command}}}]},
-            {"role": "tool", "name": "bash", "content": result + "\n"},
+            {"role": "tool", "name": "bash", "content": f"{expected(inst)}\n"},
             {"role": "assistant", "content": "",
              "tool_calls": [{"type": "function", "function": {"name": "submit", "arguments": {"answer": result}}}]},
         ])

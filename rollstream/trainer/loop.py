@@ -76,6 +76,20 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def stage_timings(results: list[Any]) -> dict[str, float]:
+    """Mean seconds per batch rollout of each pipeline stage and agent phase (sandbox create
+    = init_s, agent loop = run_s with llm_s/tools_s inside, scoring = eval_s; *_wait_s = queueing):
+    where a step's rollout time goes."""
+    sums: dict[str, list[float]] = {}
+    for result in results:
+        timings = dict(getattr(result, "timings_s", None) or {})
+        trajectory = getattr(result, "trajectory", None)
+        timings.update({k: v for k, v in (getattr(trajectory, "timings_s", None) or {}).items() if k != "total_s"})
+        for key, value in timings.items():
+            sums.setdefault(key, []).append(float(value))
+    return {f"time_{key}": sum(values) / len(values) for key, values in sorted(sums.items())}
+
+
 class Trainer:
     """One training run. `source` and `publisher` default to the Redis client and the
     backends of the config (or those registered in Redis); tests and custom setups pass
@@ -139,7 +153,7 @@ class Trainer:
 
     # ---- one step ----------------------------------------------------------------------
     def _training_batch(self, sampled: SampledBatch):
-        trajectories, rewards, groups = [], [], []
+        trajectories, rewards, groups, results = [], [], [], []
         for index, group in enumerate(sampled.groups):
             for result in group.completed:
                 if result.trajectory is None:
@@ -147,6 +161,7 @@ class Trainer:
                 trajectories.append(result.trajectory)
                 rewards.append(float(result.reward))
                 groups.append(index)
+                results.append(result)
         reward_t = torch.tensor(rewards, dtype=torch.float32)
         loss = self.config.loss
         if loss.max_response_tokens is not None:
@@ -156,12 +171,14 @@ class Trainer:
         advantages = group_advantages(reward_t, torch.tensor(groups), eps=loss.advantage_eps)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else (self.tokenizer.eos_token_id or 0)
         batch = build_batch(trajectories, advantages, pad_token_id=pad, max_seq_len=self.config.optim.max_seq_len)
-        return batch, rewards, trajectories
+        return batch, rewards, trajectories, results
 
     async def _step(self, step: int) -> dict[str, Any]:
         started = time.monotonic()
         sampled = await self.sampler.next_batch(self.policy_version)
-        batch, rewards, trajectories = self._training_batch(sampled)
+        batch, rewards, trajectories, results = self._training_batch(sampled)
+        # the version each trajectory was generated under (its oldest turn), before the bump
+        versions = [t.policy_version for t in trajectories]
         stats = await asyncio.to_thread(self.updater.step, batch)
         self.policy_version += 1
         sync_s = None
@@ -196,6 +213,9 @@ class Trainer:
             "sync_s": sync_s,
             "step_s": time.monotonic() - started,
             "rollout_tokens_per_s": stats.tokens / s.wait_s if s.wait_s > 0 else None,
+            "rollout_version_min": min(versions) if versions else None,
+            "rollout_version_max": max(versions) if versions else None,
+            **stage_timings(results),
             "time": time.time(),
         }
 

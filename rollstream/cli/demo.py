@@ -182,7 +182,8 @@ def register(app: typer.Typer) -> None:
                     server.terminate()
                     server.wait(30)
         if trained is not None:
-            console.print(f"trained {trained.steps_done} steps: reward {trained.reward_first} → {trained.reward_last}, "
+            first, last = (f"{x:.3f}" if x is not None else "-" for x in (trained.reward_first, trained.reward_last))
+            console.print(f"trained {trained.steps_done} steps: mean reward of all rollouts {first} → {last}, "
                           f"policy version {trained.policy_version}; metrics {trained.metrics_path}"
                           + (f", curve {trained.reward_curve}" if trained.reward_curve else ""))
         tools = [c.duration_ms for r in results if r.trajectory for c in r.trajectory.tool_calls if c.duration_ms > 0]

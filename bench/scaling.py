@@ -43,9 +43,9 @@ from rollstream.client import AsyncClient  # noqa: E402
 from rollstream.config import Settings  # noqa: E402
 from rollstream.messages import Envelope  # noqa: E402
 from rollstream.pipeline.embedded import EmbeddedRedis  # noqa: E402
-from rollstream.pipeline.keys import Keys  # noqa: E402
 from rollstream.tasks.base import Task, TaskContext  # noqa: E402
 from rollstream.trajectory import Trajectory  # noqa: E402
+from rollstream.workers.pool import WorkerPool  # noqa: E402
 
 
 # -- the simulated inference server ------------------------------------------------------
@@ -114,29 +114,6 @@ def worker_main(stage: str, concurrency: int) -> None:
 
 
 # -- the driver ---------------------------------------------------------------------------
-class Workers:
-    def __init__(self, env: dict[str, str], log_dir: Path):
-        self.env, self.log_dir, self.procs = env, log_dir, []
-
-    def start(self, stage: str, n: int, concurrency: int) -> None:
-        for _ in range(n):
-            log = open(self.log_dir / f"{stage}-{len(self.procs)}.log", "ab")
-            self.procs.append(subprocess.Popen(
-                [sys.executable, __file__, "--worker", stage, "--concurrency", str(concurrency)],
-                env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
-            log.close()
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            proc.terminate()
-        for proc in self.procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
 def cpu_seconds(pids: list[int]) -> float:
     total = 0.0
     for pid in pids:
@@ -158,20 +135,21 @@ async def run_config(url: str, data_dir: Path, workers: int, args, server_url: s
            "ROLLSTREAM_DATA_DIR": str(data_dir), "PYTHONPATH": str(REPO)}
     log_dir = data_dir / f"logs-{workers}"
     log_dir.mkdir(parents=True, exist_ok=True)
-    pool = Workers(env, log_dir)
+    pool = WorkerPool(redis_url=url, namespace=ns, node="bench", data_dir=data_dir, env=env, log_dir=log_dir,
+                      program=[sys.executable, __file__, "--worker"])
     settings = Settings(redis_url=url, namespace=ns, node="bench", data_dir=data_dir)
     ideal = args.concurrency / (args.turns * args.latency_ms / 1000)
     n_jobs = max(100, int(ideal * workers * args.seconds))
     try:
-        pool.start("init", 1, 256)
-        pool.start("eval", 1, 256)
-        pool.start("run", workers, args.concurrency)
+        pool.start("init", concurrency=256)
+        pool.start("eval", concurrency=256)
+        pool.start("run", processes=workers, concurrency=args.concurrency)
         async with AsyncClient(settings=settings, validate_tasks=False) as client:
             while await client.r.zcard(client.keys.workers) < workers + 2:
                 await asyncio.sleep(0.1)
             sync_r = redis.Redis.from_url(url)
             calls0 = redis_calls(sync_r)
-            pids = [os.getpid(), *other_pids, *(p.pid for p in pool.procs)]
+            pids = [os.getpid(), *other_pids, *(p.pid for _stage, p in pool.procs)]
             psutil.cpu_percent(interval=None)
             own0, t0 = cpu_seconds(pids), time.perf_counter()
             jobs = [{"task": SimulatedLLMTask.name, "instance": {"url": server_url, "turns": args.turns}}

@@ -19,6 +19,9 @@ class WorkerPool:
     data_dir: Path | None = None
     env: dict[str, str] = field(default_factory=dict)
     log_dir: Path | None = None
+    # What serves a stage: run as PROGRAM STAGE --concurrency N. Benchmarks that register a
+    # task of their own in the worker process pass their own entry point.
+    program: list[str] = field(default_factory=lambda: [sys.executable, "-m", "rollstream", "worker"])
     procs: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
 
     def _env(self) -> dict[str, str]:
@@ -36,8 +39,7 @@ class WorkerPool:
             if self.log_dir:
                 self.log_dir.mkdir(parents=True, exist_ok=True)
                 out = open(self.log_dir / f"{stage}-{len(self.procs)}.log", "ab")
-            proc = subprocess.Popen([sys.executable, "-m", "rollstream", "worker", stage,
-                                     "--concurrency", str(concurrency)],
+            proc = subprocess.Popen([*self.program, stage, "--concurrency", str(concurrency)],
                                     env=self._env(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             if out is not subprocess.DEVNULL:
                 out.close()

@@ -57,33 +57,6 @@ def serve_worker(stage: str, concurrency: int) -> None:
     run_worker(stage, load_settings(), concurrency)
 
 
-class BenchPool:
-    """Init, run and eval workers as child processes of this program (see serve_worker)."""
-
-    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
-        self.env = {**os.environ, **env}
-        self.log_dir = log_dir
-        self.procs: list[subprocess.Popen] = []
-
-    def start(self, concurrency: int) -> None:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        for stage in ("init", "run", "eval"):
-            log = open(self.log_dir / f"{stage}.log", "ab")
-            self.procs.append(subprocess.Popen(
-                [sys.executable, __file__, "--worker", stage, "--concurrency", str(concurrency)],
-                env=self.env, stdout=log, stderr=subprocess.STDOUT))
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            proc.terminate()
-        for proc in self.procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
 # -- the trainer side --------------------------------------------------------------------------
 def step_timer():
     from transformers import TrainerCallback
@@ -136,15 +109,16 @@ def run_rollstream(args, model_dir: Path, redis_url: str, work: Path, instances:
     from rollstream.integrations.trl_weight_sync import WeightSyncCallback
     from rollstream.llm.server.app import start_server_process
     from rollstream.pipeline.balancer import add_backend
+    from rollstream.workers.pool import WorkerPool
 
     namespace = f"trl{uuid.uuid4().hex[:6]}"
     settings = Settings(redis_url=redis_url, namespace=namespace, data_dir=work / "data", node="bench")
-    pool = BenchPool({"REDIS_URL": redis_url, "ROLLSTREAM_NAMESPACE": namespace, "ROLLSTREAM_NODE": "bench",
-                      "ROLLSTREAM_DATA_DIR": str(work / "data"), "ROLLSTREAM_MODEL_DIR": str(model_dir),
-                      "ROLLSTREAM_SANDBOX_ROOT": str(work / "sb"), "ROLLSTREAM_READ_BLOCK_MS": "100",
-                      TOOL_MS_ENV: str(args.tool_ms)}, work / "logs")
+    pool = WorkerPool(redis_url=redis_url, namespace=namespace, node="bench", data_dir=work / "data",
+                      env={"ROLLSTREAM_MODEL_DIR": str(model_dir), "ROLLSTREAM_SANDBOX_ROOT": str(work / "sb"),
+                           "ROLLSTREAM_READ_BLOCK_MS": "100", TOOL_MS_ENV: str(args.tool_ms)},
+                      log_dir=work / "logs", program=[sys.executable, __file__, "--worker"])
     server, url = start_server_process(model_dir, device="cpu")
-    pool.start(concurrency=max(16, 2 * args.prompts * args.group))
+    pool.start_all(concurrency=max(16, 2 * args.prompts * args.group))
     rollout = RolloutFunc("arith", settings=settings, instances=instances,
                           sampling={"temperature": 1.0, "max_tokens": args.max_tokens},
                           agent={"max_turns": 2, "max_tokens_per_turn": args.max_tokens, "max_context_tokens": 1024},

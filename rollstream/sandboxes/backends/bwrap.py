@@ -122,6 +122,12 @@ class BwrapBackend:
             "--chdir", spec.workdir,
             "--clearenv",
         ]
+        if spec.image is None:
+            # An interpreter (a venv) under /tmp would vanish behind the private /tmp, and with
+            # it the kernel and the tests a task runs with the host's Python.
+            for prefix in sorted({sys.base_prefix, sys.prefix}):
+                if prefix.startswith("/tmp/"):
+                    args += ["--ro-bind", prefix, prefix]
         for key, value in env.items():
             args += ["--setenv", key, value]
         return args + ["--"]

@@ -80,6 +80,9 @@ def settings_env(s: Settings) -> dict[str, str]:
            "ROLLSTREAM_DATA_DIR": str(s.data_dir)}
     for k in FAST:
         env[f"ROLLSTREAM_{k.upper()}"] = str(getattr(s, k))
+    for k in ("model_dir", "sandbox_root"):  # where run workers find the tokenizer and sandboxes live
+        if getattr(s, k):
+            env[f"ROLLSTREAM_{k.upper()}"] = str(getattr(s, k))
     return env
 
 

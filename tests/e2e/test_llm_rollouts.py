@@ -34,8 +34,6 @@ async def test_arith_groups_roll_out_with_tools_in_sandboxes_and_token_exact_tra
         settings, worker_pool, arith_model_dir, arith_server, tmp_path):
     sandbox_root = tmp_path / "sb"
     pool = worker_pool(model_dir=arith_model_dir, sandbox_root=sandbox_root)
-    pool.env["ROLLSTREAM_MODEL_DIR"] = str(arith_model_dir)
-    pool.env["ROLLSTREAM_SANDBOX_ROOT"] = str(sandbox_root)
     async with AsyncClient(settings=settings) as client:
         await add_backend(client.r, arith_server, settings.namespace)
         pool.start_all(concurrency=8)

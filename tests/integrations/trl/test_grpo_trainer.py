@@ -83,8 +83,6 @@ def test_grpo_trainer_trains_on_rollstream_rollouts_with_tool_tokens_masked_and_
         settings, worker_pool, arith_model_dir, private_arith_server, tmp_path):
     sandbox_root = tmp_path / "sb"
     pool = worker_pool(model_dir=arith_model_dir, sandbox_root=sandbox_root)
-    pool.env["ROLLSTREAM_MODEL_DIR"] = str(arith_model_dir)
-    pool.env["ROLLSTREAM_SANDBOX_ROOT"] = str(sandbox_root)
     pool.start_all(concurrency=8)
 
     instances = arith.make_instances(PROMPTS * STEPS, seed=11)

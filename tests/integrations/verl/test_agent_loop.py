@@ -126,8 +126,6 @@ async def test_verl_runs_the_registered_rollstream_loop_and_gets_token_exact_out
         settings, worker_pool, arith_model_dir, arith_server, tmp_path):
     sandbox_root = tmp_path / "sb"
     pool = worker_pool(model_dir=arith_model_dir, sandbox_root=sandbox_root)
-    pool.env["ROLLSTREAM_MODEL_DIR"] = str(arith_model_dir)
-    pool.env["ROLLSTREAM_SANDBOX_ROOT"] = str(sandbox_root)
     config = _verl_config(arith_model_dir, _loop_yaml(tmp_path, settings))
     # verl's worker, built as AgentLoopManager builds it (minus the Ray actor wrapper):
     # it loads our YAML into the registry under "rollstream".
@@ -201,8 +199,6 @@ async def test_failed_rollstream_job_raises_or_becomes_an_empty_zero_reward_samp
         settings, worker_pool, arith_model_dir, arith_server, tmp_path):
     sandbox_root = tmp_path / "sb"
     pool = worker_pool(model_dir=arith_model_dir, sandbox_root=sandbox_root)
-    pool.env["ROLLSTREAM_MODEL_DIR"] = str(arith_model_dir)
-    pool.env["ROLLSTREAM_SANDBOX_ROOT"] = str(sandbox_root)
     config = _verl_config(arith_model_dir, _loop_yaml(tmp_path, settings))
     worker = AgentLoopWorker(config, llm_client=None)
 

@@ -121,12 +121,10 @@ def arith_model_dir() -> Path:
 @pytest.fixture(scope="session")
 def arith_server(arith_model_dir):
     """Base URL of a built-in server process serving the arith model."""
-    from rollstream.llm.server.app import start_server_process
+    from rollstream.llm.server import served_model
 
-    proc, url = start_server_process(arith_model_dir, device="cpu")
-    yield url
-    proc.terminate()
-    proc.wait(30)
+    with served_model(arith_model_dir, device="cpu") as url:
+        yield url
 
 
 @contextlib.contextmanager

@@ -209,16 +209,9 @@ class LocalCluster:
 
     def supervisors(self) -> list[psutil.Process]:
         """Live sandbox supervisors under this cluster's sandbox roots."""
-        root = str(self.cfg.data_dir / "sandboxes")
-        found = []
-        for proc in psutil.process_iter(["name", "cwd", "status"]):
-            try:
-                if proc.info["name"] == "rs-supervisor" and proc.info["status"] != psutil.STATUS_ZOMBIE \
-                        and (proc.info.get("cwd") or "").startswith(root):
-                    found.append(proc)
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue
-        return found
+        from rollstream.sandboxes import live_supervisors
+
+        return live_supervisors(self.cfg.data_dir / "sandboxes")
 
     def restart_redis(self) -> None:
         """A clean restart (SIGTERM flushes the AOF), on the same socket."""

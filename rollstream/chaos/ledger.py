@@ -31,9 +31,6 @@ class Ledger:
         if result.error:
             self.errors[result.job_id] = result.error
 
-    def outstanding(self) -> int:
-        return sum(1 for j in self.submitted if j not in self.received)
-
     def verdict(self, dead_letters: list[DeadLetter], max_deliveries: int) -> "Verdict":
         lost = [j for j in self.submitted if j not in self.received]
         doubled = [j for j, n in self.received.items() if n > 1]

@@ -8,7 +8,6 @@ import asyncio
 import logging
 import time
 import uuid
-from dataclasses import dataclass
 
 import httpx
 import redis
@@ -31,19 +30,8 @@ def echo_jobs(n: int, tag: str) -> list[dict]:
 def arith_jobs(n: int, tag: str, seed: int = 0) -> list[dict]:
     from rollstream.tasks import arith
 
-    return [{"job_id": f"{tag}-arith-{i}-{uuid.uuid4().hex[:6]}", "task": "arith", "instance": inst,
-             "sampling": {"temperature": 1.0, "max_tokens": 48},
-             "agent": {"max_turns": 3, "max_tokens_per_turn": 48, "max_context_tokens": 1024}}
+    return [arith.job(inst, job_id=f"{tag}-arith-{i}-{uuid.uuid4().hex[:6]}")
             for i, inst in enumerate(arith.make_instances(n, seed=seed))]
-
-
-@dataclass
-class LoadReport:
-    channel: str
-    submitted: int
-    received: int
-    retried_calls: int
-    elapsed_s: float
 
 
 class PythonLoad:
@@ -55,8 +43,7 @@ class PythonLoad:
         self.settings, self.ledger, self.submitter, self.chunk = settings, ledger, submitter, chunk
         self.retries = 0
 
-    async def run(self, jobs: list[dict], *, deadline: float, pace_s: float = 0.0) -> LoadReport:
-        t0 = time.monotonic()
+    async def run(self, jobs: list[dict], *, deadline: float, pace_s: float = 0.0) -> None:
         for job in jobs:
             self.ledger.expect(job["job_id"], self.channel)
         client = AsyncClient(settings=self.settings, submitter=self.submitter)
@@ -66,13 +53,12 @@ class PythonLoad:
                 await self._submit(client, jobs[start:start + self.chunk], deadline)
                 if pace_s:
                     await asyncio.sleep(pace_s)
-            received = await reader
+            await reader
         finally:
             try:
                 await client.close()
             except (redis.RedisError, OSError):
                 pass
-        return LoadReport(self.channel, len(jobs), received, self.retries, time.monotonic() - t0)
 
     async def _submit(self, client: AsyncClient, batch: list[dict], deadline: float) -> None:
         while True:
@@ -85,17 +71,14 @@ class PythonLoad:
                 self.retries += 1
                 await asyncio.sleep(RETRY_S)
 
-    async def _read(self, client: AsyncClient, mine: set[str], deadline: float) -> int:
-        seen = 0
+    async def _read(self, client: AsyncClient, mine: set[str], deadline: float) -> None:
         while any(self.ledger.received[j] == 0 for j in mine) and time.monotonic() < deadline:
             try:
                 async for result in client.results(timeout_s=2.0):
                     self.ledger.record(result)
-                    seen += 1
             except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, OSError):
                 self.retries += 1
                 await asyncio.sleep(RETRY_S)
-        return seen
 
 
 class HttpLoad:
@@ -109,8 +92,7 @@ class HttpLoad:
         self.headers = {"Authorization": f"Bearer {token}"}
         self.retries = 0
 
-    async def run(self, jobs: list[dict], *, deadline: float, pace_s: float = 0.0) -> LoadReport:
-        t0 = time.monotonic()
+    async def run(self, jobs: list[dict], *, deadline: float, pace_s: float = 0.0) -> None:
         jobs = [{**j, "submitter": self.submitter} for j in jobs]
         for job in jobs:
             self.ledger.expect(job["job_id"], self.channel)
@@ -120,8 +102,7 @@ class HttpLoad:
                 await self._call(http, "POST", "/v1/jobs/batch", deadline, json={"jobs": jobs[start:start + self.chunk]})
                 if pace_s:
                     await asyncio.sleep(pace_s)
-            received = await reader
-        return LoadReport(self.channel, len(jobs), received, self.retries, time.monotonic() - t0)
+            await reader
 
     async def _call(self, http: httpx.AsyncClient, method: str, path: str, deadline: float, **kw) -> httpx.Response:
         while True:
@@ -139,8 +120,8 @@ class HttpLoad:
             self.retries += 1
             await asyncio.sleep(RETRY_S)
 
-    async def _read(self, http: httpx.AsyncClient, mine: set[str], deadline: float) -> int:
-        seen, cursor = 0, None
+    async def _read(self, http: httpx.AsyncClient, mine: set[str], deadline: float) -> None:
+        cursor = None
         done_cursors: set[str] = set()
         while any(self.ledger.received[j] == 0 for j in mine) and time.monotonic() < deadline:
             params = {"wait_s": 2.0, "max": 500}
@@ -152,10 +133,8 @@ class HttpLoad:
             if page["cursor"] and page["cursor"] not in done_cursors:
                 for item in page["results"]:
                     self.ledger.record(Result.model_validate(item))
-                    seen += 1
                 done_cursors.add(page["cursor"])
             cursor = page["cursor"] or cursor
         if cursor:  # acknowledge the last page
             await self._call(http, "GET", f"/v1/results/{self.submitter}", deadline,
                              params={"wait_s": 0, "max": 1, "ack": cursor})
-        return seen

@@ -59,8 +59,7 @@ def train_briefly(url: str, namespace: str, model_dir: Path, root: Path, steps: 
     config = TrainConfig(
         model_dir=model_dir, task="arith", prompts_file=prompts, output_dir=root / "train", steps=steps, seed=seed,
         device="cpu", redis_url=url, namespace=namespace, submitter="demo-trainer", resume=False,
-        sampling={"temperature": 1.0, "max_tokens": 48},
-        agent={"max_turns": 3, "max_tokens_per_turn": 48, "max_context_tokens": 1024, "max_wall_time_s": 120},
+        sampling=arith.SMALL_MODEL_SAMPLING, agent={**arith.SMALL_MODEL_AGENT, "max_wall_time_s": 120},
         sampler={"groups_per_batch": 2, "group_size": 4, "result_timeout_s": 240},
         optim={"lr": 1e-5, "micro_batch_size": 8}, checkpoint_every_steps=steps, progress=True)
     return train(config)

@@ -20,6 +20,7 @@ _EXPORTS = {
     "destroy_sandbox": "lifecycle",
     "Reaper": "reaper",
     "become_subreaper": "reaper",
+    "live_supervisors": "reaper",
     "BashResult": "results",
     "IPythonResult": "results",
     "EditResult": "results",

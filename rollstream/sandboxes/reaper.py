@@ -92,6 +92,23 @@ def pid_alive(pid: int) -> bool:
     return False
 
 
+SUPERVISOR_NAME = "rs-supervisor"  # the process name the fork server gives each supervisor
+
+
+def live_supervisors(root_dir: str | os.PathLike) -> list[psutil.Process]:
+    """Live (not zombie) sandbox supervisors whose sandbox folder is under ``root_dir``."""
+    root = os.fspath(root_dir)
+    found = []
+    for proc in psutil.process_iter(["name", "cwd", "status"]):
+        try:
+            if proc.info["name"] == SUPERVISOR_NAME and proc.info["status"] != psutil.STATUS_ZOMBIE \
+                    and (proc.info.get("cwd") or "").startswith(root):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
 def supervisor_running(directory: str, pid: int | None) -> bool:
     """True when `pid` is alive and is the supervisor of `directory` (not a reused pid)."""
     if pid is None:

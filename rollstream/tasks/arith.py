@@ -61,6 +61,18 @@ def conversations(instances: list[dict], answer_copy_rate: float = 1.0, seed: in
     return out
 
 
+# Sampling and agent limits that suit the tiny local model (a bash call, a submit): short
+# turns keep CPU rollouts quick. Tests, the demo and the soak all use them.
+SMALL_MODEL_SAMPLING = {"temperature": 1.0, "max_tokens": 48}
+SMALL_MODEL_AGENT = {"max_turns": 3, "max_tokens_per_turn": 48, "max_context_tokens": 1024}
+
+
+def job(instance: dict, **fields: Any) -> dict:
+    """A job for ``instance`` with the small-model settings; ``fields`` add or override."""
+    return {"task": "arith", "instance": instance, "sampling": dict(SMALL_MODEL_SAMPLING),
+            "agent": dict(SMALL_MODEL_AGENT), **fields}
+
+
 def parse_int(answer: Any) -> int | None:
     if isinstance(answer, dict):
         answer = answer.get("answer")

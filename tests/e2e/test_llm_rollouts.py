@@ -6,28 +6,11 @@ from __future__ import annotations
 import asyncio
 
 import httpx
-import psutil
 
 from rollstream.client import AsyncClient
 from rollstream.pipeline.balancer import add_backend, list_backends
+from rollstream.sandboxes import live_supervisors
 from rollstream.tasks import arith
-
-
-def _arith_job(inst: dict) -> dict:
-    return {"task": "arith", "instance": inst, "sampling": {"temperature": 1.0, "max_tokens": 48},
-            "agent": {"max_turns": 3, "max_tokens_per_turn": 48, "max_context_tokens": 1024}}
-
-
-def _supervisors(sandbox_root) -> list[psutil.Process]:
-    """Live sandbox supervisors of this root (forked ones are named rs-supervisor and
-    run in their sandbox's folder)."""
-    found = []
-    for proc in psutil.process_iter(["name", "cwd", "status"]):
-        cwd = proc.info.get("cwd") or ""
-        if proc.info["status"] != psutil.STATUS_ZOMBIE and proc.info["name"] == "rs-supervisor" \
-                and cwd.startswith(str(sandbox_root)):
-            found.append(proc)
-    return found
 
 
 async def test_arith_groups_roll_out_with_tools_in_sandboxes_and_token_exact_trajectories(
@@ -39,7 +22,7 @@ async def test_arith_groups_roll_out_with_tools_in_sandboxes_and_token_exact_tra
         pool.start_all(concurrency=8)
         instances = arith.make_instances(3, seed=7)
         for inst in instances:
-            await client.submit_group(_arith_job(inst), 4)
+            await client.submit_group(arith.job(inst), 4)
         results = await client.collect(12, timeout_s=240)
         backends = await list_backends(client.r, settings.namespace)
     async with httpx.AsyncClient() as http:
@@ -60,4 +43,4 @@ async def test_arith_groups_roll_out_with_tools_in_sandboxes_and_token_exact_tra
     assert all(b.in_flight == 0 for b in backends)
     # Every sandbox was destroyed by eval: no supervisor process is left.
     await asyncio.sleep(0.5)
-    assert _supervisors(sandbox_root) == []
+    assert live_supervisors(sandbox_root) == []

@@ -283,3 +283,19 @@ def start_server_process(
         time.sleep(0.2)
     proc.kill()
     raise TimeoutError(f"model server did not answer /health within {startup_timeout_s}s; log {log.name}")
+
+
+@contextlib.contextmanager
+def served_model(model_dir: Path | str, **kwargs):
+    """``with served_model(dir) as base_url:`` a built-in server process for the block
+    (start_server_process's arguments), terminated after it."""
+    proc, base_url = start_server_process(model_dir, **kwargs)
+    try:
+        yield base_url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

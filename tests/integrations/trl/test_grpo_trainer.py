@@ -30,12 +30,10 @@ STEPS, PROMPTS, G = 3, 2, 4
 @pytest.fixture(scope="module")
 def private_arith_server(arith_model_dir):
     """A built-in server of our own: this test changes its weights, the session one is shared."""
-    from rollstream.llm.server.app import start_server_process
+    from rollstream.llm.server import served_model
 
-    proc, url = start_server_process(arith_model_dir, device="cpu")
-    yield url
-    proc.terminate()
-    proc.wait(30)
+    with served_model(arith_model_dir, device="cpu") as url:
+        yield url
 
 
 def answer_closeness(prompts, completions, instance, **kwargs) -> list[float]:

@@ -122,6 +122,15 @@ def _check_against_trajectory(out: AgentLoopOutput, result: Result, tokenizer) -
     _check_mask_is_on_observations(t, tokenizer)
 
 
+def _instantiate_loop(worker, config, **options) -> RollstreamAgentLoop:
+    """The registered loop, instantiated exactly as AgentLoopWorker._run_agent_loop does."""
+    return hydra.utils.instantiate(
+        config=_agent_loop_registry[AGENT_NAME], trainer_config=DictConfigWrap(config=config),
+        server_manager=None, tokenizer=worker.tokenizer, processor=worker.processor,
+        hf_model_type=worker.hf_model_type, dataset_cls=worker.dataset_cls,
+        data_config=DictConfigWrap(config.data), tools=ToolListWrap(worker.tools), **options)
+
+
 async def test_verl_runs_the_registered_rollstream_loop_and_gets_token_exact_outputs(
         settings, worker_pool, arith_model_dir, arith_server, tmp_path):
     sandbox_root = tmp_path / "sb"
@@ -141,11 +150,7 @@ async def test_verl_runs_the_registered_rollstream_loop_and_gets_token_exact_out
         # 1. run() on loops instantiated exactly as AgentLoopWorker._run_agent_loop does.
         instances = arith.make_instances(4, seed=11)
         uid = uuid.uuid4().hex
-        loops = [hydra.utils.instantiate(
-            config=_agent_loop_registry[AGENT_NAME], trainer_config=DictConfigWrap(config=config),
-            server_manager=None, tokenizer=worker.tokenizer, processor=worker.processor,
-            hf_model_type=worker.hf_model_type, dataset_cls=worker.dataset_cls,
-            data_config=DictConfigWrap(config.data), tools=ToolListWrap(worker.tools)) for _ in range(2)]
+        loops = [_instantiate_loop(worker, config) for _ in range(2)]
         assert all(isinstance(loop, RollstreamAgentLoop) for loop in loops)
         outputs = await asyncio.gather(*[loop.run(dict(SAMPLING), **_row_kwargs(instances[0], 0, uid))
                                          for loop in loops])
@@ -203,11 +208,7 @@ async def test_failed_rollstream_job_raises_or_becomes_an_empty_zero_reward_samp
     worker = AgentLoopWorker(config, llm_client=None)
 
     def make_loop(**options) -> RollstreamAgentLoop:
-        return hydra.utils.instantiate(
-            config=_agent_loop_registry[AGENT_NAME], trainer_config=DictConfigWrap(config=config),
-            server_manager=None, tokenizer=worker.tokenizer, processor=worker.processor,
-            hf_model_type=worker.hf_model_type, dataset_cls=worker.dataset_cls,
-            data_config=DictConfigWrap(config.data), tools=ToolListWrap(worker.tools), **options)
+        return _instantiate_loop(worker, config, **options)
 
     # A sandbox that cannot start: init fails on every delivery and the job fails.
     row = _row_kwargs({"a": 2, "op": "+", "b": 3}, 0, uid="bad")

@@ -164,21 +164,14 @@ class AsyncClient:
                 if left_ms <= 0:
                     return
                 block_ms = max(1, min(left_ms, MAX_BLOCK_MS))
-            try:
-                resp = await self._read("0" if backlog else ">", batch, block_ms)
-            except (redis.ConnectionError, redis.TimeoutError, OSError):
-                # The lost reply may have delivered results to this consumer: the next
-                # call reads this consumer's pending entries again before new ones.
-                self._backlog_done = False
-                raise
+            resp = await self._read("0" if backlog else ">", batch, block_ms)
             raise_if_cancelled()
             entries = resp[0][1] if resp else []
             if backlog:
                 backlog = False
                 resp = await self.r.xautoclaim(self._results_stream, RESULTS_GROUP, self._consumer, 0,
                                                start_id="0-0", count=batch)
-                owed = set(self._to_ack)  # yielded already, only the acknowledgement is owed
-                entries = [(m, f) for m, f in [*entries, *resp[1]] if f and m not in owed]
+                entries = list(entries) + [(m, f) for m, f in resp[1] if f]
                 if not entries:
                     continue
             if not entries:

@@ -60,13 +60,14 @@ async def create_sandbox(
     plan.created_at = time.time()
     with open(layout.plan_path, "w") as handle:
         json.dump(plan.to_json_dict(), handle)
+    starting = asyncio.ensure_future(_start_supervisor(layout, sandbox_id, ready_timeout_s))
     try:
-        line = await forkserver.spawn_supervisor(
-            os.path.dirname(layout.dir), layout.plan_path, layout.log_path, layout.dir, ready_timeout_s
-        )
-    except forkserver.ForkServerUnavailable as error:
-        log.warning("%s; starting the supervisor of sandbox %s directly (slower)", error, sandbox_id)
-        line = await forkserver.spawn_direct(layout.plan_path, layout.log_path, layout.dir, ready_timeout_s)
+        line = await asyncio.shield(starting)
+    except asyncio.CancelledError:
+        # The caller was cancelled (its job was) while the supervisor started: let the start
+        # finish, so its pid is known, then take the half-made sandbox down before giving up.
+        await _shielded(_discard_started(starting, layout.dir))
+        raise
     if not line.startswith("ok "):
         reaper.teardown(layout.dir)
         detail = line[len("error ") :] if line.startswith("error ") else "it exited before reporting ready"
@@ -86,9 +87,40 @@ async def create_sandbox(
         try:
             await _prepare(handle, spec)
         except BaseException:
-            await destroy_sandbox(handle)
+            await _shielded(destroy_sandbox(handle))
             raise
     return handle
+
+
+async def _start_supervisor(layout: SandboxLayout, sandbox_id: str, ready_timeout_s: float) -> str:
+    try:
+        return await forkserver.spawn_supervisor(
+            os.path.dirname(layout.dir), layout.plan_path, layout.log_path, layout.dir, ready_timeout_s
+        )
+    except forkserver.ForkServerUnavailable as error:
+        log.warning("%s; starting the supervisor of sandbox %s directly (slower)", error, sandbox_id)
+        return await forkserver.spawn_direct(layout.plan_path, layout.log_path, layout.dir, ready_timeout_s)
+
+
+async def _discard_started(starting: asyncio.Future, directory: str) -> None:
+    try:
+        line = await starting
+    except Exception:
+        line = ""
+    pid = int(line.split()[1]) if line.startswith("ok ") else None
+    await asyncio.to_thread(reaper.teardown, directory, pid)
+
+
+async def _shielded(cleanup) -> None:
+    """Run a cleanup to its end even if the caller is cancelled again meanwhile (it then
+    finishes in the background)."""
+    task = asyncio.ensure_future(cleanup)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        if not task.done():
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        raise
 
 
 async def _prepare(handle: SandboxHandle, spec: SandboxSpec) -> None:

@@ -61,6 +61,20 @@ async def test_failing_setup_command_raises_and_leaves_nothing(root_dir):
 
 
 @needs_bwrap
+@pytest.mark.parametrize("after_s", [0.0, 0.005, 0.02, 0.05])
+async def test_cancelled_while_starting_leaves_nothing(root_dir, after_s):
+    """A job cancelled during init cancels its create_sandbox mid-start: the supervisor
+    that was being started is taken down with its folder, not left running."""
+    creating = asyncio.ensure_future(create_sandbox(SandboxSpec(), sandbox_id="halfmade", root_dir=root_dir))
+    await asyncio.sleep(after_s)
+    creating.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await creating
+    assert [name for name in os.listdir(root_dir) if not name.startswith(".forkserver")] == []
+    assert processes_mentioning(os.path.join(root_dir, "halfmade")) == []
+
+
+@needs_bwrap
 async def test_handle_travels_as_a_dict_and_destroy_is_idempotent(root_dir):
     handle = await create_sandbox(SandboxSpec(), sandbox_id="travel", root_dir=root_dir)
     rebuilt = SandboxHandle.model_validate(json.loads(json.dumps(handle.model_dump())))

@@ -48,6 +48,9 @@ class AsyncClient:
         self._consumer = f"c-{uuid.uuid4().hex[:8]}"
         self._group_ready = False
         self._backlog_done = False  # unacknowledged results of an earlier consumer: re-read once
+        # A read whose reply was lost with its connection may have delivered results to this
+        # consumer: they sit in its pending list, and the next read takes them from there.
+        self._reread_own = False
         self._to_ack: list[bytes] = []
         # Lean connections for the two calls on a job's critical path: submit, and the
         # blocking result read (its own, since a blocking read holds its connection).
@@ -153,8 +156,9 @@ class AsyncClient:
         (None waits forever) or after ``max_results``."""
         await self._ensure_results_group()
         yielded = 0
-        backlog = not self._backlog_done
-        self._backlog_done = True
+        claim_others = not self._backlog_done
+        backlog = claim_others or self._reread_own
+        self._backlog_done, self._reread_own = True, False
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while max_results is None or yielded < max_results:
             if backlog:
@@ -164,14 +168,21 @@ class AsyncClient:
                 if left_ms <= 0:
                     return
                 block_ms = max(1, min(left_ms, MAX_BLOCK_MS))
-            resp = await self._read("0" if backlog else ">", batch, block_ms)
+            try:
+                resp = await self._read("0" if backlog else ">", batch, block_ms)
+            except (redis.ConnectionError, redis.TimeoutError, OSError):
+                self._reread_own = True
+                raise
             raise_if_cancelled()
             entries = resp[0][1] if resp else []
             if backlog:
                 backlog = False
-                resp = await self.r.xautoclaim(self._results_stream, RESULTS_GROUP, self._consumer, 0,
-                                               start_id="0-0", count=batch)
-                entries = list(entries) + [(m, f) for m, f in resp[1] if f]
+                if claim_others:
+                    claim_others = False
+                    resp = await self.r.xautoclaim(self._results_stream, RESULTS_GROUP, self._consumer, 0,
+                                                   start_id="0-0", count=batch)
+                    entries = [*entries, *resp[1]]
+                entries = [(m, f) for m, f in entries if f]  # deleted after delivery: acknowledged already
                 if not entries:
                     continue
             if not entries:

@@ -135,10 +135,12 @@ def create_app(settings: Settings, *, token: str | None = None) -> FastAPI:
 
     @app.get("/v1/results/{submitter}", response_model=ResultsPage, dependencies=guarded, tags=["results"])
     async def results(submitter: str = Path(..., pattern=SUBMITTER),
-                      ack: str | None = Query(None, pattern=r"^\d+-\d+$", description="Cursor of the previous page."),
+                      ack: str | None = Query(None, pattern=r"^[0-9]{1,20}-[0-9]{1,20}$", description="Cursor of the previous page."),
                       wait_s: float = Query(min(10.0, settings.api_max_wait_s), ge=0, le=settings.api_max_wait_s), max: int = Query(100, ge=1, le=1000)) -> ResultsPage:
         """Long-poll: results not yet acknowledged, waiting up to wait_s for the first one.
         Results stay deliverable until acknowledged by passing their page's cursor."""
+        if ack is not None and any(int(part) >= 2**64 for part in ack.split("-")):
+            raise HTTPException(422, detail=f"ack={ack} is not a cursor: pass back the 'cursor' of the previous page")
         items, cursor = await state["results"].page(submitter, ack=ack, wait_s=wait_s, count=max)
         return ResultsPage(results=items, cursor=cursor)
 

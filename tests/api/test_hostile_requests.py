@@ -51,3 +51,15 @@ async def test_hostile_bodies_get_clear_errors_and_good_jobs_still_complete(api_
     assert all(got[j]["status"] == "completed" for j in expected)
     assert got["nul"]["trajectory"]["response_text"] == "a\u0000b"
     assert status["dead_letters"] == 0
+
+
+async def test_results_cursor_that_redis_cannot_parse_is_a_422(api_server, auth):
+    """The fuzzer's find: an ack cursor of digits beyond 64 bits (or non-ASCII digits) got
+    past the pattern and made Redis answer 'Invalid stream ID', a 500."""
+    async with httpx.AsyncClient(base_url=api_server, headers=auth, timeout=30) as http:
+        for cursor in ("18446744073709551616-0", "0-99999999999999999999", "\u0663-0", "1" * 21 + "-0"):
+            page = await http.get("/v1/results/h", params={"ack": cursor, "wait_s": 0})
+            assert page.status_code == 422, (cursor, page.status_code, page.text)
+        largest = await http.get("/v1/results/h", params={"ack": "18446744073709551615-18446744073709551615",
+                                                          "wait_s": 0})
+        assert largest.status_code == 200, largest.text

@@ -14,17 +14,11 @@ from rollstream.pipeline.keys import Keys
 BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
 
 
-def _bucket(value_s: float) -> str:
+def bucket(value_s: float) -> str:
+    """The bucket field an observation counts in (the hand-off script adds it, with sum and
+    count, atomically with the job's result)."""
     i = bisect.bisect_left(BUCKETS_S, value_s)
     return repr(BUCKETS_S[i]) if i < len(BUCKETS_S) else "+Inf"
-
-
-def observe(pipe, key: str, values_s: list[float]) -> None:
-    """Queue the observations on a pipeline (no round trip of its own)."""
-    for value in values_s:
-        pipe.hincrby(key, _bucket(value), 1)
-        pipe.hincrbyfloat(key, "sum", value)
-        pipe.hincrby(key, "count", 1)
 
 
 async def read(r: aioredis.Redis, key: str) -> dict[str, float]:

@@ -1,4 +1,4 @@
-"""The built-in ``echo`` task: exercises every stage without an LLM. Init makes a work
+"""The built-in ``echo`` task: exercises every stage without an LLM. Init makes an empty work
 folder, run echoes the prompt back as the response, eval scores exact match against
 ``expected`` (default: the prompt). Optional knobs let tests and benchmarks give a stage
 a duration or make it fail: ``init_s``, ``run_s``, ``eval_s``, ``fail_in``."""
@@ -6,6 +6,7 @@ a duration or make it fail: ``init_s``, ``run_s``, ``eval_s``, ``fail_in``."""
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 
 from rollstream.errors import InvalidJob, JobFailed
@@ -41,10 +42,16 @@ class EchoTask(Task):
             raise JobFailed(f"echo was asked to fail in {stage} (attempt {env.attempt})")
 
     async def setup(self, env: Envelope, ctx: TaskContext) -> None:
-        workdir = ctx.work_dir / env.job.job_id
-        workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / "prompt.txt").write_text(env.job.instance["prompt"])
-        env.state["workdir"] = str(workdir)
+        # An empty folder, made and removed with one syscall each: echo measures the
+        # broker, and file I/O here would sit on every job's critical path.
+        workdir = os.path.join(ctx.work_dir, env.job.job_id)
+        try:
+            os.mkdir(workdir)
+        except FileExistsError:  # a retried attempt on this node
+            pass
+        except FileNotFoundError:  # the node's work folder is not there (yet)
+            os.makedirs(workdir, exist_ok=True)
+        env.state["workdir"] = workdir
         await self._maybe_fail_or_wait(env, "init")
 
     async def rollout(self, env: Envelope, ctx: TaskContext) -> Trajectory:
@@ -62,4 +69,9 @@ class EchoTask(Task):
     async def teardown(self, env: Envelope, ctx: TaskContext) -> None:
         workdir = env.state.get("workdir")
         if workdir:
-            shutil.rmtree(workdir, ignore_errors=True)
+            try:
+                os.rmdir(workdir)
+            except FileNotFoundError:  # gone already: teardown is idempotent
+                pass
+            except OSError:  # not empty (something was put there): remove it whole
+                shutil.rmtree(workdir, ignore_errors=True)

@@ -1,8 +1,9 @@
 """The consumer loop every stage worker runs: read its stream through a consumer group,
 keep N jobs in flight, keep them fresh with heartbeats, reclaim what dead workers left,
 follow cancellations, and hand each job on through ``pipeline.handoff``. A stage hop costs
-one wake-up and one awaited round trip (the hand-off script); everything else (the
-"running" mark, latency histograms) is sent off the critical path."""
+one wake-up and one awaited round trip (the hand-off script, which also carries a finished
+job's latency histograms); the "running" mark is sent off the critical path, and only for
+jobs still at work after ``MARK_RUNNING_AFTER_S``."""
 
 from __future__ import annotations
 
@@ -21,12 +22,21 @@ from rollstream.pipeline import cancel, histograms
 from rollstream.pipeline.codec import DecodeError, decode_envelope, fields_payload
 from rollstream.pipeline.connection import SOCKET_TIMEOUT_S, raise_if_cancelled
 from rollstream.pipeline.groups import ensure_group
-from rollstream.pipeline.handoff import SandboxCount, Source
+from rollstream.pipeline.handoff import SandboxCount, Source, sandbox_of
 from rollstream.pipeline.jobstate import RunningMarks
 from rollstream.pipeline.wire import FastRedis, stream_entries
 from rollstream.workers.stage import Forward, Stage, WorkerContext, ended_result
 
 log = logging.getLogger(__name__)
+
+# A job still in its stage after this long is marked "running" in its state hash. Shorter
+# stage work never needs the mark (its hand-off writes the stage's start time and worker),
+# which spares a Redis script call per stage and job; observers see the mark this late.
+MARK_RUNNING_AFTER_S = 0.02
+# Init's back-pressure reads the node's live-sandbox count at most this often (counting its
+# own forwards in between) instead of once per read: a job-at-a-time stream would pay a
+# round trip per job. Other init processes' new sandboxes show up this late at most.
+LIVE_SANDBOXES_MAX_AGE_S = 0.05
 
 
 def _id(raw) -> str:
@@ -63,10 +73,12 @@ class ConsumerLoop:
         self.processed = 0
         self.book = cancel.CancelBook(ttl_s=self.s.job_state_ttl_s)
         self.marks = RunningMarks(self.r, ctx.keys)
+        self._unmarked: dict[str, tuple[str, str, dict]] = {}  # msg_id -> "running" mark not yet sent
+        self._mark_timer: asyncio.TimerHandle | None = None
         self._side_tasks: set[asyncio.Task] = set()  # sent without awaiting; kept from GC
-        self._observations: list[tuple[str, float]] = []  # latency samples not yet in Redis
-        self._flushing = False
         self._reader = FastRedis.from_client(self.r)  # the wake-up read, on its own connection
+        self._live_sandboxes = 0  # the node's live-sandbox count (init), read at _live_read_at
+        self._live_read_at = float("-inf")
 
     # -- lifecycle ---------------------------------------------------------------------
     def stop(self) -> None:
@@ -105,11 +117,9 @@ class ConsumerLoop:
             await self._drain()
             for task in background:
                 task.cancel()
+            if self._mark_timer is not None:
+                self._mark_timer.cancel()
             await asyncio.gather(*background, *self._side_tasks, return_exceptions=True)
-            try:
-                await self._flush_latencies()
-            except (redis.RedisError, OSError) as exc:
-                log.warning("%s: latency samples lost at shutdown: %s", self.consumer, exc)
             await self._deregister()
             if self._reader is not None:
                 await self._reader.close()
@@ -134,9 +144,14 @@ class ConsumerLoop:
         if self.stage.name == "init" and free > 0:
             # Back-pressure: pull only while the node has sandbox slots (those of jobs on
             # its run and eval streams, plus what this process is creating).
-            key = self.ctx.keys.node_sandboxes(self.ctx.node)
-            live = await (self._reader.execute("SCARD", key) if self._reader else self.r.scard(key))
-            free = min(free, self.s.max_sandboxes_per_node - live - len(self.inflight))
+            now = time.monotonic()
+            if now - self._live_read_at > LIVE_SANDBOXES_MAX_AGE_S or self._live_sandboxes + len(
+                    self.inflight) >= self.s.max_sandboxes_per_node:  # full by the old count: look again
+                key = self.ctx.keys.node_sandboxes(self.ctx.node)
+                self._live_sandboxes = await (self._reader.execute("SCARD", key) if self._reader
+                                              else self.r.scard(key))
+                self._live_read_at = now
+            free = min(free, self.s.max_sandboxes_per_node - self._live_sandboxes - len(self.inflight))
         return free
 
     async def _read_loop(self) -> None:
@@ -182,11 +197,12 @@ class ConsumerLoop:
     def _admit(self, entries: list[tuple[str, dict, int]]) -> None:
         """Start a batch of messages, each as its own task, with no round trip: the
         cancellation check reads the in-memory book (the hand-off script re-checks the
-        flags), and the "running" marks of the batch go out afterwards in one pipeline that
-        nobody waits for. Messages stay pending with us until their hand-off."""
+        flags), and the "running" marks of those still at work ``MARK_RUNNING_AFTER_S``
+        later go out in one pipeline that nobody waits for. Messages stay pending with us
+        until their hand-off."""
         started = time.time()
         stage = self.stage.name
-        marks: list[tuple[str, str, dict]] = []
+        marks = self._unmarked
         for msg_id, fields, deliveries in entries:
             if msg_id in self.inflight:
                 continue
@@ -196,11 +212,18 @@ class ConsumerLoop:
             except (DecodeError, ValidationError) as exc:
                 self._track(msg_id, None, self._guard(None, self._undecodable(src, fields, exc)))
                 continue
+            marks[msg_id] = (env.job.job_id, msg_id, {"stage": stage, "status": "running", "worker": self.consumer,
+                                                      "node": self.ctx.node, f"{stage}_started_at": started})
             self._track(msg_id, env, self._guard(env, self._run_job(src, env, deliveries)))
-            marks.append((env.job.job_id, msg_id, {"stage": stage, "status": "running", "worker": self.consumer,
-                                                   "node": self.ctx.node, f"{stage}_started_at": started}))
-        if marks:
-            self._side(self.marks.mark(marks), "marking jobs running")
+        if marks and self._mark_timer is None:
+            self._mark_timer = asyncio.get_running_loop().call_later(MARK_RUNNING_AFTER_S, self._send_marks)
+
+    def _send_marks(self) -> None:
+        """Mark "running" the jobs admitted before now that are still at work (one batch)."""
+        self._mark_timer = None
+        if self._unmarked:
+            batch, self._unmarked = list(self._unmarked.values()), {}
+            self._side(self.marks.mark(batch), "marking jobs running")
 
     def _side(self, coro, what: str) -> None:
         """Run ``coro`` without waiting for it; a failure is logged, never raised."""
@@ -222,6 +245,9 @@ class ConsumerLoop:
     def _done(self, msg_id: str) -> None:
         self.inflight.pop(msg_id, None)
         self._cancel_reasons.pop(msg_id, None)
+        if self._unmarked.pop(msg_id, None) is not None and not self._unmarked and self._mark_timer is not None:
+            self._mark_timer.cancel()  # every job of the batch left in time: no mark at all
+            self._mark_timer = None
         self.processed += 1
         self._slot_freed.set()
 
@@ -281,12 +307,14 @@ class ConsumerLoop:
                 moved = await self.ctx.handoff.forward(src, env, to_stream, outcome.stage)
             except JobCancelled as exc:  # cancelled while this stage worked: it goes no further
                 return await self._end(src, env, "cancelled", str(exc))
+            if moved and stage == "init" and sandbox_of(env):
+                self._live_sandboxes += 1  # the move counted it on the node (see _free_slots)
         else:
             outcome.timings_s = env.timings_s
-            # Eval tore the sandbox down; it stops counting in the same script.
-            moved = await self.ctx.handoff.finish(src, outcome, count=self.ctx.handoff.sandbox_gone(env))
-            if moved:
-                self._record_latencies(outcome)
+            # Eval tore the sandbox down; it stops counting in the same script, and the job's
+            # latencies join the histograms in it too.
+            moved = await self.ctx.handoff.finish(src, outcome, count=self.ctx.handoff.sandbox_gone(env),
+                                                  observations=self._latencies(outcome))
         if not moved:
             log.warning("job %s: %s finished after another worker reclaimed it; dropped this copy",
                         job.job_id, stage)
@@ -295,31 +323,16 @@ class ConsumerLoop:
         """For tasks that check between steps (the agent loop between turns)."""
         return self.book.reason(job) or await cancel.check(self.r, self.ctx.keys, job)
 
-    def _record_latencies(self, result: Result) -> None:
-        """Stage durations and tool-call latencies for the shared histograms (/metrics),
-        written right after the result but without waiting for it; samples that come in
-        while a write is under way go together in the next one."""
-        keys = self.ctx.keys
-        for stage in ("init", "run", "eval"):
-            if f"{stage}_s" in result.timings_s:
-                self._observations.append((histograms.stage_key(keys, stage), result.timings_s[f"{stage}_s"]))
+    def _latencies(self, result: Result) -> list[tuple[str, float]]:
+        """Stage durations and tool-call latencies for the shared histograms (/metrics), as
+        (histogram key, seconds): the hand-off that delivers the result adds them."""
+        keys, timings = self.ctx.keys, result.timings_s
+        out = [(histograms.stage_key(keys, stage), timings[f"{stage}_s"])
+               for stage in ("init", "run", "eval") if f"{stage}_s" in timings]
         for call in result.trajectory.tool_calls if result.trajectory else []:
             if call.duration_ms > 0:
-                self._observations.append((histograms.tool_key(keys, call.name), call.duration_ms / 1000))
-        if not self._flushing:
-            self._flushing = True
-            self._side(self._flush_latencies(), "writing latency histograms")
-
-    async def _flush_latencies(self) -> None:
-        try:
-            while self._observations:
-                batch, self._observations = self._observations, []
-                async with self.r.pipeline(transaction=False) as pipe:
-                    for key, value in batch:
-                        histograms.observe(pipe, key, [value])
-                    await pipe.execute()
-        finally:
-            self._flushing = False
+                out.append((histograms.tool_key(keys, call.name), call.duration_ms / 1000))
+        return out
 
     async def _release(self, env: Envelope) -> SandboxCount | None:
         """Tear down what the job holds on this node; returns the sandbox count change for

@@ -3,9 +3,11 @@ outcomes a stage returns, and the per-process context (Redis, names, services)."
 
 from __future__ import annotations
 
+import functools
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -38,10 +40,15 @@ class WorkerContext:
         return self.settings.node
 
     def task_context(self, cancelled=None) -> TaskContext:
-        ctx = TaskContext(node=self.node, work_dir=self.settings.data_dir / "work", services=self.services)
+        ctx = TaskContext(node=self.settings.node, work_dir=self.work_dir, services=self.services)
         if cancelled is not None:
             ctx.cancelled = cancelled
         return ctx
+
+    @functools.cached_property
+    def work_dir(self) -> Path:
+        """The node's folder for task work (made by the worker process at start)."""
+        return self.settings.data_dir / "work"
 
 
 def completed_result(env: Envelope, reward: float) -> Result:

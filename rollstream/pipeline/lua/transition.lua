@@ -6,14 +6,16 @@
 -- KEYS[1] source stream   KEYS[2] job state hash   KEYS[3] stats hash
 -- KEYS[4] the node's sandbox set (touched only when ARGV[6] names an operation)
 -- KEYS[5..7] the job's cancellation flags: job, group, submitter (read only when ARGV[8] ~= '')
--- KEYS[8..] destinations
+-- KEYS[8 .. 7+d] destinations   KEYS[8+d ..] latency histogram hashes, one per observation
 -- ARGV[1] consumer group  ARGV[2] message id       ARGV[3] consumer that must own the message
 --         ('' to skip the check)                   ARGV[4] state TTL in seconds (0 = none)
 -- ARGV[5] stats field to increment ('' = none)     ARGV[6] 'SADD', 'SREM' or '' on KEYS[4]
 -- ARGV[7] the sandbox id for ARGV[6]               ARGV[8] the job's submitted_at: refuse to
 --         move a cancelled job ('' = no check)      ARGV[9] '1' when the job is in a group
--- ARGV[10] n = number of state field pairs         ARGV[11 .. 10+2n] state fields and values,
--- then for each destination: maxlen (0 = none), payload.
+-- ARGV[10] n = number of state field pairs         ARGV[11] d = number of destinations
+-- ARGV[12 .. 11+2n] state fields and values, then for each destination: maxlen (0 = none),
+-- payload; then for each histogram observation: bucket field, value in seconds (the
+-- stage durations of a finished job go in with its result, so /metrics never lags results).
 -- Returns 1 when moved; 0 when this consumer no longer owns the message (stale delivery);
 -- 2, 3 or 4 when the job was cancelled (by job, group or submitter) and nothing moved: the
 -- message stays pending with the caller, who ends the job.
@@ -44,9 +46,10 @@ redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 redis.call('XDEL', KEYS[1], ARGV[2])
 
 local n = tonumber(ARGV[10])
+local d = tonumber(ARGV[11])
 local first_id = nil
-local dest_at = 11 + 2 * n
-for k = 8, #KEYS do
+local dest_at = 12 + 2 * n
+for k = 8, 7 + d do
   local maxlen = tonumber(ARGV[dest_at])
   local payload = ARGV[dest_at + 1]
   dest_at = dest_at + 2
@@ -62,7 +65,7 @@ end
 if n > 0 then
   local fields = {}
   for j = 0, 2 * n - 1 do
-    fields[j + 1] = ARGV[11 + j]
+    fields[j + 1] = ARGV[12 + j]
   end
   fields[2 * n + 1] = 'msg_id'
   fields[2 * n + 2] = first_id or ''
@@ -73,6 +76,12 @@ if tonumber(ARGV[4]) > 0 then
 end
 if ARGV[5] ~= '' then
   redis.call('HINCRBY', KEYS[3], ARGV[5], 1)
+end
+for k = 8 + d, #KEYS do
+  redis.call('HINCRBY', KEYS[k], ARGV[dest_at], 1)
+  redis.call('HINCRBYFLOAT', KEYS[k], 'sum', ARGV[dest_at + 1])
+  redis.call('HINCRBY', KEYS[k], 'count', 1)
+  dest_at = dest_at + 2
 end
 if ARGV[6] == 'SADD' then
   redis.call('SADD', KEYS[4], ARGV[7])

@@ -1,0 +1,147 @@
+"""What the lean per-job path must still guarantee: a finished job's latencies are in the
+histograms by the time its result arrives (they travel in the same hand-off), a job long at
+work is marked "running" while short ones keep their timings without the mark, echo leaves
+no work folder behind, init's back-pressure holds the node's sandbox limit with a cached
+count, and the lean connection fails every caller when Redis drops it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import redis
+
+from rollstream.client import AsyncClient
+from rollstream.messages import Envelope
+from rollstream.pipeline import histograms
+from rollstream.pipeline.connection import async_redis
+from rollstream.pipeline.keys import Keys
+from rollstream.pipeline.wire import FastRedis
+from rollstream.tasks.base import TaskContext
+from rollstream.tasks.echo import EchoTask
+from rollstream.tasks.registry import register_task
+from rollstream.workers.process import serve_stage
+
+
+async def _serve_all(settings, concurrency=64):
+    tasks = [asyncio.create_task(serve_stage(stage, settings, concurrency)) for stage in ("init", "run", "eval")]
+    r = async_redis(settings.redis_url)
+    try:
+        deadline = time.monotonic() + 30
+        while await r.zcard(Keys(settings.namespace).workers) < 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+    finally:
+        await r.aclose()
+    return tasks
+
+
+async def _stop(tasks):
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_histograms_count_every_result_on_arrival_and_echo_leaves_no_workdir(settings):
+    tasks = await _serve_all(settings)
+    try:
+        async with AsyncClient(settings=settings) as client:
+            await client.submit_many([{"task": "echo", "instance": {"prompt": f"p{i}"}} for i in range(30)])
+            results = await client.collect(30, timeout_s=30)
+            # No waiting: the hand-off that delivered each result added its latencies.
+            counts = {stage: (await histograms.read(client.r, histograms.stage_key(client.keys, stage))).get("count")
+                      for stage in ("init", "run", "eval")}
+    finally:
+        await _stop(tasks)
+    assert all(r.status == "completed" for r in results)
+    assert counts == {"init": 30.0, "run": 30.0, "eval": 30.0}
+    assert list((settings.data_dir / "work").iterdir()) == []
+
+
+async def test_a_job_long_at_work_is_marked_running_and_every_stage_keeps_its_timings(settings, wait_for_state):
+    tasks = await _serve_all(settings)
+    try:
+        async with AsyncClient(settings=settings) as client:
+            slow = await client.submit({"task": "echo", "instance": {"prompt": "s", "run_s": 1.0}})
+            running = await wait_for_state(client, slow, lambda s: s.stage == "run" and s.status == "running",
+                                           timeout_s=10)
+            fast = await client.submit({"task": "echo", "instance": {"prompt": "f"}})
+            results = {r.job_id: r for r in await client.collect(2, timeout_s=30)}
+            states = {job_id: await client.status(job_id) for job_id in (slow, fast)}
+    finally:
+        await _stop(tasks)
+    assert running.worker and running.node == settings.node
+    for job_id, state in states.items():
+        assert (state.stage, state.status) == ("done", "completed"), job_id
+        assert {"init_started_at", "run_started_at", "eval_started_at"} <= set(state.timings), job_id
+        assert state.worker  # the last stage's worker, written by its hand-off
+        assert {"init_s", "run_s", "eval_s"} <= set(results[job_id].timings_s)
+
+
+@register_task
+class _SandboxedEcho(EchoTask):
+    """Echo whose jobs hold a (pretend) sandbox from init to eval, so that init's
+    back-pressure on the node's live-sandbox set applies."""
+
+    name = "test-sandboxed-echo"
+
+    async def setup(self, env: Envelope, ctx: TaskContext) -> None:
+        await super().setup(env, ctx)
+        env.sandbox = {"id": f"sbx-{env.job.job_id}"}
+
+
+async def test_init_back_pressure_holds_the_node_sandbox_limit(settings):
+    limited = settings.model_copy(update={"max_sandboxes_per_node": 3})
+    tasks = await _serve_all(limited, concurrency=16)
+    peak = 0
+    try:
+        async with AsyncClient(settings=limited) as client:
+            key = client.keys.node_sandboxes(limited.node)
+            await client.submit_many([{"task": "test-sandboxed-echo", "instance": {"prompt": f"p{i}", "run_s": 0.3}}
+                                      for i in range(9)])
+            collected = asyncio.create_task(client.collect(9, timeout_s=60))
+            while not collected.done():
+                peak = max(peak, await client.r.scard(key))
+                await asyncio.sleep(0.01)
+            results = collected.result()
+            left = await client.r.scard(key)
+    finally:
+        await _stop(tasks)
+    assert all(r.status == "completed" for r in results)
+    assert 1 <= peak <= 3 and left == 0
+
+
+async def test_the_lean_connection_fails_every_waiting_caller_when_redis_drops_it(redis_url, namespace):
+    r = async_redis(redis_url)
+    fast = FastRedis.from_client(r)
+    try:
+        assert await fast.execute("PING") == b"PONG"
+        waiting = [asyncio.create_task(fast.execute("BLPOP", f"{namespace}:never", 5)) for _ in range(3)]
+        await asyncio.sleep(0.1)
+        await r.client_kill_filter(skipme=False, _type="normal")
+        outcomes = await asyncio.wait_for(asyncio.gather(*waiting, return_exceptions=True), 5)
+        assert all(isinstance(o, redis.ConnectionError) for o in outcomes)
+        # The loss was noticed (every caller failed), so the next call connects afresh.
+        assert await fast.execute("PING") == b"PONG"
+    finally:
+        await fast.close()
+        await r.aclose()
+
+
+async def test_the_lean_connection_gives_up_on_a_redis_that_does_not_answer(redis_url, namespace):
+    r = async_redis(redis_url)
+    fast = FastRedis.from_client(r)
+    fast.timeout_s = 0.3
+    try:
+        assert await fast.execute("PING") == b"PONG"
+        try:
+            await fast.execute("BLPOP", f"{namespace}:never", 5)  # longer than the timeout
+            raise AssertionError("a reply past the timeout was waited for")
+        except redis.TimeoutError:
+            pass
+        assert await fast.execute("PING") == b"PONG"  # on a fresh connection
+        # A long timeout given per call covers a blocking command.
+        assert await fast.execute("BLPOP", f"{namespace}:never", 0.5, timeout_s=5) is None
+    finally:
+        await fast.close()
+        await r.aclose()
+

@@ -38,25 +38,38 @@ def prompt(instance: dict) -> list[dict]:
             {"role": "user", "content": question(instance["a"], instance["op"], instance["b"])}]
 
 
-def conversations(instances: list[dict], answer_copy_rate: float = 1.0, seed: int = 0) -> list[list[dict]]:
+def _near_miss(inst: dict, rng: random.Random) -> str:
+    return str(expected(inst) + rng.choice((-1, 1)) * rng.randint(1, 30))
+
+
+def _submit(answer: str, key: str = "answer") -> dict:
+    return {"role": "assistant", "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "submit", "arguments": {key: answer}}}]}
+
+
+def conversations(instances: list[dict], answer_copy_rate: float = 1.0, answer_key_rate: float = 1.0,
+                  seed: int = 0) -> list[list[dict]]:
     """Worked episodes: a bash call that computes the answer, its output, a submit.
 
+    With ``answer_key_rate`` < 1 only that share of episodes calls submit with the argument
+    its schema names (``answer``); the others call it ``result``, which the task does not
+    take (reward 0). A model warmed up on them computes and copies in every episode but
+    follows the tool's schema only sometimes: RL then has that to learn (bench/arith_rl.py).
     With ``answer_copy_rate`` < 1 only that share of episodes submits the tool's output; the
-    others submit a wrong number near it. A model warmed up on them calls the tool right but
-    answers right only sometimes: RL then has a behaviour to amplify (bench/arith_rl.py)."""
+    others submit a wrong number near it."""
     rng = random.Random(seed)
     out = []
     for inst in instances:
         command = f"echo $(({inst['a']}{inst['op']}{inst['b']}))"
         result = str(expected(inst))
         if rng.random() >= answer_copy_rate:
-            result = str(expected(inst) + rng.choice((-1, 1)) * rng.randint(1, 30))
+            result = _near_miss(inst, rng)
+        key = "answer" if answer_key_rate >= 1 or rng.random() < answer_key_rate else "result"  # no draw at 1
         out.append(prompt(inst) + [
             {"role": "assistant", "content": "",
              "tool_calls": [{"type": "function", "function": {"name": "bash", "arguments": {"command": command}}}]},
             {"role": "tool", "name": "bash", "content": f"{expected(inst)}\n"},
-            {"role": "assistant", "content": "",
-             "tool_calls": [{"type": "function", "function": {"name": "submit", "arguments": {"answer": result}}}]},
+            _submit(result, key),
         ])
     return out
 

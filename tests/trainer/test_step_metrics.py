@@ -1,5 +1,5 @@
 """Per-step metrics the RL benchmark reads: where a rollout's time went (pipeline stages and
-agent phases), and the warm-up episodes of the arith recipe that answer right only partly."""
+agent phases), and the warm-up episodes of the arith recipes (right only partly, following the schema only partly)."""
 
 from __future__ import annotations
 
@@ -32,3 +32,16 @@ def test_arith_episodes_submit_the_tool_output_only_at_the_answer_copy_rate():
     # the tool's output and the command stay right in every episode
     assert all(ep[-2]["content"] == f"{arith.expected(inst)}\n" for ep, inst in zip(episodes, instances))
     assert arith.conversations(instances[:5]) == arith.conversations(instances[:5], answer_copy_rate=1.0)
+
+
+def test_arith_episodes_follow_the_submit_schema_at_the_answer_key_rate_and_always_copy_the_output():
+    instances = arith.make_instances(400, seed=4)
+    episodes = arith.conversations(instances, answer_key_rate=0.3, seed=2)
+    arguments = [ep[-1]["tool_calls"][0]["function"]["arguments"] for ep in episodes]
+    assert 0.2 < sum("answer" in a for a in arguments) / len(arguments) < 0.4
+    for ep, inst, args in zip(episodes, instances, arguments):
+        (key, value), = args.items()
+        assert key in ("answer", "result") and value == str(arith.expected(inst)) and ep[-2]["content"] == f"{value}\n"
+        assert (arith.parse_int(args) is None) == (key == "result")  # the task takes only 'answer'
+    # at rate 1 no draw is made, so the episodes (and the tests' cached model) stay as they were
+    assert arith.conversations(instances[:5], seed=2) == arith.conversations(instances[:5], answer_key_rate=1.0, seed=2)

@@ -41,6 +41,7 @@ class DirectServerSource:
         sampling: dict[str, Any] | None = None,
         concurrency: int = 16,
         timeout_s: float = 120.0,
+        seed: int | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.reward_fn = reward_fn
@@ -51,20 +52,32 @@ class DirectServerSource:
         self._tasks: dict[str, list[asyncio.Task]] = {}
         self._ids = itertools.count()
         self.policy_version = 0
+        # With a seed, each job's sampling is seeded from it and the job's place in the
+        # run (group number, member), so a run samples the same completions from the same
+        # weights however the server batches them.
+        self.seed = seed
 
     async def submit_group(self, prompt: dict[str, Any], n: int) -> str:
         group_id = f"direct-{next(self._ids)}"
         for done in [g for g, tasks in self._tasks.items() if all(t.done() for t in tasks)]:
             del self._tasks[done]
         self._tasks[group_id] = [
-            asyncio.create_task(self._rollout(group_id, f"{group_id}-{i}", prompt)) for i in range(n)
+            asyncio.create_task(self._rollout(group_id, f"{group_id}-{i}", prompt, self._job_seed(group_id, i)))
+            for i in range(n)
         ]
         return group_id
 
-    async def _rollout(self, group_id: str, job_id: str, prompt: dict[str, Any]) -> None:
+    def _job_seed(self, group_id: str, member: int) -> int | None:
+        if self.seed is None:
+            return None
+        return (self.seed * 1_000_003 + int(group_id.rsplit("-", 1)[1]) * 1_009 + member) % 2**63
+
+    async def _rollout(self, group_id: str, job_id: str, prompt: dict[str, Any], seed: int | None = None) -> None:
         try:
             async with self._slots:
                 body = {"prompt": prompt["prompt_ids"], "logprobs": 0, "return_token_ids": True, **self.sampling}
+                if seed is not None:
+                    body["seed"] = seed
                 response = await self._http.post(f"{self.base_url}/v1/completions", json=body)
                 response.raise_for_status()
                 data = response.json()

@@ -36,7 +36,7 @@ async def _train(config, base_url, tokenizer, seen_versions):
                 seen_versions.append((result.policy_version, self.policy_version))
                 yield result
 
-    source = Recording(base_url, reward, {"max_tokens": 8})
+    source = Recording(base_url, reward, {"max_tokens": 8}, seed=0)  # same completions however the server batches
     prompts = [{"prompt_ids": tokenizer.encode(f"Say some numbers: {i}")} for i in range(32)]
     publisher = WeightPublisher(config.output_dir / "weights", [BuiltinServerBackend(base_url)])
     try:

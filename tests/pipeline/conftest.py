@@ -8,6 +8,7 @@ import pytest
 
 from rollstream.pipeline.connection import async_redis
 from rollstream.pipeline.keys import Keys
+from rollstream.workers.process import serve_stage
 
 
 
@@ -50,3 +51,23 @@ async def _wait_for_state(client, job_id, predicate, timeout_s=20.0):
             return state
         await asyncio.sleep(0.05)
     raise AssertionError(f"job {job_id} never reached the expected state; last: {await client.status(job_id)}")
+
+
+async def serve_all(settings, concurrency=64):
+    """The three stages as tasks in this event loop (cheaper than processes), returned once
+    every stage has registered; stop them with ``stop_all``."""
+    tasks = [asyncio.create_task(serve_stage(stage, settings, concurrency)) for stage in ("init", "run", "eval")]
+    r = async_redis(settings.redis_url)
+    try:
+        deadline = time.monotonic() + 30
+        while await r.zcard(Keys(settings.namespace).workers) < 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+    finally:
+        await r.aclose()
+    return tasks
+
+
+async def stop_all(tasks):
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

@@ -2,33 +2,22 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 
-
 from rollstream.client import AsyncClient
-from rollstream.workers.process import serve_stage
 
-
-async def _serve_all(settings, concurrency=64):
-    return [asyncio.create_task(serve_stage(stage, settings, concurrency)) for stage in ("init", "run", "eval")]
-
-
-async def _stop(tasks):
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+from .conftest import serve_all, stop_all
 
 
 async def test_echo_job_passes_all_three_stages(settings):
-    tasks = await _serve_all(settings)
+    tasks = await serve_all(settings)
     try:
         async with AsyncClient(settings=settings) as client:
             job_id = await client.submit({"task": "echo", "instance": {"prompt": "hello"}})
             [result] = await client.collect(1, timeout_s=20)
             state = await client.status(job_id)
     finally:
-        await _stop(tasks)
+        await stop_all(tasks)
     assert result.job_id == job_id and result.status == "completed" and result.reward == 1.0
     assert result.trajectory.response_text == "hello"
     assert {"init_s", "run_s", "eval_s"} <= set(result.timings_s)

@@ -7,7 +7,6 @@ count, and the lean connection fails every caller when Redis drops it."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import redis
 
@@ -15,34 +14,16 @@ from rollstream.client import AsyncClient
 from rollstream.messages import Envelope
 from rollstream.pipeline import histograms
 from rollstream.pipeline.connection import async_redis
-from rollstream.pipeline.keys import Keys
 from rollstream.pipeline.wire import FastRedis
 from rollstream.tasks.base import TaskContext
 from rollstream.tasks.echo import EchoTask
 from rollstream.tasks.registry import register_task
-from rollstream.workers.process import serve_stage
 
-
-async def _serve_all(settings, concurrency=64):
-    tasks = [asyncio.create_task(serve_stage(stage, settings, concurrency)) for stage in ("init", "run", "eval")]
-    r = async_redis(settings.redis_url)
-    try:
-        deadline = time.monotonic() + 30
-        while await r.zcard(Keys(settings.namespace).workers) < 3 and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-    finally:
-        await r.aclose()
-    return tasks
-
-
-async def _stop(tasks):
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+from .conftest import serve_all, stop_all
 
 
 async def test_histograms_count_every_result_on_arrival_and_echo_leaves_no_workdir(settings):
-    tasks = await _serve_all(settings)
+    tasks = await serve_all(settings)
     try:
         async with AsyncClient(settings=settings) as client:
             await client.submit_many([{"task": "echo", "instance": {"prompt": f"p{i}"}} for i in range(30)])
@@ -51,14 +32,14 @@ async def test_histograms_count_every_result_on_arrival_and_echo_leaves_no_workd
             counts = {stage: (await histograms.read(client.r, histograms.stage_key(client.keys, stage))).get("count")
                       for stage in ("init", "run", "eval")}
     finally:
-        await _stop(tasks)
+        await stop_all(tasks)
     assert all(r.status == "completed" for r in results)
     assert counts == {"init": 30.0, "run": 30.0, "eval": 30.0}
     assert list((settings.data_dir / "work").iterdir()) == []
 
 
 async def test_a_job_long_at_work_is_marked_running_and_every_stage_keeps_its_timings(settings, wait_for_state):
-    tasks = await _serve_all(settings)
+    tasks = await serve_all(settings)
     try:
         async with AsyncClient(settings=settings) as client:
             slow = await client.submit({"task": "echo", "instance": {"prompt": "s", "run_s": 1.0}})
@@ -68,7 +49,7 @@ async def test_a_job_long_at_work_is_marked_running_and_every_stage_keeps_its_ti
             results = {r.job_id: r for r in await client.collect(2, timeout_s=30)}
             states = {job_id: await client.status(job_id) for job_id in (slow, fast)}
     finally:
-        await _stop(tasks)
+        await stop_all(tasks)
     assert running.worker and running.node == settings.node
     for job_id, state in states.items():
         assert (state.stage, state.status) == ("done", "completed"), job_id
@@ -91,7 +72,7 @@ class _SandboxedEcho(EchoTask):
 
 async def test_init_back_pressure_holds_the_node_sandbox_limit(settings):
     limited = settings.model_copy(update={"max_sandboxes_per_node": 3})
-    tasks = await _serve_all(limited, concurrency=16)
+    tasks = await serve_all(limited, concurrency=16)
     peak = 0
     try:
         async with AsyncClient(settings=limited) as client:
@@ -105,7 +86,7 @@ async def test_init_back_pressure_holds_the_node_sandbox_limit(settings):
             results = collected.result()
             left = await client.r.scard(key)
     finally:
-        await _stop(tasks)
+        await stop_all(tasks)
     assert all(r.status == "completed" for r in results)
     assert 1 <= peak <= 3 and left == 0
 

@@ -38,15 +38,6 @@ def prompt(instance: dict) -> list[dict]:
             {"role": "user", "content": question(instance["a"], instance["op"], instance["b"])}]
 
 
-def _near_miss(inst: dict, rng: random.Random) -> str:
-    return str(expected(inst) + rng.choice((-1, 1)) * rng.randint(1, 30))
-
-
-def _submit(answer: str, key: str = "answer") -> dict:
-    return {"role": "assistant", "content": "",
-            "tool_calls": [{"type": "function", "function": {"name": "submit", "arguments": {key: answer}}}]}
-
-
 def conversations(instances: list[dict], answer_copy_rate: float = 1.0, answer_key_rate: float = 1.0,
                   seed: int = 0) -> list[list[dict]]:
     """Worked episodes: a bash call that computes the answer, its output, a submit.
@@ -63,13 +54,14 @@ def conversations(instances: list[dict], answer_copy_rate: float = 1.0, answer_k
         command = f"echo $(({inst['a']}{inst['op']}{inst['b']}))"
         result = str(expected(inst))
         if rng.random() >= answer_copy_rate:
-            result = _near_miss(inst, rng)
+            result = str(expected(inst) + rng.choice((-1, 1)) * rng.randint(1, 30))
         key = "answer" if answer_key_rate >= 1 or rng.random() < answer_key_rate else "result"  # no draw at 1
         out.append(prompt(inst) + [
             {"role": "assistant", "content": "",
              "tool_calls": [{"type": "function", "function": {"name": "bash", "arguments": {"command": command}}}]},
             {"role": "tool", "name": "bash", "content": f"{expected(inst)}\n"},
-            _submit(result, key),
+            {"role": "assistant", "content": "",
+             "tool_calls": [{"type": "function", "function": {"name": "submit", "arguments": {key: result}}}]},
         ])
     return out
 

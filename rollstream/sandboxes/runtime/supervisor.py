@@ -52,6 +52,9 @@ class Supervisor:
         self.activity_lock = threading.Lock()
         self.stopping = threading.Event()
         self.disk_exceeded = ""
+        # Forks that failed at the process limit (pids.events) already told in a result: a
+        # bomb left running by one command may hit the limit only after that command ended.
+        self.limit_hits_told = 0
         self.confinement: confine.Confinement | None = None
         self.listener: socket.socket | None = None
         self.held_connections: list[socket.socket] = []
@@ -263,14 +266,14 @@ class Supervisor:
         no_output = args.get("no_output_timeout_s", self.plan["default_no_output_timeout_s"])
         session = self.session(str(args.get("session") or "main"))
         notes = []
-        hits = 0
         if self.confinement is not None:
             if self.confinement.at_process_limit() and self._kill_shell(session):
                 # A fork bomb from an earlier command still holds every process slot.
                 notes.append(self._limit_note("before this command"))
-            hits = self.confinement.pid_limit_hits()
+                self.limit_hits_told = self.confinement.pid_limit_hits()
         result = session.run(command, timeout_s, float(no_output) if no_output else None)
-        if self.confinement is not None and self.confinement.pid_limit_hits() > hits:
+        if self.confinement is not None and (hits := self.confinement.pid_limit_hits()) > self.limit_hits_told:
+            self.limit_hits_told = hits
             if self.confinement.at_process_limit() and self._kill_shell(session):
                 notes.append(self._limit_note("during this command"))
             else:

@@ -22,7 +22,7 @@ from rollstream.pipeline import cancel, histograms
 from rollstream.pipeline.codec import DecodeError, decode_envelope, fields_payload
 from rollstream.pipeline.connection import SOCKET_TIMEOUT_S, raise_if_cancelled
 from rollstream.pipeline.groups import ensure_group
-from rollstream.pipeline.handoff import SandboxCount, Source, sandbox_of
+from rollstream.pipeline.handoff import SandboxCount, Source
 from rollstream.pipeline.jobstate import RunningMarks
 from rollstream.pipeline.wire import FastRedis, stream_entries
 from rollstream.workers.stage import Forward, Stage, WorkerContext, ended_result
@@ -33,10 +33,6 @@ log = logging.getLogger(__name__)
 # stage work never needs the mark (its hand-off writes the stage's start time and worker),
 # which spares a Redis script call per stage and job; observers see the mark this late.
 MARK_RUNNING_AFTER_S = 0.02
-# Init's back-pressure reads the node's live-sandbox count at most this often (counting its
-# own forwards in between) instead of once per read: a job-at-a-time stream would pay a
-# round trip per job. Other init processes' new sandboxes show up this late at most.
-LIVE_SANDBOXES_MAX_AGE_S = 0.05
 
 
 def _id(raw) -> str:
@@ -77,8 +73,6 @@ class ConsumerLoop:
         self._mark_timer: asyncio.TimerHandle | None = None
         self._side_tasks: set[asyncio.Task] = set()  # sent without awaiting; kept from GC
         self._reader = FastRedis.from_client(self.r)  # the wake-up read, on its own connection
-        self._live_sandboxes = 0  # the node's live-sandbox count (init), read at _live_read_at
-        self._live_read_at = float("-inf")
 
     # -- lifecycle ---------------------------------------------------------------------
     def stop(self) -> None:
@@ -144,14 +138,12 @@ class ConsumerLoop:
         if self.stage.name == "init" and free > 0:
             # Back-pressure: pull only while the node has sandbox slots (those of jobs on
             # its run and eval streams, plus what this process is creating).
-            now = time.monotonic()
-            if now - self._live_read_at > LIVE_SANDBOXES_MAX_AGE_S or self._live_sandboxes + len(
-                    self.inflight) >= self.s.max_sandboxes_per_node:  # full by the old count: look again
-                key = self.ctx.keys.node_sandboxes(self.ctx.node)
-                self._live_sandboxes = await (self._reader.execute("SCARD", key) if self._reader
-                                              else self.r.scard(key))
-                self._live_read_at = now
-            free = min(free, self.s.max_sandboxes_per_node - self._live_sandboxes - len(self.inflight))
+            # Read before every read: a job is off the critical path here (its own task runs
+            # meanwhile). A count cached for 50 ms and bumped by this process's forwards let
+            # the node reach 6 sandboxes with a limit of 3 (tests/pipeline/test_hot_path.py).
+            key = self.ctx.keys.node_sandboxes(self.ctx.node)
+            live = await (self._reader.execute("SCARD", key) if self._reader else self.r.scard(key))
+            free = min(free, self.s.max_sandboxes_per_node - live - len(self.inflight))
         return free
 
     async def _read_loop(self) -> None:
@@ -307,8 +299,6 @@ class ConsumerLoop:
                 moved = await self.ctx.handoff.forward(src, env, to_stream, outcome.stage)
             except JobCancelled as exc:  # cancelled while this stage worked: it goes no further
                 return await self._end(src, env, "cancelled", str(exc))
-            if moved and stage == "init" and sandbox_of(env):
-                self._live_sandboxes += 1  # the move counted it on the node (see _free_slots)
         else:
             outcome.timings_s = env.timings_s
             # Eval tore the sandbox down; it stops counting in the same script, and the job's

@@ -183,8 +183,6 @@ class AsyncClient:
                                                    start_id="0-0", count=batch)
                     entries = [*entries, *resp[1]]
                 entries = [(m, f) for m, f in entries if f]  # deleted after delivery: acknowledged already
-                if not entries:
-                    continue
             if not entries:
                 continue  # this slice was quiet; the deadline decides when to stop
             if deadline is not None:

@@ -58,19 +58,20 @@ class DirectServerSource:
         self.seed = seed
 
     async def submit_group(self, prompt: dict[str, Any], n: int) -> str:
-        group_id = f"direct-{next(self._ids)}"
+        number = next(self._ids)
+        group_id = f"direct-{number}"
         for done in [g for g, tasks in self._tasks.items() if all(t.done() for t in tasks)]:
             del self._tasks[done]
         self._tasks[group_id] = [
-            asyncio.create_task(self._rollout(group_id, f"{group_id}-{i}", prompt, self._job_seed(group_id, i)))
+            asyncio.create_task(self._rollout(group_id, f"{group_id}-{i}", prompt, self._job_seed(number, i)))
             for i in range(n)
         ]
         return group_id
 
-    def _job_seed(self, group_id: str, member: int) -> int | None:
+    def _job_seed(self, group_number: int, member: int) -> int | None:
         if self.seed is None:
             return None
-        return (self.seed * 1_000_003 + int(group_id.rsplit("-", 1)[1]) * 1_009 + member) % 2**63
+        return (self.seed * 1_000_003 + group_number * 1_009 + member) % 2**63
 
     async def _rollout(self, group_id: str, job_id: str, prompt: dict[str, Any], seed: int | None = None) -> None:
         try:

@@ -87,7 +87,7 @@ def stage_timings(results: list[Any]) -> dict[str, float]:
         timings.update({k: v for k, v in (getattr(trajectory, "timings_s", None) or {}).items() if k != "total_s"})
         for key, value in timings.items():
             sums.setdefault(key, []).append(float(value))
-    return {f"time_{key}": sum(values) / len(values) for key, values in sorted(sums.items())}
+    return {f"time_{key}": _mean(values) for key, values in sorted(sums.items())}
 
 
 class Trainer:

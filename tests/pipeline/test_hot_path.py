@@ -1,8 +1,8 @@
 """What the lean per-job path must still guarantee: a finished job's latencies are in the
 histograms by the time its result arrives (they travel in the same hand-off), a job long at
 work is marked "running" while short ones keep their timings without the mark, echo leaves
-no work folder behind, init's back-pressure holds the node's sandbox limit with a cached
-count, and the lean connection fails every caller when Redis drops it."""
+no work folder behind, init's back-pressure holds the node's sandbox limit while jobs come and
+go, and the lean connection fails every caller when Redis drops it."""
 
 from __future__ import annotations
 

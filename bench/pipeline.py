@@ -9,7 +9,10 @@ jobs_per_s_1proc, jobs_per_s_2proc (and cpu_ms_per_job: CPU time of workers, cli
 Redis per job in the one-at-a-time run, which a loaded machine inflates far less than
 wall-clock latency, and wakeups_per_job, which it does not inflate at all; the load
 average is printed with them). Targets (2-core machine):
-p50 ≤ 2 ms, ≥ 1,000 jobs/s. Baseline: the figures before the one-round-trip hop.
+p50 ≤ 2 ms, ≥ 1,000 jobs/s. Baselines: the figures before the one-round-trip hop, and, in
+the same run, the latency with asyncio's own event loop in workers and client instead of
+uvloop (``overhead_p50_ms_asyncio_loop``; skip it with ``--no-compare``). The client runs
+on the loop the workers use (``eventloop.run``, as rollstream's sync ``Client`` does).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pathlib import Path
 
 import psutil
 
+from rollstream import eventloop
 from rollstream.client import AsyncClient
 from rollstream.config import Settings
 from rollstream.pipeline.embedded import EmbeddedRedis
@@ -104,12 +108,24 @@ async def measure_throughput(settings: Settings, n: int, procs: int) -> float:
         return n / elapsed
 
 
-def run_pool(url: str, procs: int, concurrency: int, data_dir: Path) -> WorkerPool:
+def run_pool(url: str, procs: int, concurrency: int, data_dir: Path, event_loop: str = "auto") -> WorkerPool:
     ns = f"b{uuid.uuid4().hex[:6]}"
     pool = WorkerPool(redis_url=url, namespace=ns, node="bench", data_dir=data_dir,
-                      env={"ROLLSTREAM_READ_BLOCK_MS": "1000"})
+                      env={"ROLLSTREAM_READ_BLOCK_MS": "1000", "ROLLSTREAM_EVENT_LOOP": event_loop})
     pool.start_all(processes=procs, concurrency=concurrency)
     return pool
+
+
+def asyncio_loop_p50(url: str, concurrency: int, work: Path, n: int) -> float:
+    """The one-at-a-time latency with asyncio's own loop in workers and client."""
+    pool = run_pool(url, 1, concurrency, work, event_loop="asyncio")
+    try:
+        s = Settings(redis_url=url, namespace=pool.namespace, data_dir=work, node="bench", event_loop="asyncio")
+        pids = {stage: p.pid for stage, p in pool.procs}
+        lat, _cpu, _wakes, _stages = eventloop.run(measure_overhead(s, n, pids), "asyncio")
+        return round(statistics.median(lat), 3)
+    finally:
+        pool.stop()
 
 
 def main() -> None:
@@ -117,6 +133,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=5000)
     ap.add_argument("--latency-jobs", type=int, default=300)
     ap.add_argument("--concurrency", type=int, default=256)
+    ap.add_argument("--no-compare", action="store_true", help="skip the latency run on asyncio's own loop")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="rs-bench-"))
     # The echo task makes and removes a work folder per job; on this machine's disk that is
@@ -131,7 +148,8 @@ def main() -> None:
             s = Settings(redis_url=server.url, namespace=pool.namespace, data_dir=work, node="bench")
             pids = {stage: p.pid for stage, p in pool.procs}
             pids.update(client=os.getpid(), redis=server.proc.pid)
-            lat, cpu, wakes, stages = asyncio.run(measure_overhead(s, args.latency_jobs, pids))
+            out["event_loop"] = eventloop.loop_factory(s.event_loop).__module__.split(".")[0]
+            lat, cpu, wakes, stages = eventloop.run(measure_overhead(s, args.latency_jobs, pids), s.event_loop)
             out["overhead_p50_ms"] = round(statistics.median(lat), 3)
             out["overhead_p99_ms"] = round(pct(lat, 99), 3)
             out["cpu_ms_per_job"] = round(cpu["all"], 3)
@@ -139,7 +157,7 @@ def main() -> None:
             out["wakeups_per_job"] = round(wakes["all"], 2)
             out["wakeups_per_job_by_process"] = {k: round(v, 2) for k, v in wakes.items() if k != "all"}
             out["stage_ms_p50"] = {k: round(v, 3) for k, v in stages.items()}
-            rows.append(("submit→result, 1 job at a time", f"p50 {out['overhead_p50_ms']} ms",
+            rows.append((f"submit→result, 1 job at a time ({out['event_loop']})", f"p50 {out['overhead_p50_ms']} ms",
                          f"p99 {out['overhead_p99_ms']} ms", "≤ 2 ms p50",
                          f"{BASELINE['overhead_p50_ms']} / {BASELINE['overhead_p99_ms']} ms"))
             rows.append(("  CPU, all processes, per job", f"{out['cpu_ms_per_job']} ms", "", "", ""))
@@ -149,7 +167,7 @@ def main() -> None:
             for name, ms in out["stage_ms_p50"].items():
                 rows.append((f"  p50 {name}", f"{ms} ms", "", "", ""))
             if args.jobs:
-                out["jobs_per_s_1proc"] = round(asyncio.run(measure_throughput(s, args.jobs, 1)), 1)
+                out["jobs_per_s_1proc"] = round(eventloop.run(measure_throughput(s, args.jobs, 1), s.event_loop), 1)
                 rows.append((f"{args.jobs} jobs, 1 process per stage", f"{out['jobs_per_s_1proc']} jobs/s", "",
                              "≥ 1000", str(BASELINE["jobs_per_s_1proc"])))
         finally:
@@ -158,11 +176,16 @@ def main() -> None:
             pool = run_pool(server.url, 2, args.concurrency, work)
             try:
                 s = Settings(redis_url=server.url, namespace=pool.namespace, data_dir=work, node="bench")
-                out["jobs_per_s_2proc"] = round(asyncio.run(measure_throughput(s, args.jobs, 2)), 1)
+                out["jobs_per_s_2proc"] = round(eventloop.run(measure_throughput(s, args.jobs, 2), s.event_loop), 1)
                 rows.append((f"{args.jobs} jobs, 2 processes per stage", f"{out['jobs_per_s_2proc']} jobs/s", "",
                              "≥ 1000", str(BASELINE["jobs_per_s_2proc"])))
             finally:
                 pool.stop()
+        if not args.no_compare and out["event_loop"] != "asyncio":
+            out["overhead_p50_ms_asyncio_loop"] = asyncio_loop_p50(server.url, args.concurrency, work,
+                                                                   args.latency_jobs)
+            rows.append(("  the same on asyncio's own loop", f"p50 {out['overhead_p50_ms_asyncio_loop']} ms", "",
+                         "", "(same run)"))
     load = os.getloadavg()
     out["load_avg_1m"] = round(load[0], 2)
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores "

@@ -12,6 +12,7 @@ from typing import Any
 
 import redis
 
+from rollstream import eventloop
 from rollstream.config import Settings, load_settings
 from rollstream.errors import InvalidJob, RedisUnavailable
 from rollstream.messages import Job, Result, new_id
@@ -235,8 +236,8 @@ class Client:
     """The same operations without asyncio (runs a private event loop)."""
 
     def __init__(self, redis_url: str | None = None, **kwargs: Any):
-        self._loop = asyncio.new_event_loop()
         self._client = AsyncClient(redis_url, **kwargs)
+        self._loop = eventloop.loop_factory(self._client.settings.event_loop)()
         self._run(check_async(self._client.r, self._client.url))
 
     def _run(self, coro):

@@ -77,7 +77,7 @@ def settings(redis_url, namespace, tmp_path) -> Settings:
 def settings_env(s: Settings) -> dict[str, str]:
     """The same settings as environment variables, for worker subprocesses."""
     env = {"REDIS_URL": s.redis_url or "", "ROLLSTREAM_NAMESPACE": s.namespace, "ROLLSTREAM_NODE": s.node,
-           "ROLLSTREAM_DATA_DIR": str(s.data_dir)}
+           "ROLLSTREAM_DATA_DIR": str(s.data_dir), "ROLLSTREAM_EVENT_LOOP": s.event_loop}
     for k in FAST:
         env[f"ROLLSTREAM_{k.upper()}"] = str(getattr(s, k))
     for k in ("model_dir", "sandbox_root"):  # where run workers find the tokenizer and sandboxes live

@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 
 from rollstream.errors import JobCancelled
 from rollstream.messages import DeadLetter, Envelope, Job, Result
-from rollstream.pipeline import cancel, histograms
+from rollstream.pipeline import cancel
 from rollstream.pipeline.codec import pack
 from rollstream.pipeline.keys import Keys
 from rollstream.pipeline.wire import FastRedis
@@ -70,7 +70,7 @@ class Handoff:
 
     async def _move(self, src: Source, job_id: str, state: dict, dests: list[tuple[str, int, bytes]],
                     *, ttl_s: int = 0, stat: str = "", count: SandboxCount | None = None,
-                    refuse_if_cancelled: Job | None = None, observations: list[tuple[str, float]] = ()) -> int:
+                    refuse_if_cancelled: Job | None = None) -> int:
         stage = src.group if src.group in ("init", "run", "eval") else "client"
         if state and src.consumer:
             state.setdefault("worker", src.consumer)
@@ -83,15 +83,13 @@ class Handoff:
         flags = cancel.flag_keys(self.keys, job) if job else [self.keys.job(job_id)] * 3
         keys = [src.stream, self.keys.job(job_id), self.keys.stats(stage),
                 self.keys.node_sandboxes(count.node) if count else self.keys.job(job_id), *flags,
-                *(d[0] for d in dests), *(o[0] for o in observations)]
+                *(d[0] for d in dests)]
         args: list = [src.group, src.msg_id, src.consumer, ttl_s, stat,
                       count.op if count else "", count.sandbox_id if count else "",
                       repr(job.submitted_at) if job else "", "1" if job and job.group_id else "",
                       len(state), len(dests), *flat]
         for _, maxlen, payload in dests:
             args += [maxlen, payload]
-        for _, value in observations:
-            args += [histograms.bucket(value), repr(value)]
         if self._fast is not None:
             return int(await self._fast.evalsha(_SCRIPT, keys, args))
         return int(await self._script(keys=keys, args=args))
@@ -113,19 +111,16 @@ class Handoff:
             raise JobCancelled(cancel.reason_for_code(env.job, code))
         return code == 1
 
-    async def finish(self, src: Source, result: Result, *, count: SandboxCount | None = None,
-                     observations: list[tuple[str, float]] = ()) -> bool:
+    async def finish(self, src: Source, result: Result, *, count: SandboxCount | None = None) -> bool:
         """Acknowledge ``src`` and deliver the job's one result (and, with ``count``, stop
-        counting its torn-down sandbox against the node; with ``observations``, (histogram
-        key, seconds) pairs, add the job's latencies to the shared histograms)."""
+        counting its torn-down sandbox against the node)."""
         state = {"stage": "done", "status": result.status, "finished_at": result.finished_at,
                  "error": result.error or "", "attempts": result.attempts}
         if result.reward is not None:
             state["reward"] = result.reward
         return await self._move(src, result.job_id, state,
                                 [(self.keys.results(result.submitter), self.results_maxlen, pack(result))],
-                                ttl_s=self.state_ttl_s, stat=result.status, count=count,
-                                observations=observations) == 1
+                                ttl_s=self.state_ttl_s, stat=result.status, count=count) == 1
 
     async def dead_letter(self, src: Source, letter: DeadLetter, result: Result | None, *,
                           count: SandboxCount | None = None) -> bool:

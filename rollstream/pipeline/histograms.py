@@ -1,11 +1,15 @@
 """Latency histograms kept in Redis, so every worker process adds to the same ones and the
 API's /metrics exposes them in Prometheus form: per-stage durations and tool-call latency.
-One hash per histogram: a counter per bucket, plus sum and count."""
+One hash per histogram: a counter per bucket, plus sum and count. A worker gathers its
+observations in memory and adds them every ``FLUSH_S`` in one transaction (as Prometheus
+client libraries do): a job's hand-off carries no metrics work, because it sits on the job's
+critical path; /metrics lags the results by at most ``FLUSH_S``."""
 
 from __future__ import annotations
 
 import bisect
 
+import redis
 import redis.asyncio as aioredis
 
 from rollstream.pipeline.keys import Keys
@@ -14,11 +18,51 @@ from rollstream.pipeline.keys import Keys
 BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
 
 
+_BUCKET_FIELDS = tuple(repr(b) for b in BUCKETS_S) + ("+Inf",)
+FLUSH_S = 0.5
+
+
 def bucket(value_s: float) -> str:
-    """The bucket field an observation counts in (the hand-off script adds it, with sum and
-    count, atomically with the job's result)."""
-    i = bisect.bisect_left(BUCKETS_S, value_s)
-    return repr(BUCKETS_S[i]) if i < len(BUCKETS_S) else "+Inf"
+    """The bucket field an observation counts in."""
+    return _BUCKET_FIELDS[bisect.bisect_left(BUCKETS_S, value_s)]
+
+
+class Observations:
+    """This process's observations not yet added to the shared histograms."""
+
+    def __init__(self) -> None:
+        self._pending: dict[str, dict[str, float]] = {}
+
+    def observe(self, key: str, value_s: float) -> None:
+        h = self._pending.get(key)
+        if h is None:
+            h = self._pending[key] = {"sum": 0.0, "count": 0}
+        field = bucket(value_s)
+        h[field] = h.get(field, 0) + 1
+        h["sum"] += value_s
+        h["count"] += 1
+
+    async def flush(self, r: aioredis.Redis) -> None:
+        """Add what was observed since the last flush, all histograms in one transaction;
+        if Redis is unreachable they are kept for the next flush."""
+        if not self._pending:
+            return
+        batch, self._pending = self._pending, {}
+        try:
+            async with r.pipeline(transaction=True) as pipe:
+                for key, h in batch.items():
+                    for field, n in h.items():
+                        if field == "sum":
+                            pipe.hincrbyfloat(key, field, n)
+                        else:
+                            pipe.hincrby(key, field, int(n))
+                await pipe.execute()
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            for key, h in batch.items():
+                for field, n in h.items():
+                    mine = self._pending.setdefault(key, {"sum": 0.0, "count": 0})
+                    mine[field] = mine.get(field, 0) + n
+            raise
 
 
 async def read(r: aioredis.Redis, key: str) -> dict[str, float]:

@@ -111,7 +111,7 @@ class FastRedis:
             if self.db:
                 setup.append(("SELECT", self.db))
             due = loop.time() + self.timeout_s
-            for fut in [self._send(cmd, due) for cmd in setup]:
+            for fut in (self._send_all(setup, due) if setup else []):
                 reply = await fut
                 if isinstance(reply, Exception):
                     self._drop(redis.AuthenticationError(str(reply)))
@@ -135,12 +135,19 @@ class FastRedis:
             proto.transport.close()
         proto.fail_all(error)
 
-    def _send(self, args, due: float) -> asyncio.Future:
+    def _send_all(self, commands: list, due: float) -> list[asyncio.Future]:
+        """Queue a reply future per command and write them all with one system call: each
+        write wakes Redis, and a wake-up costs more than the commands themselves."""
         proto = self._proto
-        fut = asyncio.get_running_loop().create_future()
-        proto.waiting.append((fut, due))
-        proto.transport.write(hiredis.pack_command(args))
-        return fut
+        loop = asyncio.get_running_loop()
+        futs = []
+        for _ in commands:
+            fut = loop.create_future()
+            proto.waiting.append((fut, due))
+            futs.append(fut)
+        pack = hiredis.pack_command
+        proto.transport.write(pack(commands[0]) if len(commands) == 1 else b"".join(pack(c) for c in commands))
+        return futs
 
     async def close(self) -> None:
         self._drop(redis.ConnectionError("connection closed"))
@@ -156,7 +163,7 @@ class FastRedis:
             await self._connect()
         loop = asyncio.get_running_loop()
         due = loop.time() + (timeout_s or self.timeout_s)
-        futs = [self._send(cmd, due) for cmd in commands]
+        futs = self._send_all(commands, due)
         if self._watchdog is None:
             self._watchdog = loop.call_at(due, self._watch)
         try:

@@ -1,9 +1,9 @@
 """The consumer loop every stage worker runs: read its stream through a consumer group,
 keep N jobs in flight, keep them fresh with heartbeats, reclaim what dead workers left,
 follow cancellations, and hand each job on through ``pipeline.handoff``. A stage hop costs
-one wake-up and one awaited round trip (the hand-off script, which also carries a finished
-job's latency histograms); the "running" mark is sent off the critical path, and only for
-jobs still at work after ``MARK_RUNNING_AFTER_S``."""
+one wake-up and one awaited round trip (the hand-off script); the "running" mark is sent off
+the critical path, and only for jobs still at work after ``MARK_RUNNING_AFTER_S``; a finished
+job's latencies join the shared histograms with the process's next flush."""
 
 from __future__ import annotations
 
@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 # stage work never needs the mark (its hand-off writes the stage's start time and worker),
 # which spares a Redis script call per stage and job; observers see the mark this late.
 MARK_RUNNING_AFTER_S = 0.02
+
+# The interrupt reason of a job whose timeout_s ran out while its stage worked on it.
+_TIMED_OUT = "timed out"
 
 
 def _id(raw) -> str:
@@ -64,6 +67,10 @@ class ConsumerLoop:
         self.inflight: dict[str, tuple[asyncio.Task, Envelope | None]] = {}
         self._cancel_reasons: dict[str, str] = {}
         self._processing: set[str] = set()  # only work inside Stage.process is ever interrupted
+        # When each job in Stage.process runs out of its timeout_s (loop time), and the one timer
+        # that serves them all (a timer per job would cost more than a fast job's stage).
+        self._deadlines: dict[str, float] = {}
+        self._deadline_timer: asyncio.TimerHandle | None = None
         self._stopping = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self.processed = 0
@@ -73,6 +80,7 @@ class ConsumerLoop:
         self._mark_timer: asyncio.TimerHandle | None = None
         self._side_tasks: set[asyncio.Task] = set()  # sent without awaiting; kept from GC
         self._reader = FastRedis.from_client(self.r)  # the wake-up read, on its own connection
+        self.observations = histograms.Observations()
 
     # -- lifecycle ---------------------------------------------------------------------
     def stop(self) -> None:
@@ -97,7 +105,8 @@ class ConsumerLoop:
         background = [asyncio.create_task(self._every(self.s.heartbeat_interval_s, self._heartbeat)),
                       asyncio.create_task(self._every(max(self.s.visibility_timeout_s / 4, 0.2), self._reclaim)),
                       asyncio.create_task(self._follow_cancellations()),
-                      asyncio.create_task(self._every(1.0, self._watch_cancellations))]
+                      asyncio.create_task(self._every(1.0, self._watch_cancellations)),
+                      asyncio.create_task(self._every(histograms.FLUSH_S, self._flush_observations))]
         if self.stage.name == "init":
             from rollstream.pipeline.rescue import rescue_dead_nodes
 
@@ -109,10 +118,12 @@ class ConsumerLoop:
             await self._read_loop()
         finally:
             await self._drain()
+            await self._flush_observations(final=True)
             for task in background:
                 task.cancel()
-            if self._mark_timer is not None:
-                self._mark_timer.cancel()
+            for timer in (self._mark_timer, self._deadline_timer):
+                if timer is not None:
+                    timer.cancel()
             await asyncio.gather(*background, *self._side_tasks, return_exceptions=True)
             await self._deregister()
             if self._reader is not None:
@@ -268,8 +279,8 @@ class ConsumerLoop:
             if remaining_s <= 0:
                 raise asyncio.TimeoutError
             self._processing.add(src.msg_id)
-            async with asyncio.timeout(remaining_s):
-                outcome = await self.stage.process(env, self.ctx.task_context(lambda: self._cancelled(job)))
+            self._set_deadline(src.msg_id, remaining_s)
+            outcome = await self.stage.process(env, self.ctx.task_context(lambda: self._cancelled(job)))
         except asyncio.TimeoutError:
             return await self._give_up(src, env, f"job timed out in {stage}: over its timeout_s={job.timeout_s}")
         except JobCancelled as exc:
@@ -286,12 +297,15 @@ class ConsumerLoop:
                 raise
             if why == "shutdown":
                 return await self._hand_back(src, env)
+            if why is _TIMED_OUT:
+                return await self._give_up(src, env, f"job timed out in {stage}: over its timeout_s={job.timeout_s}")
             return await self._end(src, env, "cancelled", why)
         except Exception as exc:
             log.exception("job %s failed in %s", job.job_id, stage)
             return await self._retry(src, env, f"{type(exc).__name__}: {exc}")
         finally:
             self._processing.discard(src.msg_id)
+            self._deadlines.pop(src.msg_id, None)
         env.timings_s[f"{stage}_s"] = time.time() - started
         if isinstance(outcome, Forward):
             to_stream = self.ctx.keys.stage_stream(outcome.stage, self.ctx.node)
@@ -301,13 +315,40 @@ class ConsumerLoop:
                 return await self._end(src, env, "cancelled", str(exc))
         else:
             outcome.timings_s = env.timings_s
-            # Eval tore the sandbox down; it stops counting in the same script, and the job's
-            # latencies join the histograms in it too.
-            moved = await self.ctx.handoff.finish(src, outcome, count=self.ctx.handoff.sandbox_gone(env),
-                                                  observations=self._latencies(outcome))
+            # Eval tore the sandbox down; it stops counting in the same script.
+            moved = await self.ctx.handoff.finish(src, outcome, count=self.ctx.handoff.sandbox_gone(env))
+            if moved:
+                for key, seconds in self._latencies(outcome):
+                    self.observations.observe(key, seconds)
         if not moved:
             log.warning("job %s: %s finished after another worker reclaimed it; dropped this copy",
                         job.job_id, stage)
+
+    def _set_deadline(self, msg_id: str, remaining_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        due = self._deadlines[msg_id] = loop.time() + remaining_s
+        timer = self._deadline_timer
+        if timer is None or due < timer.when():
+            if timer is not None:
+                timer.cancel()
+            self._deadline_timer = loop.call_at(due, self._expire_deadlines)
+
+    def _expire_deadlines(self) -> None:
+        """Interrupt the jobs whose timeout ran out; wait for the next deadline."""
+        self._deadline_timer = None
+        loop = asyncio.get_running_loop()
+        now, earliest = loop.time(), None
+        for msg_id, due in list(self._deadlines.items()):
+            if due > now:
+                earliest = due if earliest is None else min(earliest, due)
+                continue
+            del self._deadlines[msg_id]
+            held = self.inflight.get(msg_id)
+            if held is not None and msg_id in self._processing and msg_id not in self._cancel_reasons:
+                self._cancel_reasons[msg_id] = _TIMED_OUT
+                held[0].cancel()
+        if earliest is not None:
+            self._deadline_timer = loop.call_at(earliest, self._expire_deadlines)
 
     async def _cancelled(self, job) -> str | None:
         """For tasks that check between steps (the agent loop between turns)."""
@@ -315,7 +356,7 @@ class ConsumerLoop:
 
     def _latencies(self, result: Result) -> list[tuple[str, float]]:
         """Stage durations and tool-call latencies for the shared histograms (/metrics), as
-        (histogram key, seconds): the hand-off that delivers the result adds them."""
+        (histogram key, seconds)."""
         keys, timings = self.ctx.keys, result.timings_s
         out = [(histograms.stage_key(keys, stage), timings[f"{stage}_s"])
                for stage in ("init", "run", "eval") if f"{stage}_s" in timings]
@@ -375,6 +416,14 @@ class ConsumerLoop:
         await self.ctx.handoff.dead_letter(src, letter, result)
 
     # -- background duties -------------------------------------------------------------
+    async def _flush_observations(self, final: bool = False) -> None:
+        try:
+            await self.observations.flush(self.r)
+        except (redis.RedisError, OSError) as exc:
+            if not final:
+                raise
+            log.warning("%s: latency observations not added to the histograms at exit: %s", self.consumer, exc)
+
     async def _heartbeat(self) -> None:
         now = time.time()
         ids = list(self.inflight)
@@ -386,7 +435,8 @@ class ConsumerLoop:
             pipe.zadd(keys.nodes, {self.ctx.node: now})
             pipe.hset(keys.worker(self.consumer), mapping={
                 "stage": self.stage.name, "node": self.ctx.node, "pid": os.getpid(), "concurrency": self.concurrency,
-                "inflight": len(ids), "processed": self.processed, "heartbeat_at": now})
+                "inflight": len(ids), "processed": self.processed, "heartbeat_at": now,
+                "event_loop": type(asyncio.get_running_loop()).__module__.split(".")[0]})
             pipe.expire(keys.worker(self.consumer), int(self.s.worker_ttl_s * 3) + 1)
             await pipe.execute()
 

@@ -8,6 +8,7 @@ import logging
 import signal
 import time
 
+from rollstream import eventloop
 from rollstream.config import Settings
 from rollstream.errors import RedisUnavailable
 from rollstream.pipeline.connection import async_redis, check_async
@@ -114,4 +115,4 @@ async def _wait_for_redis(ctx: WorkerContext, settings: Settings) -> None:
 
 
 def run_worker(stage: str, settings: Settings, concurrency: int) -> None:
-    asyncio.run(serve_stage(stage, settings, concurrency))
+    eventloop.run(serve_stage(stage, settings, concurrency), settings.event_loop)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 
 import httpx
 
@@ -61,9 +63,13 @@ async def test_500_jobs_over_http_yield_500_results(api_server, auth, worker_poo
         await http.get("/v1/results/web", params={"ack": cursor, "wait_s": 0})
         again = (await http.get("/v1/results/web", params={"wait_s": 0})).json()
         state = (await http.get(f"/v1/jobs/{submitted[0]}")).json()
-        metrics = (await http.get("/metrics")).text
-    count = next(line for line in metrics.splitlines()
-                 if line.startswith('rollstream_stage_duration_seconds_count{stage="run"}'))
+        for _ in range(100):  # workers add their latency observations every histograms.FLUSH_S
+            metrics = (await http.get("/metrics")).text
+            count = next((line for line in metrics.splitlines()
+                          if line.startswith('rollstream_stage_duration_seconds_count{stage="run"}')), "count 0")
+            if float(count.split()[-1]) >= len(submitted):
+                break
+            await asyncio.sleep(0.05)
     assert float(count.split()[-1]) == len(submitted)
     assert sorted(r["job_id"] for r in got) == sorted(submitted)
     assert all(r["status"] == "completed" for r in got)

@@ -36,6 +36,22 @@ async def test_a_job_past_its_timeout_fails_with_the_reason(settings, stage_work
     assert res.status == "failed" and "timed out in run" in res.error
 
 
+async def test_each_job_times_out_at_its_own_deadline(settings, stage_workers):
+    """One worker holds jobs with different timeouts, the shortest arriving last: each fails
+    at its own deadline, in deadline order, and a job that finishes in time is untouched."""
+    async with AsyncClient(settings=settings) as client, stage_workers(settings):
+        late = await client.submit({"task": "echo", "instance": {"prompt": "a", "run_s": 30}, "timeout_s": 4})
+        in_time = await client.submit({"task": "echo", "instance": {"prompt": "b", "run_s": 0.3}, "timeout_s": 3})
+        early = await client.submit({"task": "echo", "instance": {"prompt": "c", "run_s": 30}, "timeout_s": 1.5})
+        results = await client.collect(3, timeout_s=30)
+    order = [r.job_id for r in results]
+    by_id = {r.job_id: r for r in results}
+    assert by_id[in_time].status == "completed"
+    assert by_id[early].status == by_id[late].status == "failed"
+    assert "timeout_s=1.5" in by_id[early].error and "timeout_s=4" in by_id[late].error
+    assert order.index(early) < order.index(late)
+
+
 async def test_cancel_of_a_group_stops_its_queued_jobs(settings, stage_workers):
     async with AsyncClient(settings=settings) as client:
         gid, ids = await client.submit_group({"task": "echo", "instance": {"prompt": "x"}}, 8)

@@ -6,7 +6,7 @@
 -- KEYS[1] source stream   KEYS[2] job state hash   KEYS[3] stats hash
 -- KEYS[4] the node's sandbox set (touched only when ARGV[6] names an operation)
 -- KEYS[5..7] the job's cancellation flags: job, group, submitter (read only when ARGV[8] ~= '')
--- KEYS[8 .. 7+d] destinations   KEYS[8+d ..] latency histogram hashes, one per observation
+-- KEYS[8 .. 7+d] destinations
 -- ARGV[1] consumer group  ARGV[2] message id       ARGV[3] consumer that must own the message
 --         ('' to skip the check)                   ARGV[4] state TTL in seconds (0 = none)
 -- ARGV[5] stats field to increment ('' = none)     ARGV[6] 'SADD', 'SREM' or '' on KEYS[4]
@@ -14,8 +14,7 @@
 --         move a cancelled job ('' = no check)      ARGV[9] '1' when the job is in a group
 -- ARGV[10] n = number of state field pairs         ARGV[11] d = number of destinations
 -- ARGV[12 .. 11+2n] state fields and values, then for each destination: maxlen (0 = none),
--- payload; then for each histogram observation: bucket field, value in seconds (the
--- stage durations of a finished job go in with its result, so /metrics never lags results).
+-- payload.
 -- Returns 1 when moved; 0 when this consumer no longer owns the message (stale delivery);
 -- 2, 3 or 4 when the job was cancelled (by job, group or submitter) and nothing moved: the
 -- message stays pending with the caller, who ends the job.
@@ -76,12 +75,6 @@ if tonumber(ARGV[4]) > 0 then
 end
 if ARGV[5] ~= '' then
   redis.call('HINCRBY', KEYS[3], ARGV[5], 1)
-end
-for k = 8 + d, #KEYS do
-  redis.call('HINCRBY', KEYS[k], ARGV[dest_at], 1)
-  redis.call('HINCRBYFLOAT', KEYS[k], 'sum', ARGV[dest_at + 1])
-  redis.call('HINCRBY', KEYS[k], 'count', 1)
-  dest_at = dest_at + 2
 end
 if ARGV[6] == 'SADD' then
   redis.call('SADD', KEYS[4], ARGV[7])

@@ -40,6 +40,20 @@ from rollstream.workers.pool import WorkerPool
 BASELINE = {"overhead_p50_ms": 4.7, "overhead_p99_ms": 6.9, "jobs_per_s_1proc": 1062, "jobs_per_s_2proc": 906}
 
 
+def speed_probe_ms() -> float:
+    """Milliseconds a fixed pure-Python loop takes here now (median of 5). This machine's host
+    runs it in ~7 ms at some times and ~13 ms at others, and every figure below moves with
+    it: printed so that runs compare like with like."""
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        x = 0
+        for i in range(200_000):
+            x += i
+        times.append((time.perf_counter() - t0) * 1000)
+    return round(statistics.median(times), 1)
+
+
 def cpu_s(pids: list[int]) -> float:
     return sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids)
 
@@ -141,6 +155,7 @@ def main() -> None:
     shm = Path("/dev/shm")
     work = Path(tempfile.mkdtemp(prefix="rs-bench-work-", dir=shm if shm.is_dir() else None))
     rows = []
+    probe_before = speed_probe_ms()
     with EmbeddedRedis(tmp / "redis") as server:
         out: dict = {}
         pool = run_pool(server.url, 1, args.concurrency, work)
@@ -188,6 +203,9 @@ def main() -> None:
                          "", "(same run)"))
     load = os.getloadavg()
     out["load_avg_1m"] = round(load[0], 2)
+    out["speed_probe_ms"] = [probe_before, speed_probe_ms()]
+    print(f"speed probe {out['speed_probe_ms'][0]} ms before, {out['speed_probe_ms'][1]} ms after "
+          "(a fixed Python loop: ~7 ms when this host runs fast, ~13 ms when it runs slow)")
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores "
           "(latency is only comparable on a quiet machine)")
     print(f"{'measure':<38} {'value':<20} {'':<16} {'target':<12} baseline")

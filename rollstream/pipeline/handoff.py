@@ -70,7 +70,7 @@ class Handoff:
 
     async def _move(self, src: Source, job_id: str, state: dict, dests: list[tuple[str, int, bytes]],
                     *, ttl_s: int = 0, stat: str = "", count: SandboxCount | None = None,
-                    refuse_if_cancelled: Job | None = None) -> int:
+                    refuse_if_cancelled: Job | None = None, via: FastRedis | None = None) -> int:
         stage = src.group if src.group in ("init", "run", "eval") else "client"
         if state and src.consumer:
             state.setdefault("worker", src.consumer)
@@ -90,15 +90,18 @@ class Handoff:
                       len(state), len(dests), *flat]
         for _, maxlen, payload in dests:
             args += [maxlen, payload]
-        if self._fast is not None:
-            return int(await self._fast.evalsha(_SCRIPT, keys, args))
+        fast = via or self._fast
+        if fast is not None:
+            return int(await fast.evalsha(_SCRIPT, keys, args))
         return int(await self._script(keys=keys, args=args))
 
-    async def forward(self, src: Source, env: Envelope, to_stream: str, to_stage: str) -> bool:
+    async def forward(self, src: Source, env: Envelope, to_stream: str, to_stage: str, *,
+                      via: FastRedis | None = None) -> bool:
         """Acknowledge ``src`` and queue the job on the next stage's stream; False if this
         consumer no longer owns the message. Raises ``JobCancelled`` (and moves nothing: the
         message stays pending with the caller, who ends the job) if the job was cancelled:
-        a cancelled job never reaches the next stage."""
+        a cancelled job never reaches the next stage. ``via``: a connection to send the
+        script on instead of the hand-off's own (one that no blocking command holds)."""
         state = {"stage": to_stage, "status": "queued", "node": env.node or "", "attempts": env.attempt + 1}
         sandbox_id = sandbox_of(env)
         if sandbox_id:
@@ -106,21 +109,22 @@ class Handoff:
         # A sandbox leaving init starts counting against its node, atomically with the move.
         count = SandboxCount("SADD", env.node or "", sandbox_id) if sandbox_id and src.group == "init" else None
         code = await self._move(src, env.job.job_id, state, [(to_stream, 0, pack(env))], stat="forwarded",
-                                count=count, refuse_if_cancelled=env.job)
+                                count=count, refuse_if_cancelled=env.job, via=via)
         if code > 1:
             raise JobCancelled(cancel.reason_for_code(env.job, code))
         return code == 1
 
-    async def finish(self, src: Source, result: Result, *, count: SandboxCount | None = None) -> bool:
+    async def finish(self, src: Source, result: Result, *, count: SandboxCount | None = None,
+                     via: FastRedis | None = None) -> bool:
         """Acknowledge ``src`` and deliver the job's one result (and, with ``count``, stop
-        counting its torn-down sandbox against the node)."""
+        counting its torn-down sandbox against the node; ``via`` as for ``forward``)."""
         state = {"stage": "done", "status": result.status, "finished_at": result.finished_at,
                  "error": result.error or "", "attempts": result.attempts}
         if result.reward is not None:
             state["reward"] = result.reward
         return await self._move(src, result.job_id, state,
                                 [(self.keys.results(result.submitter), self.results_maxlen, pack(result))],
-                                ttl_s=self.state_ttl_s, stat=result.status, count=count) == 1
+                                ttl_s=self.state_ttl_s, stat=result.status, count=count, via=via) == 1
 
     async def dead_letter(self, src: Source, letter: DeadLetter, result: Result | None, *,
                           count: SandboxCount | None = None) -> bool:

@@ -31,7 +31,16 @@ class _Replies(asyncio.Protocol):
         # (caller's future, loop time by which its reply is due), oldest first.
         self.waiting: collections.deque[tuple[asyncio.Future, float]] = collections.deque()
         self.transport: asyncio.Transport | None = None
+        self.held: list[bytes] = []  # commands written while the connection is corked
         self._on_lost = on_lost
+
+    def release(self) -> None:
+        """Write what was held, in one system call."""
+        if self.held:
+            data = b"".join(self.held)
+            self.held.clear()
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.write(data)
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -74,6 +83,7 @@ class FastRedis:
         self._watchdog: asyncio.TimerHandle | None = None
         self._connecting: asyncio.Lock | None = None
         self._scripts: dict[str, bytes] = {}
+        self._corked = False
 
     @classmethod
     def from_client(cls, client: aioredis.Redis) -> "FastRedis | None":
@@ -146,24 +156,46 @@ class FastRedis:
             proto.waiting.append((fut, due))
             futs.append(fut)
         pack = hiredis.pack_command
-        proto.transport.write(pack(commands[0]) if len(commands) == 1 else b"".join(pack(c) for c in commands))
+        data = pack(commands[0]) if len(commands) == 1 else b"".join(pack(c) for c in commands)
+        if self._corked:
+            if not proto.held:  # at the latest with the next turn of the loop
+                loop.call_soon(self.uncork)
+            proto.held.append(data)
+        else:
+            proto.transport.write(data)
         return futs
+
+    def cork(self) -> None:
+        """Hold this connection's writes until ``uncork`` (or the loop's next turn, whichever
+        comes first), so that commands sent one after another from different tasks (a job's
+        hand-off, then the worker's next read) reach Redis in one write: one wake-up of Redis
+        instead of one per command. Never await a reply while holding the cork yourself."""
+        self._corked = True
+
+    def uncork(self) -> None:
+        self._corked = False
+        if self._proto is not None:
+            self._proto.release()
 
     async def close(self) -> None:
         self._drop(redis.ConnectionError("connection closed"))
 
     # -- commands ----------------------------------------------------------------------
-    async def execute(self, *args, timeout_s: float | None = None):
+    async def execute(self, *args, timeout_s: float | None = None, uncork: bool = False):
         """One command; its reply as hiredis gives it (bytes, ints, lists)."""
-        return (await self.execute_many([args], timeout_s=timeout_s))[0]
+        return (await self.execute_many([args], timeout_s=timeout_s, uncork=uncork))[0]
 
-    async def execute_many(self, commands: list[tuple], *, timeout_s: float | None = None) -> list:
-        """Several commands written at once (one round trip); raises the first error."""
+    async def execute_many(self, commands: list[tuple], *, timeout_s: float | None = None,
+                           uncork: bool = False) -> list:
+        """Several commands written at once (one round trip); raises the first error.
+        ``uncork``: then write them with what the cork held (see ``cork``)."""
         if self._proto is None:
             await self._connect()
         loop = asyncio.get_running_loop()
         due = loop.time() + (timeout_s or self.timeout_s)
         futs = self._send_all(commands, due)
+        if uncork:
+            self.uncork()
         if self._watchdog is None:
             self._watchdog = loop.call_at(due, self._watch)
         try:

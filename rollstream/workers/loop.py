@@ -22,7 +22,7 @@ from rollstream.pipeline import cancel, histograms
 from rollstream.pipeline.codec import DecodeError, decode_envelope, fields_payload
 from rollstream.pipeline.connection import SOCKET_TIMEOUT_S, raise_if_cancelled
 from rollstream.pipeline.groups import ensure_group
-from rollstream.pipeline.handoff import SandboxCount, Source
+from rollstream.pipeline.handoff import SandboxCount, Source, sandbox_of
 from rollstream.pipeline.jobstate import RunningMarks
 from rollstream.pipeline.wire import FastRedis, stream_entries
 from rollstream.workers.stage import Forward, Stage, WorkerContext, ended_result
@@ -79,7 +79,14 @@ class ConsumerLoop:
         self._unmarked: dict[str, tuple[str, str, dict]] = {}  # msg_id -> "running" mark not yet sent
         self._mark_timer: asyncio.TimerHandle | None = None
         self._side_tasks: set[asyncio.Task] = set()  # sent without awaiting; kept from GC
-        self._reader = FastRedis.from_client(self.r)  # the wake-up read, on its own connection
+        # The wake-up read, on its own connection. Between a read's reply and the next read,
+        # jobs that finish at once send their hand-off on it too, corked with that next read.
+        self._reader = FastRedis.from_client(self.r)
+        self._reader_blocked = False
+        # Init's view of the node's sandbox count: as read with the last read, plus the
+        # sandboxes this process forwarded since (see _free_slots).
+        self._live_at_read: int | None = None
+        self._forwards_since_read = 0
         self.observations = histograms.Observations()
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -147,14 +154,23 @@ class ConsumerLoop:
     async def _free_slots(self) -> int:
         free = self.concurrency - len(self.inflight)
         if self.stage.name == "init" and free > 0:
-            # Back-pressure: pull only while the node has sandbox slots (those of jobs on
-            # its run and eval streams, plus what this process is creating).
-            # Read before every read: a job is off the critical path here (its own task runs
-            # meanwhile). A count cached for 50 ms and bumped by this process's forwards let
-            # the node reach 6 sandboxes with a limit of 3 (tests/pipeline/test_hot_path.py).
-            key = self.ctx.keys.node_sandboxes(self.ctx.node)
-            live = await (self._reader.execute("SCARD", key) if self._reader else self.r.scard(key))
+            # Back-pressure: pull only while the node has sandbox slots (those of jobs on its
+            # run and eval streams, plus what this process is creating). The count comes with
+            # every read (see _read), and this process's forwards since then are added to it:
+            # an estimate that can only be high (eval's releases lower the true count), never
+            # low. A count cached for 50 ms without those forwards let the node reach 6
+            # sandboxes with a limit of 3 (tests/pipeline/test_hot_path.py).
+            if self._live_at_read is None:  # unknown, or no room at the last look: ask now
+                if self._reader is not None:
+                    self._reader.uncork()  # with the hand-offs held so far
+                key = self.ctx.keys.node_sandboxes(self.ctx.node)
+                self._forwards_since_read = 0
+                self._live_at_read = int(await (self._reader.execute("SCARD", key) if self._reader
+                                                else self.r.scard(key)))
+            live = self._live_at_read + self._forwards_since_read
             free = min(free, self.s.max_sandboxes_per_node - live - len(self.inflight))
+            if free <= 0 or self._reader is None:
+                self._live_at_read = None
         return free
 
     async def _read_loop(self) -> None:
@@ -180,6 +196,8 @@ class ConsumerLoop:
                 await asyncio.sleep(1.0)
                 continue
             if entries:
+                if self._reader is not None:
+                    self._reader.cork()  # released with the next read (see _read)
                 self._admit(entries)
                 # Let the new jobs run up to their first wait before this loop sends its next
                 # read: on the critical path a job comes first.
@@ -192,10 +210,21 @@ class ConsumerLoop:
         if self._reader is None:
             resp = await self.r.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=count, block=block)
             return [(_id(m), f, 1) for _stream, items in resp or [] for m, f in items]
-        reply = await self._reader.execute("XREADGROUP", "GROUP", self.group, self.consumer, "COUNT", count,
-                                           "BLOCK", block, "STREAMS", self.stream, ">",
-                                           timeout_s=block / 1000 + SOCKET_TIMEOUT_S)
-        return [(_id(m), f, 1) for m, f in stream_entries(reply)]
+        commands = [("XREADGROUP", "GROUP", self.group, self.consumer, "COUNT", count, "BLOCK", block,
+                     "STREAMS", self.stream, ">")]
+        counting = self.stage.name == "init"
+        if counting:  # the node's sandbox count for the next read's back-pressure, in the same write
+            commands.insert(0, ("SCARD", self.ctx.keys.node_sandboxes(self.ctx.node)))
+            self._forwards_since_read = 0
+        self._reader_blocked = True
+        try:
+            replies = await self._reader.execute_many(commands, timeout_s=block / 1000 + SOCKET_TIMEOUT_S,
+                                                      uncork=True)
+        finally:
+            self._reader_blocked = False
+        if counting:
+            self._live_at_read = int(replies[0])
+        return [(_id(m), f, 1) for m, f in stream_entries(replies[-1])]
 
     def _admit(self, entries: list[tuple[str, dict, int]]) -> None:
         """Start a batch of messages, each as its own task, with no round trip: the
@@ -307,16 +336,20 @@ class ConsumerLoop:
             self._processing.discard(src.msg_id)
             self._deadlines.pop(src.msg_id, None)
         env.timings_s[f"{stage}_s"] = time.time() - started
+        # The reader, when no read holds it: the hand-off then goes out with the next read.
+        via = self._reader if not self._reader_blocked else None
         if isinstance(outcome, Forward):
             to_stream = self.ctx.keys.stage_stream(outcome.stage, self.ctx.node)
             try:
-                moved = await self.ctx.handoff.forward(src, env, to_stream, outcome.stage)
+                moved = await self.ctx.handoff.forward(src, env, to_stream, outcome.stage, via=via)
             except JobCancelled as exc:  # cancelled while this stage worked: it goes no further
                 return await self._end(src, env, "cancelled", str(exc))
+            if moved and stage == "init" and sandbox_of(env):
+                self._forwards_since_read += 1  # it counts against the node now
         else:
             outcome.timings_s = env.timings_s
             # Eval tore the sandbox down; it stops counting in the same script.
-            moved = await self.ctx.handoff.finish(src, outcome, count=self.ctx.handoff.sandbox_gone(env))
+            moved = await self.ctx.handoff.finish(src, outcome, count=self.ctx.handoff.sandbox_gone(env), via=via)
             if moved:
                 for key, seconds in self._latencies(outcome):
                     self.observations.observe(key, seconds)

@@ -14,6 +14,7 @@ from rollstream.client import AsyncClient
 from rollstream.messages import Envelope
 from rollstream.pipeline import histograms
 from rollstream.pipeline.connection import async_redis
+from rollstream.pipeline.embedded import EmbeddedRedis
 from rollstream.pipeline.wire import FastRedis
 from rollstream.tasks.base import TaskContext
 from rollstream.tasks.echo import EchoTask
@@ -150,3 +151,47 @@ async def test_the_lean_connection_gives_up_on_a_redis_that_does_not_answer(redi
         await fast.close()
         await r.aclose()
 
+
+
+async def _reads_processed(r) -> int:
+    return int((await r.info("stats"))["total_reads_processed"])
+
+
+async def test_corked_commands_from_several_tasks_reach_redis_in_one_read(tmp_path, namespace):
+    """A worker's hand-off and its next read travel together: what is sent while the
+    connection is corked goes out in one write when it is uncorked."""
+    with EmbeddedRedis(tmp_path / "redis", appendonly=False) as server:  # no other client reads
+        await _three_commands_in_one_read(server.url, namespace)
+
+
+async def _three_commands_in_one_read(url: str, namespace: str) -> None:
+    r = async_redis(url)
+    fast = FastRedis.from_client(r)
+    try:
+        assert await fast.execute("PING") == b"PONG"  # connected
+        before = await _reads_processed(r)
+        fast.cork()
+        first = asyncio.create_task(fast.execute("INCR", f"{namespace}:corked"))
+        second = asyncio.create_task(fast.execute("INCR", f"{namespace}:corked"))
+        await asyncio.sleep(0)  # both tasks queue their command on the corked connection
+        last = await fast.execute("INCR", f"{namespace}:corked", uncork=True)
+        assert sorted([await first, await second, last]) == [1, 2, 3]
+        # Redis read the three commands at once (the second INFO is one read more).
+        assert await _reads_processed(r) - before == 2
+    finally:
+        await fast.close()
+        await r.aclose()
+
+
+async def test_a_reply_awaited_while_corked_still_comes(redis_url):
+    """Nothing waits on a cork left in place: what it holds goes out on the loop's next turn."""
+    r = async_redis(redis_url)
+    fast = FastRedis.from_client(r)
+    try:
+        fast.cork()
+        assert await asyncio.wait_for(fast.execute("PING"), 5) == b"PONG"  # connects, then sends
+        fast.cork()
+        assert await asyncio.wait_for(fast.execute("PING"), 5) == b"PONG"
+    finally:
+        await fast.close()
+        await r.aclose()

@@ -97,8 +97,20 @@ class AsyncClient:
     async def submit_many(self, jobs: list[Job | dict]) -> list[str]:
         prepared = [self._prepare(j) for j in jobs]
         await self._ensure_results_group()
-        return await enqueue(self.r, self.keys, prepared, max_job_bytes=self.settings.max_job_bytes,
-                             fast=self._fast_submit)
+        # Acknowledgements still owed ride with the submission (one write, replies at once)
+        # rather than with the next read, whose reply would then come in two parts.
+        ids, self._to_ack = (self._to_ack, []) if self._fast_submit is not None else ([], self._to_ack)
+        try:
+            return await enqueue(self.r, self.keys, prepared, max_job_bytes=self.settings.max_job_bytes,
+                                 fast=self._fast_submit, before=self._ack_commands(ids))
+        except BaseException:
+            self._to_ack = ids + self._to_ack  # not known to be acknowledged: owe them still
+            raise
+
+    def _ack_commands(self, ids: list[bytes]) -> list[tuple]:
+        if not ids:
+            return []
+        return [("XACK", self._results_stream, RESULTS_GROUP, *ids), ("XDEL", self._results_stream, *ids)]
 
     async def submit_group(self, job: Job | dict, n: int, *, group_id: str | None = None) -> tuple[str, list[str]]:
         """Queue ``n`` rollouts of the same instance as one group (GRPO/DAPO); returns
@@ -129,10 +141,9 @@ class AsyncClient:
             read = ["XREADGROUP", "GROUP", RESULTS_GROUP, self._consumer, "COUNT", count]
             read += (["BLOCK", block_ms] if block_ms is not None else []) + ["STREAMS", self._results_stream, last_id]
             ids, self._to_ack = self._to_ack, []
-            commands = [("XACK", self._results_stream, RESULTS_GROUP, *ids), ("XDEL", self._results_stream, *ids)] if ids else []
             try:
                 replies = await self._fast_results.execute_many(
-                    [*commands, tuple(read)], timeout_s=(block_ms or 0) / 1000 + SOCKET_TIMEOUT_S)
+                    [*self._ack_commands(ids), tuple(read)], timeout_s=(block_ms or 0) / 1000 + SOCKET_TIMEOUT_S)
             except BaseException:
                 self._to_ack = ids + self._to_ack  # not known to be acknowledged: owe them still
                 raise

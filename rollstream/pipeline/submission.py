@@ -46,10 +46,13 @@ def encode_for_init(job: Job, max_job_bytes: int) -> bytes:
 
 
 async def enqueue(r: aioredis.Redis, keys: Keys, jobs: list[Job], *, max_job_bytes: int,
-                  fast: FastRedis | None = None) -> list[str]:
+                  fast: FastRedis | None = None, before: list[tuple] = ()) -> list[str]:
     """Queue already-validated jobs for the init stage; returns their ids. Idempotent per
     job id while its state hash lives (until job_state_ttl_s after it finished): a retried
-    submission queues nothing twice."""
+    submission queues nothing twice. ``before``: commands that ride in the same write
+    (only with ``fast``)."""
+    if before and fast is None:
+        raise ValueError("commands can ride along with a submission only on a lean connection")
     payloads = [encode_for_init(job, max_job_bytes) for job in jobs]
     submitters = sorted({job.submitter for job in jobs})
     args: list = [time.time(), len(submitters), *submitters]
@@ -60,7 +63,7 @@ async def enqueue(r: aioredis.Redis, keys: Keys, jobs: list[Job], *, max_job_byt
             args += [field, value]
     script_keys = [keys.init_stream, keys.submitters, *(keys.job(job.job_id) for job in jobs)]
     if fast is not None:  # the client's lean connection: submit is on a job's critical path
-        await fast.evalsha(_SUBMIT, script_keys, args)
+        await fast.evalsha(_SUBMIT, script_keys, args, before=before)
     else:
         await r.register_script(_SUBMIT)(keys=script_keys, args=args)
     return [job.job_id for job in jobs]

@@ -225,18 +225,21 @@ class FastRedis:
         else:
             self._watchdog = loop.call_at(earliest, self._watch)
 
-    async def evalsha(self, script: str, keys: list, args: list):
-        """Run a Lua script by its SHA1, loading it the first time (and after a restart)."""
+    async def evalsha(self, script: str, keys: list, args: list, *, before: list[tuple] = ()):
+        """Run a Lua script by its SHA1, loading it the first time (and after a restart).
+        ``before``: commands to send ahead of it in the same write (their replies are only
+        checked for errors)."""
         sha = self._scripts.get(script)
         if sha is None:
             sha = self._scripts[script] = hashlib.sha1(script.encode()).hexdigest().encode()
+        call = ("EVALSHA", sha, len(keys), *keys, *args)
         try:
-            return await self.execute("EVALSHA", sha, len(keys), *keys, *args)
+            return (await self.execute_many([*before, call]))[-1]
         except redis.ResponseError as exc:
             if not isinstance(exc, NoScriptError):
                 raise
-            await self.execute("SCRIPT", "LOAD", script)
-            return await self.execute("EVALSHA", sha, len(keys), *keys, *args)
+            await self.execute("SCRIPT", "LOAD", script)  # what came before it ran already
+            return await self.execute(*call)
 
 
     async def evalsha_many(self, script: str, calls: list[tuple[str, list]]) -> list:

@@ -31,7 +31,8 @@ from rollstream.tasks.registry import validate_instance
 class AsyncClient:
     """Submit and collect rollouts. One client is one submitter: its results arrive on
     ``{ns}:results:{submitter}`` and each result is yielded once (acknowledged with the
-    next read, or at ``close``, so a crashed consumer sees an unacknowledged result again)."""
+    next submission or read, or at ``close``, so a crashed consumer sees an unacknowledged
+    result again)."""
 
     def __init__(self, redis_url: str | None = None, *, submitter: str | None = None,
                  settings: Settings | None = None, validate_tasks: bool = True):

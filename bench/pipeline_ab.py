@@ -60,8 +60,9 @@ async def main(url, ns, work):
 
 try:
     from rollstream import eventloop
-    run = lambda coro: eventloop.run(coro, Settings().event_loop)
-except ImportError:  # a commit from before rollstream.eventloop
+    choice = Settings().event_loop
+    run = lambda coro: eventloop.run(coro, choice)
+except (ImportError, AttributeError):  # a commit from before the event_loop setting
     run = asyncio.run
 run(main(*sys.argv[1:4]))
 """
@@ -157,10 +158,10 @@ def main() -> None:
            "new_faster_pairs": sum(d < 0 for d in diffs), "pairs": len(rows),
            "cpu_ms_per_job_base": round(statistics.median(cpu["base"]), 3),
            "cpu_ms_per_job_new": round(statistics.median(cpu["new"]), 3)}
-    print(f"{'':34} {'base':>8} {'new':>8} {'new − base':>11}")
-    print(f"{'p50 of window p50s, ms':34} {out['p50_ms_base']:8.3f} {out['p50_ms_new']:8.3f} {out['median_diff_ms']:+11.3f}"
+    print(f"{'':42} {'base':>8} {'new':>8} {'new − base':>11}")
+    print(f"{'p50 of window p50s, ms':42} {out['p50_ms_base']:8.3f} {out['p50_ms_new']:8.3f} {out['median_diff_ms']:+11.3f}"
           f"   (new faster in {out['new_faster_pairs']} of {len(rows)} pairs)")
-    print(f"{'CPU per job, ms (workers, client, Redis)':34} {out['cpu_ms_per_job_base']:8.3f} "
+    print(f"{'CPU per job, ms (workers, client, Redis)':42} {out['cpu_ms_per_job_base']:8.3f} "
           f"{out['cpu_ms_per_job_new']:8.3f}")
     for label, lo, hi in (("steady pairs, fast host (probe < 10 ms)", 0, 10),
                           ("steady pairs, slow host (probe ≥ 10 ms)", 10, 1e9)):
@@ -168,7 +169,7 @@ def main() -> None:
         if sel:
             base, new = statistics.median(b for b, _ in sel), statistics.median(n for _, n in sel)
             out[f"p50_ms_{'fast' if lo == 0 else 'slow'}_host"] = [round(base, 3), round(new, 3), len(sel)]
-            print(f"{label:34} {base:8.3f} {new:8.3f} {new - base:+11.3f}   ({len(sel)} pairs)")
+            print(f"{label:42} {base:8.3f} {new:8.3f} {new - base:+11.3f}   ({len(sel)} pairs)")
     print("RESULT " + json.dumps(out))
 
 

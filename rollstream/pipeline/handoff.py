@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError
 
 from rollstream.errors import JobCancelled
 from rollstream.messages import DeadLetter, Envelope, Job, Result
@@ -90,9 +91,13 @@ class Handoff:
                       len(state), len(dests), *flat]
         for _, maxlen, payload in dests:
             args += [maxlen, payload]
-        fast = via or self._fast
-        if fast is not None:
-            return int(await fast.evalsha(_SCRIPT, keys, args))
+        if via is not None:
+            try:
+                return int(await via.evalsha(_SCRIPT, keys, args, load=False))
+            except NoScriptError:  # Redis restarted: load it on our own connection, which no read holds
+                pass
+        if self._fast is not None:
+            return int(await self._fast.evalsha(_SCRIPT, keys, args))
         return int(await self._script(keys=keys, args=args))
 
     async def forward(self, src: Source, env: Envelope, to_stream: str, to_stage: str, *,

@@ -225,10 +225,11 @@ class FastRedis:
         else:
             self._watchdog = loop.call_at(earliest, self._watch)
 
-    async def evalsha(self, script: str, keys: list, args: list, *, before: list[tuple] = ()):
+    async def evalsha(self, script: str, keys: list, args: list, *, before: list[tuple] = (), load: bool = True):
         """Run a Lua script by its SHA1, loading it the first time (and after a restart).
         ``before``: commands to send ahead of it in the same write (their replies are only
-        checked for errors)."""
+        checked for errors). ``load=False``: raise ``NoScriptError`` instead of loading it
+        (on a connection that a blocking read may hold by then)."""
         sha = self._scripts.get(script)
         if sha is None:
             sha = self._scripts[script] = hashlib.sha1(script.encode()).hexdigest().encode()
@@ -236,7 +237,7 @@ class FastRedis:
         try:
             return (await self.execute_many([*before, call]))[-1]
         except redis.ResponseError as exc:
-            if not isinstance(exc, NoScriptError):
+            if not isinstance(exc, NoScriptError) or not load:
                 raise
             await self.execute("SCRIPT", "LOAD", script)  # what came before it ran already
             return await self.execute(*call)

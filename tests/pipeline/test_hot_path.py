@@ -195,3 +195,23 @@ async def test_a_reply_awaited_while_corked_still_comes(redis_url):
     finally:
         await fast.close()
         await r.aclose()
+
+
+async def test_hand_offs_after_a_script_flush_do_not_wait_behind_a_blocking_read(settings):
+    """Redis forgets its scripts when it restarts. A hand-off sent on the reader connection
+    then gets NOSCRIPT after the worker's next (blocking) read was queued behind it: the
+    script is loaded and re-run on the hand-off's own connection, not behind that read
+    (with reads blocking 30 s here, waiting behind one would run past the collect timeout)."""
+    patient = settings.model_copy(update={"read_block_ms": 30_000})
+    tasks = await serve_all(patient)
+    try:
+        async with AsyncClient(settings=patient) as client:
+            await client.submit({"task": "echo", "instance": {"prompt": "first"}})
+            await client.collect(1, timeout_s=20)
+            for i in range(3):
+                await client.r.script_flush()
+                await client.submit({"task": "echo", "instance": {"prompt": f"after flush {i}"}})
+                [result] = await client.collect(1, timeout_s=10)
+                assert result.status == "completed" and result.reward == 1.0
+    finally:
+        await stop_all(tasks)

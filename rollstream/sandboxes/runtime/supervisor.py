@@ -29,6 +29,9 @@ else:  # python -S supervisor.py: sibling modules are top-level
     from editor import Editor, EditorError, PathMap
 
 MAX_SESSIONS = 16
+# After a command during which forks failed at the process limit: how long to watch for more
+# failures before deciding that nothing is still forking against the limit.
+FORK_FAILURE_WINDOW_S = 0.1
 
 
 class BadRequest(Exception):
@@ -273,8 +276,9 @@ class Supervisor:
                 self.limit_hits_told = self.confinement.pid_limit_hits()
         result = session.run(command, timeout_s, float(no_output) if no_output else None)
         if self.confinement is not None and (hits := self.confinement.pid_limit_hits()) > self.limit_hits_told:
-            self.limit_hits_told = hits
-            if self.confinement.at_process_limit() and self._kill_shell(session):
+            runaway = self._forks_still_failing(hits)
+            self.limit_hits_told = self.confinement.pid_limit_hits()
+            if runaway and self._kill_shell(session):
                 notes.append(self._limit_note("during this command"))
             else:
                 notes.append(f"the sandbox reached its process limit ({self.plan.get('max_processes')}); forks failed")
@@ -284,6 +288,16 @@ class Supervisor:
         if self.disk_exceeded:
             result["note"] = "; ".join(filter(None, [result["note"], self.disk_exceeded]))
         return result
+
+    def _forks_still_failing(self, hits: int) -> bool:
+        """After forks failed at the limit: is something still forking against it? A fork
+        bomb in the background keeps the sandbox at the limit, or dips below it and keeps
+        failing forks; a burst that is over (a `make -j` that ran out of slots) does neither."""
+        assert self.confinement is not None
+        if self.confinement.at_process_limit():
+            return True
+        time.sleep(FORK_FAILURE_WINDOW_S)
+        return self.confinement.at_process_limit() or self.confinement.pid_limit_hits() > hits
 
     def _kill_shell(self, session: BashSession) -> bool:
         """Kill a shell and all it started (its pid namespace, under bwrap), unless it is busy."""

@@ -24,12 +24,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
 import psutil
 
+from pipeline import speed_probe_ms  # bench/pipeline.py, beside this file
 from rollstream.pipeline.embedded import EmbeddedRedis
 
 REPO = Path(__file__).resolve().parent.parent
@@ -66,14 +66,6 @@ except (ImportError, AttributeError):  # a commit from before the event_loop set
     run = asyncio.run
 run(main(*sys.argv[1:4]))
 """
-
-
-def speed_probe_ms() -> float:
-    t0 = time.perf_counter()
-    x = 0
-    for i in range(200_000):
-        x += i
-    return (time.perf_counter() - t0) * 1000
 
 
 def checkout(rev_or_dir: str, keep: list[Path]) -> Path:

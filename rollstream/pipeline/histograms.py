@@ -34,13 +34,12 @@ class Observations:
         self._pending: dict[str, dict[str, float]] = {}
 
     def observe(self, key: str, value_s: float) -> None:
-        h = self._pending.get(key)
-        if h is None:
-            h = self._pending[key] = {"sum": 0.0, "count": 0}
-        field = bucket(value_s)
-        h[field] = h.get(field, 0) + 1
-        h["sum"] += value_s
-        h["count"] += 1
+        self._add(key, {bucket(value_s): 1, "sum": value_s, "count": 1})
+
+    def _add(self, key: str, counts: dict[str, float]) -> None:
+        h = self._pending.setdefault(key, {})
+        for field, n in counts.items():
+            h[field] = h.get(field, 0) + n
 
     async def flush(self, r: aioredis.Redis) -> None:
         """Add what was observed since the last flush, all histograms in one transaction;
@@ -59,9 +58,7 @@ class Observations:
                 await pipe.execute()
         except (redis.ConnectionError, redis.TimeoutError, OSError):
             for key, h in batch.items():
-                for field, n in h.items():
-                    mine = self._pending.setdefault(key, {"sum": 0.0, "count": 0})
-                    mine[field] = mine.get(field, 0) + n
+                self._add(key, h)
             raise
 
 

@@ -225,15 +225,18 @@ class FastRedis:
         else:
             self._watchdog = loop.call_at(earliest, self._watch)
 
+    def _sha(self, script: str) -> bytes:
+        sha = self._scripts.get(script)
+        if sha is None:
+            sha = self._scripts[script] = hashlib.sha1(script.encode()).hexdigest().encode()
+        return sha
+
     async def evalsha(self, script: str, keys: list, args: list, *, before: list[tuple] = (), load: bool = True):
         """Run a Lua script by its SHA1, loading it the first time (and after a restart).
         ``before``: commands to send ahead of it in the same write (their replies are only
         checked for errors). ``load=False``: raise ``NoScriptError`` instead of loading it
         (on a connection that a blocking read may hold by then)."""
-        sha = self._scripts.get(script)
-        if sha is None:
-            sha = self._scripts[script] = hashlib.sha1(script.encode()).hexdigest().encode()
-        call = ("EVALSHA", sha, len(keys), *keys, *args)
+        call = ("EVALSHA", self._sha(script), len(keys), *keys, *args)
         try:
             return (await self.execute_many([*before, call]))[-1]
         except redis.ResponseError as exc:
@@ -245,9 +248,7 @@ class FastRedis:
 
     async def evalsha_many(self, script: str, calls: list[tuple[str, list]]) -> list:
         """The same one-key script for each (key, args), in one round trip."""
-        sha = self._scripts.get(script)
-        if sha is None:
-            sha = self._scripts[script] = hashlib.sha1(script.encode()).hexdigest().encode()
+        sha = self._sha(script)
         commands = [("EVALSHA", sha, 1, key, *args) for key, args in calls]
         try:
             return await self.execute_many(commands)

@@ -11,6 +11,8 @@ import logging
 import random
 from pathlib import Path
 
+from rollstream.llm.sequences import common_prefix_length
+
 log = logging.getLogger(__name__)
 
 
@@ -64,7 +66,7 @@ def warm_up(model_dir: Path, episodes: list[list[dict]], tools: list[dict], out_
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.05, 1 - s / steps))
     # Every episode starts with the same system prompt and tool list; run that shared prefix
     # once per step without gradients and train only on what follows (5x less compute).
-    prefix_len = min(_common_prefix(data[0][0], ids) for ids, _ in data)
+    prefix_len = min(common_prefix_length(data[0][0], ids) for ids, _ in data)
     prefix = torch.tensor(data[0][0][:prefix_len]).unsqueeze(0)
     model.train()
     for step in range(steps):
@@ -96,15 +98,6 @@ def warm_up(model_dir: Path, episodes: list[list[dict]], tools: list[dict], out_
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     return out_dir
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 # The RL benchmark's model: warmed up on one-digit sums (high 5) in episodes that all

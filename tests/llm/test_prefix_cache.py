@@ -68,8 +68,8 @@ def test_a_lookup_compares_two_candidates_at_most_however_many_entries_share_its
         cache.insert(ids, _kv(len(ids)))
     assert cache.stats.entries == 3000
     compared = []
-    real_common = cache_module._common
-    monkeypatch.setattr(cache_module, "_common", lambda a, b: compared.append(1) or real_common(a, b))
+    real_common = cache_module.common_prefix_length
+    monkeypatch.setattr(cache_module, "common_prefix_length", lambda a, b: compared.append(1) or real_common(a, b))
     target = cache._entries[next(reversed(cache._entries))].ids
     hit = cache.lookup(list(target) + [1, 2, 3])
     assert hit.length == len(target)

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rollstream.llm.sequences import common_prefix_length
+
 # One (keys, values) pair per layer, each shaped [1, kv_heads, length, head_dim].
 KV = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -31,16 +33,6 @@ def kv_slice(kv: KV, length: int) -> KV:
 def kv_compact(kv: KV) -> KV:
     """Own copies, so that a cached entry does not pin the whole batch tensor it was a view of."""
     return [(k.clone(), v.clone()) for k, v in kv]
-
-
-def _common(a, b) -> int:
-    """How many leading ids two short sequences share."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 # Ids per node of the index. A lookup walks whole blocks by hash; within the last one it
@@ -158,7 +150,7 @@ class PrefixCache:
         at = bisect.bisect_left(node.ordered, query)
         best_key, best = None, 0
         for ids in node.ordered[max(0, at - 1):at + 1]:
-            n = _common(ids, query)
+            n = common_prefix_length(ids, query)
             if n > best:
                 best_key, best = node.entry_of(ids), n
         return best_key, best

@@ -81,6 +81,10 @@ async def main() -> None:
     console = Console(width=200)
     console.print(table(report))
     console.print(memory_table(report))
+    if report.prefix_cache_mib:
+        console.print(f"model servers' prefix caches at the end: {report.prefix_cache_mib} MiB, bounded by their "
+                      "budget (1 GiB by default); a model server's growth is this plus the working memory of its "
+                      "first batches (see bench/README.md)")
     phases = report.phases
     result = {
         "jobs": sum(p.verdict.submitted for p in phases),
@@ -95,6 +99,7 @@ async def main() -> None:
         "phases": len(phases),
         "worker_restarts": report.worker_restarts,
         "memory_growth_mib": {k: round(end - warm, 1) for k, (warm, end, _peak) in report.memory.items()},
+        "prefix_cache_mib": report.prefix_cache_mib,
         "wall_s": round(wall, 1),
     }
     print("RESULT " + json.dumps(result))

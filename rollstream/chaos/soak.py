@@ -42,6 +42,10 @@ class SoakReport:
     phases: list[PhaseReport] = field(default_factory=list)
     memory: dict[str, tuple[float, float, float]] = field(default_factory=dict)
     worker_restarts: int = 0
+    # MiB each model server's prefix cache held at the end: bounded by the cache's budget
+    # (1 GiB by default). With the working memory of the first batches, that is what a model
+    # server's memory grows by (bench/README.md).
+    prefix_cache_mib: list[float] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -135,4 +139,20 @@ async def run_soak(cluster: LocalCluster, faults: list[str], *, echo_total: int,
         await asyncio.gather(*background, return_exceptions=True)
     report.memory = sampler.growth()
     report.worker_restarts = cluster.restarts
+    report.prefix_cache_mib = await _prefix_cache_mib(cluster)
     return report
+
+
+async def _prefix_cache_mib(cluster: LocalCluster) -> list[float]:
+    import httpx
+
+    out = []
+    async with httpx.AsyncClient(timeout=10.0) as http:
+        for server in cluster.servers:
+            try:
+                stats = (await http.get(f"{server.url}/v1/engine_stats")).json()
+            except httpx.HTTPError as exc:
+                log.warning("engine stats of %s not read: %s", server.url, exc)
+                continue
+            out.append(round(stats["prefix_cache"]["bytes"] / 2**20, 1))
+    return out

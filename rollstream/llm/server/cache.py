@@ -123,12 +123,7 @@ class PrefixCache:
         with self._lock:
             self.stats.lookups += 1
             self.stats.prompt_tokens += len(prompt)
-            node, depth = self._root, 0
-            while depth + BLOCK <= limit:
-                child = node.children.get(tuple(prompt[depth:depth + BLOCK]))
-                if child is None:
-                    break
-                node, depth = child, depth + BLOCK
+            node, depth = self._walk(prompt, limit)
             key, extra = self._within_block(node, prompt[depth:min(depth + BLOCK, limit)])
             if key is None and node is not self._root:
                 key = next(iter(node.through))
@@ -139,6 +134,17 @@ class PrefixCache:
             self.stats.hits += 1
             self.stats.reused_tokens += length
             return PrefixHit(kv=kv_slice(self._entries[key].kv, length), length=length)
+
+    def _walk(self, ids, limit: int) -> tuple[_Node, int]:
+        """The deepest node whose blocks begin ``ids`` (no further than ``limit`` ids), and
+        its depth in ids."""
+        node, depth = self._root, 0
+        while depth + BLOCK <= limit:
+            child = node.children.get(tuple(ids[depth:depth + BLOCK]))
+            if child is None:
+                break
+            node, depth = child, depth + BLOCK
+        return node, depth
 
     @staticmethod
     def _within_block(node: _Node, rest: list[int]) -> tuple[int | None, int]:
@@ -175,7 +181,7 @@ class PrefixCache:
             while True:
                 # Entries that are a prefix of the new one can serve no lookup it cannot.
                 rest = ids[depth:depth + BLOCK]
-                for n in range(min(len(rest), BLOCK - 1) + 1):
+                for n in range(min(len(rest), BLOCK - 1) + 1) if node.tails else ():
                     old = node.tails.get(rest[:n])
                     if old is not None:
                         self._drop(old)
@@ -200,12 +206,9 @@ class PrefixCache:
 
     def _covering(self, ids: tuple[int, ...]) -> int | None:
         """An entry whose ids start with all of ``ids``, if one is cached."""
-        node, depth = self._root, 0
-        while depth + BLOCK <= len(ids):
-            node = node.children.get(ids[depth:depth + BLOCK])
-            if node is None:
-                return None
-            depth += BLOCK
+        node, depth = self._walk(ids, len(ids))
+        if depth + BLOCK <= len(ids):  # a whole block of ids that no entry has
+            return None
         rest = ids[depth:]
         if not rest:
             return next(iter(node.through)) if node.through else None

@@ -1,18 +1,23 @@
 """What a soak run checks once the load has drained: sandboxes and processes left behind,
 balancer in-flight counts, sandbox bookkeeping in Redis, and the memory of every process
-over the run (sampled, so growth can be told from a one-off peak)."""
+over the run (sampled, so growth can be told from a one-off peak), and what the model
+servers' prefix caches hold at the end (most of their growth)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 
+import httpx
 import psutil
 import redis.asyncio as aioredis
 
 from rollstream.chaos.cluster import LocalCluster
 from rollstream.pipeline.balancer import list_backends
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -101,3 +106,17 @@ class MemorySampler:
             rows.sort()
             out[kind] = rows[len(rows) // 2]
         return out
+
+
+async def prefix_cache_mib(cluster: LocalCluster) -> list[float]:
+    """MiB each live model server's prefix cache holds (its /v1/engine_stats)."""
+    out = []
+    async with httpx.AsyncClient(timeout=10.0) as http:
+        for server in cluster.servers:
+            try:
+                stats = (await http.get(f"{server.url}/v1/engine_stats")).json()
+            except httpx.HTTPError as exc:
+                log.warning("engine stats of %s not read: %s", server.url, exc)
+                continue
+            out.append(round(stats["prefix_cache"]["bytes"] / 2**20, 1))
+    return out

@@ -14,7 +14,7 @@ from rollstream.chaos.cluster import LocalCluster
 from rollstream.chaos.faults import FAULTS
 from rollstream.chaos.ledger import Ledger, Verdict, read_dead_letters
 from rollstream.chaos.load import HttpLoad, PythonLoad, arith_jobs, echo_jobs
-from rollstream.chaos.probes import Leaks, MemorySampler, leaks
+from rollstream.chaos.probes import Leaks, MemorySampler, leaks, prefix_cache_mib
 from rollstream.config import Settings
 from rollstream.pipeline.connection import async_redis
 
@@ -139,20 +139,5 @@ async def run_soak(cluster: LocalCluster, faults: list[str], *, echo_total: int,
         await asyncio.gather(*background, return_exceptions=True)
     report.memory = sampler.growth()
     report.worker_restarts = cluster.restarts
-    report.prefix_cache_mib = await _prefix_cache_mib(cluster)
+    report.prefix_cache_mib = await prefix_cache_mib(cluster)
     return report
-
-
-async def _prefix_cache_mib(cluster: LocalCluster) -> list[float]:
-    import httpx
-
-    out = []
-    async with httpx.AsyncClient(timeout=10.0) as http:
-        for server in cluster.servers:
-            try:
-                stats = (await http.get(f"{server.url}/v1/engine_stats")).json()
-            except httpx.HTTPError as exc:
-                log.warning("engine stats of %s not read: %s", server.url, exc)
-                continue
-            out.append(round(stats["prefix_cache"]["bytes"] / 2**20, 1))
-    return out

@@ -21,6 +21,9 @@ async def test_unknown_task_is_rejected_at_submit(settings):
             await client.submit({"task": "echo", "instance": {"prompt": 3}})
         with pytest.raises(InvalidJob, match="malformed job"):
             await client.submit({"task": "echo", "instance": {"prompt": "x"}, "bogus_field": 1})
+        for field, bad in [("job_id", "a b"), ("job_id", "x{1}"), ("group_id", "g\tg"), ("job_id", "")]:
+            with pytest.raises(InvalidJob, match=f"(?s)malformed job.*{field}"):  # ids go into key names
+                await client.submit({"task": "echo", "instance": {"prompt": "x"}, field: bad})
         assert await client.r.xlen(Keys(settings.namespace).init_stream) == 0
 
 

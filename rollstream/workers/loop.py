@@ -196,7 +196,11 @@ class ConsumerLoop:
                 await asyncio.sleep(1.0)
                 continue
             if entries:
-                if self._reader is not None:
+                if self._reader is not None and len(entries) > 1:
+                    # A batch: its hand-offs go out with the next read, in one write (one
+                    # wake-up of Redis for them all). A lone job's hand-off goes at once:
+                    # holding it for the read costs its next stage ~0.1 ms, and no write
+                    # is saved that a busy worker would notice.
                     self._reader.cork()  # released with the next read (see _read)
                 self._admit(entries)
                 # Let the new jobs run up to their first wait before this loop sends its next

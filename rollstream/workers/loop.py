@@ -80,7 +80,8 @@ class ConsumerLoop:
         self._mark_timer: asyncio.TimerHandle | None = None
         self._side_tasks: set[asyncio.Task] = set()  # sent without awaiting; kept from GC
         # The wake-up read, on its own connection. Between a read's reply and the next read,
-        # jobs that finish at once send their hand-off on it too, corked with that next read.
+        # jobs that finish at once send their hand-off on it too: a batch's corked with that
+        # next read, a lone job's at once (see _read_loop).
         self._reader = FastRedis.from_client(self.r)
         self._reader_blocked = False
         # Init's view of the node's sandbox count: as read with the last read, plus the

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from rollstream.cli.common import console, settings_from
-from rollstream.pipeline.balancer import add_backend, list_backends, remove_backend
+from rollstream.pipeline.balancer import add_backend, list_backends, normalize_url, remove_backend
 from rollstream.pipeline.connection import async_redis
 
 app = typer.Typer(help="Inference servers (vLLM, SGLang, built-in) the run workers balance over.",
@@ -36,6 +36,10 @@ def _run(coro_fn, redis: str | None):
 @app.command()
 def add(url: str = typer.Argument(..., help="Base URL, e.g. http://gpu1:8000"), redis: Optional[str] = RedisOpt):
     """Register a backend (idempotent)."""
+    try:
+        normalize_url(url)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
     new = _run(lambda r, ns: add_backend(r, url, ns), redis)
     console.print(f"{'added' if new else 'already registered'}: {url}")
 
@@ -56,6 +60,10 @@ def list_(redis: Optional[str] = RedisOpt, as_json: bool = typer.Option(False, "
 @app.command()
 def remove(url: str, redis: Optional[str] = RedisOpt):
     """Remove a backend; run workers stop sending it new turns."""
+    try:
+        normalize_url(url)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
     if not _run(lambda r, ns: remove_backend(r, url, ns), redis):
         raise typer.Exit(f"no backend {url}")
     console.print(f"removed: {url}")

@@ -118,11 +118,15 @@ def default_worker_id() -> str:
 
 
 def normalize_url(url: str) -> str:
-    """One spelling per backend, so `add http://h:8000/` and `http://h:8000` are the same."""
-    url = url.strip().rstrip("/")
+    """One spelling per backend, so `add http://h:8000/` and `http://h:8000` are the same.
+    Raises ValueError for a URL with no host (``http:///``)."""
+    url = url.strip()
     if "://" not in url:
         url = "http://" + url
-    return url
+    scheme, _, rest = url.partition("://")
+    if not rest.strip("/"):
+        raise ValueError(f"backend URL {url!r} names no host; give one like http://10.0.0.5:8000")
+    return f"{scheme}://{rest.rstrip('/')}"
 
 
 class Balancer:

@@ -18,6 +18,15 @@ async def test_requests_without_the_token_get_401(api_server):
         assert (await http.get("/health")).status_code == 200
 
 
+async def test_a_backend_url_without_a_host_is_refused_and_one_with_a_slash_is_found(api_server, auth):
+    async with httpx.AsyncClient(base_url=api_server, headers=auth) as http:
+        assert (await http.post("/v1/backends", json={"url": "http:///"})).status_code == 422
+        assert (await http.delete("/v1/backends", params={"url": "http:///"})).status_code == 422
+        added = await http.post("/v1/backends", json={"url": "http://gpu7:8000/"})
+        assert added.status_code == 200 and added.json()["url"] == "http://gpu7:8000"
+        assert (await http.delete("/v1/backends", params={"url": "http://gpu7:8000"})).status_code == 200
+
+
 async def test_an_oversized_body_gets_413(api_server, auth):
     async with httpx.AsyncClient(base_url=api_server, headers=auth) as http:
         big = {"task": "echo", "instance": {"prompt": "x" * 100_000}}

@@ -21,6 +21,7 @@ from rollstream.pipeline.balancer import (
     NoBackendAvailable,
     add_backend,
     list_backends,
+    normalize_url,
     remove_backend,
 )
 
@@ -30,6 +31,14 @@ BACKENDS = ["http://b0:8000", "http://b1:8000", "http://b2:8000", "http://b3:800
 async def _register(balancer: Balancer, urls=BACKENDS) -> None:
     for url in urls:
         await balancer.register(url)
+
+
+def test_a_backend_has_one_spelling_and_a_url_without_a_host_is_refused():
+    assert normalize_url(" http://h:8000/ ") == normalize_url("h:8000") == "http://h:8000"
+    assert normalize_url("https://h/v1//") == "https://h/v1"
+    for hostless in ("http:///", "http://", "///"):
+        with pytest.raises(ValueError, match="names no host"):
+            normalize_url(hostless)
 
 
 async def test_acquire_picks_least_loaded_backend(balancer: Balancer):

@@ -33,13 +33,17 @@ def _run(coro_fn, redis: str | None):
     return asyncio.run(go())
 
 
-@app.command()
-def add(url: str = typer.Argument(..., help="Base URL, e.g. http://gpu1:8000"), redis: Optional[str] = RedisOpt):
-    """Register a backend (idempotent)."""
+def _check(url: str) -> None:
     try:
         normalize_url(url)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
+
+
+@app.command()
+def add(url: str = typer.Argument(..., help="Base URL, e.g. http://gpu1:8000"), redis: Optional[str] = RedisOpt):
+    """Register a backend (idempotent)."""
+    _check(url)
     new = _run(lambda r, ns: add_backend(r, url, ns), redis)
     console.print(f"{'added' if new else 'already registered'}: {url}")
 
@@ -60,10 +64,7 @@ def list_(redis: Optional[str] = RedisOpt, as_json: bool = typer.Option(False, "
 @app.command()
 def remove(url: str, redis: Optional[str] = RedisOpt):
     """Remove a backend; run workers stop sending it new turns."""
-    try:
-        normalize_url(url)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from None
+    _check(url)
     if not _run(lambda r, ns: remove_backend(r, url, ns), redis):
         raise typer.Exit(f"no backend {url}")
     console.print(f"removed: {url}")

@@ -1,7 +1,7 @@
 """Where one job's submit → result time goes, hop by hop, across the client, the three
 workers and Redis: a timeline with microsecond stamps from every process, for finding
-what to cut next (it found the two cuts of session 6: the wire codec and the corked
-hand-off of a lone job).
+what to cut next (it found session 6's cuts: the wire codec and the corked hand-off of a
+lone job).
 
     python bench/pipeline_trace.py [--jobs 400]
 
@@ -9,7 +9,8 @@ Each process records ``time.monotonic_ns()`` (one clock for all processes) at fi
 bytes arriving from Redis (``recv``), a command leaving (``send``), a batch admitted, the
 envelope decoded, the stage's work, the hand-off and its packing. The workers are patched
 at start through a ``sitecustomize`` on their PYTHONPATH; the patches wrap internals, so a
-renamed method breaks this harness, not the product. Jobs go one at a time; the table is
+renamed method breaks this harness, not the product (tests/bench/test_pipeline_trace.py
+runs it, so such a rename fails a test). Jobs go one at a time; the table is
 the most common sequence of events, with the median time since the previous event and
 since submit. Gaps between one process's ``send`` and the next one's ``recv`` are Redis
 and the wake-up; the rest is Python. Recording costs ~1 µs an event, so totals run a

@@ -23,7 +23,6 @@ submit) and ``jobs_in_table``.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import bisect
 import collections
 import json
@@ -78,7 +77,7 @@ def arm(out_dir: str) -> None:
 
     def dump() -> None:
         with open(os.path.join(out_dir, f"{os.getpid()}.json"), "w") as f:
-            json.dump({"argv": sys.argv, "events": EVENTS}, f)
+            json.dump({"events": EVENTS}, f)
 
     atexit.register(dump)
     received = wire._Replies.data_received
@@ -111,11 +110,12 @@ if "worker" in sys.argv:
 
 
 async def _submit_one_at_a_time(settings, n: int) -> list[float]:
+    from pipeline import wait_workers
+
     from rollstream.client import AsyncClient
 
     async with AsyncClient(settings=settings) as client:
-        while await client.r.zcard(client.keys.workers) < 3:
-            await asyncio.sleep(0.05)
+        await wait_workers(client, 3)
         for _ in range(50):  # warm up
             await client.submit({"task": "echo", "instance": {"prompt": "warm"}})
             await client.collect(1, timeout_s=30)

@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 
 from rollstream.errors import InvalidJob
 from rollstream.messages import Envelope
+from rollstream.tasks import eval_report
 from rollstream.tasks.agent_task import AgentTask
 
 SYSTEM = "Compute with bash, then submit the number."
@@ -112,5 +113,18 @@ class ArithTask(AgentTask):
         return [BASH_SCHEMA]
 
     async def reward(self, env: Envelope, sandbox: Any) -> float:
-        answer = parse_int(env.trajectory.extra.get("answer")) if env.trajectory else None
-        return 1.0 if answer is not None and answer == expected(env.job.instance) else 0.0
+        gold = expected(env.job.instance)
+        submitted = eval_report.submitted_answer(env)
+        if submitted is None:
+            return eval_report.record(env, 0.0, "no answer: the agent never called submit with 'answer'",
+                                      gold=gold)
+        if isinstance(submitted, dict):
+            return eval_report.record(env, 0.0, "submit was called without its 'answer' argument",
+                                      submitted=str(submitted)[:200], gold=gold)
+        answer = parse_int(submitted)
+        if answer is None:
+            return eval_report.record(env, 0.0, "the submitted answer is not an integer",
+                                      submitted=str(submitted)[:200], gold=gold)
+        if answer != gold:
+            return eval_report.record(env, 0.0, "the submitted answer differs from a op b", predicted=answer, gold=gold)
+        return eval_report.record(env, 1.0, "answer matches", predicted=answer, gold=gold)

@@ -11,6 +11,7 @@ import shutil
 
 from rollstream.errors import InvalidJob, JobFailed
 from rollstream.messages import Envelope
+from rollstream.tasks import eval_report
 from rollstream.tasks.base import Task, TaskContext
 from rollstream.trajectory import Message, Trajectory
 
@@ -64,7 +65,10 @@ class EchoTask(Task):
         await self._maybe_fail_or_wait(env, "eval")
         expected = env.job.instance.get("expected", env.job.instance["prompt"])
         response = env.trajectory.response_text if env.trajectory else None
-        return 1.0 if response == expected else 0.0
+        if response == expected:
+            return eval_report.record(env, 1.0, "response equals the expected text")
+        return eval_report.record(env, 0.0, "response differs from the expected text", expected=expected,
+                                  response=response or "")
 
     async def teardown(self, env: Envelope, ctx: TaskContext) -> None:
         workdir = env.state.get("workdir")

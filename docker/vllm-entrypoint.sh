@@ -35,6 +35,9 @@ cleanup() {
 }
 trap cleanup TERM INT EXIT
 
+# Dev mode serves /collective_rpc and /reset_prefix_cache, which the trainer's `vllm_reload`
+# weight sync calls after it rewrites the served folder (mounted writable at /models).
+export VLLM_SERVER_DEV_MODE=1
 # shellcheck disable=SC2086  # VLLM_ARGS is a list of words on purpose
 python3 -m vllm.entrypoints.openai.api_server --model "$VLLM_MODEL" --host 0.0.0.0 --port "$VLLM_PORT" \
     --enable-prefix-caching $VLLM_ARGS &

@@ -20,6 +20,7 @@ from rollstream.pipeline import cancel as cancel_flags
 from rollstream.pipeline.codec import unpack
 from rollstream.pipeline.connection import (MAX_BLOCK_MS, SOCKET_TIMEOUT_S, async_redis, check_async,
                                             raise_if_cancelled)
+from rollstream.pipeline.embedded import running_url
 from rollstream.pipeline.groups import ensure_group
 from rollstream.pipeline.jobstate import JobState, read_state
 from rollstream.pipeline.keys import RESULTS_GROUP, Keys
@@ -37,10 +38,10 @@ class AsyncClient:
     def __init__(self, redis_url: str | None = None, *, submitter: str | None = None,
                  settings: Settings | None = None, validate_tasks: bool = True):
         self.settings = settings or load_settings(redis_url=redis_url)
-        url = redis_url or self.settings.redis_url
+        url = redis_url or self.settings.redis_url or running_url(self.settings.data_dir)
         if not url:
-            raise RedisUnavailable("no Redis URL: pass redis_url, set REDIS_URL, or start "
-                                   "'rollstream up' and use the URL it prints")
+            raise RedisUnavailable("no Redis URL: pass redis_url, set REDIS_URL, or start 'rollstream up' "
+                                   f"(its embedded Redis is found in {self.settings.data_dir} without a URL)")
         self.url = url
         self.r = async_redis(url)
         self.keys = Keys(self.settings.namespace)

@@ -9,19 +9,16 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from rollstream.cli.common import console, settings_from
+from rollstream.cli.common import console, namespace_option, redis_option, require_redis, settings_from
 from rollstream.pipeline.balancer import add_backend, list_backends, normalize_url, remove_backend
 from rollstream.pipeline.connection import async_redis
 
 app = typer.Typer(help="Inference servers (vLLM, SGLang, built-in) the run workers balance over.",
                   no_args_is_help=True)
-RedisOpt = typer.Option(None, "--redis", help="Redis URL (else $REDIS_URL).")
 
 
-def _run(coro_fn, redis: str | None):
-    settings = settings_from(redis)
-    if not settings.redis_url:
-        raise typer.BadParameter("needs --redis or REDIS_URL")
+def _run(coro_fn, redis: str | None, namespace: str | None):
+    settings = require_redis(settings_from(redis, namespace), "backends")
 
     async def go():
         r = async_redis(settings.redis_url)
@@ -41,17 +38,19 @@ def _check(url: str) -> None:
 
 
 @app.command()
-def add(url: str = typer.Argument(..., help="Base URL, e.g. http://gpu1:8000"), redis: Optional[str] = RedisOpt):
+def add(url: str = typer.Argument(..., help="Base URL, e.g. http://gpu1:8000"),
+        redis: Optional[str] = redis_option(), namespace: Optional[str] = namespace_option()):
     """Register a backend (idempotent)."""
     _check(url)
-    new = _run(lambda r, ns: add_backend(r, url, ns), redis)
+    new = _run(lambda r, ns: add_backend(r, url, ns), redis, namespace)
     console.print(f"{'added' if new else 'already registered'}: {url}")
 
 
 @app.command("list")
-def list_(redis: Optional[str] = RedisOpt, as_json: bool = typer.Option(False, "--json")):
+def list_(redis: Optional[str] = redis_option(), namespace: Optional[str] = namespace_option(),
+          as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")):
     """Backends with their in-flight requests and health."""
-    rows = _run(list_backends, redis)
+    rows = _run(list_backends, redis, namespace)
     if as_json:
         print(json.dumps([row.model_dump() for row in rows]))
         return
@@ -62,9 +61,10 @@ def list_(redis: Optional[str] = RedisOpt, as_json: bool = typer.Option(False, "
 
 
 @app.command()
-def remove(url: str, redis: Optional[str] = RedisOpt):
+def remove(url: str = typer.Argument(..., help="Base URL as registered."),
+           redis: Optional[str] = redis_option(), namespace: Optional[str] = namespace_option()):
     """Remove a backend; run workers stop sending it new turns."""
     _check(url)
-    if not _run(lambda r, ns: remove_backend(r, url, ns), redis):
+    if not _run(lambda r, ns: remove_backend(r, url, ns), redis, namespace):
         raise typer.Exit(f"no backend {url}")
     console.print(f"removed: {url}")

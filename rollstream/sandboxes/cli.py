@@ -8,29 +8,38 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
+from typing import Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from rollstream.cli.common import namespace_option, redis_option, redis_url_alias, require_redis, settings_from
+
 from . import forkserver, images
 from .reaper import Reaper
-from .spec import default_root_dir
 
-app = typer.Typer(help="Prepare sandbox images (SIF files, unpacked rootfs folders) as background jobs.")
-sandboxes_app = typer.Typer(help="Inspect and clean up this node's sandboxes.")
+app = typer.Typer(help="Prepare sandbox images (SIF files, unpacked rootfs folders) as background jobs.",
+                  no_args_is_help=True)
+sandboxes_app = typer.Typer(help="Inspect and clean up this node's sandboxes.", no_args_is_help=True)
 console = Console()
 
-REDIS_HELP = "Redis URL of the rq queue; default $REDIS_URL"
+REDIS_HELP = ("Redis URL of the rq queue; default $REDIS_URL, else the embedded Redis that 'rollstream up' "
+              "runs in the data folder.")
+ROOT_HELP = ("Sandbox folder; default $ROLLSTREAM_SANDBOX_ROOT, else /tmp/rollstream-sb-$UID/NAMESPACE "
+             "(where the workers of that namespace put theirs).")
 
 
-def _redis_url(redis_url: str | None) -> str:
-    url = redis_url or os.environ.get("REDIS_URL")
-    if not url:
-        raise typer.BadParameter("no Redis URL; pass --redis-url or set REDIS_URL, or use --now to run here")
-    return url
+def _redis_url(redis: str | None, redis_url: str | None) -> str:
+    return require_redis(settings_from(redis or redis_url), "queueing an image job (or pass --now)").redis_url
+
+
+def _root(root_dir: str | None, namespace: str | None) -> str:
+    """The folder the workers of this namespace use, unless one is named."""
+    from rollstream.workers.process import sandbox_root
+
+    return root_dir or sandbox_root(settings_from(namespace=namespace))
 
 
 @app.command()
@@ -39,7 +48,8 @@ def pull(
     backend: str = typer.Option("singularity", help="singularity (makes a SIF) or bwrap (unpacks a rootfs folder)"),
     images_dir: str = typer.Option(None, help="where images go; default $ROLLSTREAM_IMAGES_DIR or ~/.cache/rollstream/images"),
     now: bool = typer.Option(False, "--now", help="run here and wait instead of queueing an rq job"),
-    redis_url: str = typer.Option(None, help=REDIS_HELP),
+    redis: Optional[str] = redis_option(REDIS_HELP),
+    redis_url: Optional[str] = redis_url_alias(),
 ) -> None:
     """Fetch an image for a backend."""
     if backend not in ("singularity", "bwrap"):
@@ -48,7 +58,7 @@ def pull(
         with console.status(f"pulling {source} ..."):
             console.print(images.pull_image(source, backend, images_dir))  # type: ignore[arg-type]
         return
-    job = images.enqueue_pull(_redis_url(redis_url), source, backend, images_dir)  # type: ignore[arg-type]
+    job = images.enqueue_pull(_redis_url(redis, redis_url), source, backend, images_dir)  # type: ignore[arg-type]
     console.print(f"queued rq job {job.id} on {images.IMAGES_QUEUE}; run 'rq worker {images.IMAGES_QUEUE}' on the node")
 
 
@@ -56,22 +66,23 @@ def pull(
 def build(
     definition: str = typer.Argument(..., help="Apptainer/Singularity definition file"),
     name: str = typer.Argument(..., help="image name; the SIF is NAME.sif"),
-    images_dir: str = typer.Option(None, help="where images go"),
+    images_dir: str = typer.Option(None, help="where images go; default $ROLLSTREAM_IMAGES_DIR or ~/.cache/rollstream/images"),
     now: bool = typer.Option(False, "--now", help="run here and wait instead of queueing an rq job"),
-    redis_url: str = typer.Option(None, help=REDIS_HELP),
+    redis: Optional[str] = redis_option(REDIS_HELP),
+    redis_url: Optional[str] = redis_url_alias(),
 ) -> None:
     """Build a SIF from a definition file."""
     if now:
         with console.status(f"building {name} ..."):
             console.print(images.build_image(definition, name, images_dir))
         return
-    job = images.enqueue_build(_redis_url(redis_url), definition, name, images_dir)
+    job = images.enqueue_build(_redis_url(redis, redis_url), definition, name, images_dir)
     console.print(f"queued rq job {job.id} on {images.IMAGES_QUEUE}")
 
 
 @app.command("list")
 def list_(
-    images_dir: str = typer.Option(None, help="where images are"),
+    images_dir: str = typer.Option(None, help="where images are; default $ROLLSTREAM_IMAGES_DIR or ~/.cache/rollstream/images"),
     as_json: bool = typer.Option(False, "--json", help="print JSON for scripts"),
 ) -> None:
     """List prepared images."""
@@ -87,11 +98,12 @@ def list_(
 
 @sandboxes_app.command("list")
 def list_sandboxes(
-    root_dir: str = typer.Option(None, help="sandbox root; default $ROLLSTREAM_SANDBOX_ROOT"),
+    root_dir: str = typer.Option(None, help=ROOT_HELP),
+    namespace: Optional[str] = namespace_option(),
     as_json: bool = typer.Option(False, "--json", help="print JSON for scripts"),
 ) -> None:
     """List the sandboxes of this node."""
-    records = Reaper(root_dir).sandboxes()
+    records = Reaper(_root(root_dir, namespace)).sandboxes()
     if as_json:
         print(json.dumps([vars(record) for record in records]))
         return
@@ -104,22 +116,24 @@ def list_sandboxes(
 
 @sandboxes_app.command()
 def reap(
-    root_dir: str = typer.Option(None, help="sandbox root; default $ROLLSTREAM_SANDBOX_ROOT"),
+    root_dir: str = typer.Option(None, help=ROOT_HELP),
+    namespace: Optional[str] = namespace_option(),
     all_: bool = typer.Option(False, "--all", help="also destroy running sandboxes (default: only dead leftovers)"),
 ) -> None:
     """Clean up crashed sandboxes' leftovers (and with --all, every sandbox)."""
-    reaped = Reaper(root_dir).reap(lambda sandbox_id, owner: not all_)
+    reaped = Reaper(_root(root_dir, namespace)).reap(lambda sandbox_id, owner: not all_)
     console.print(f"reaped {len(reaped)} sandbox(es): {', '.join(reaped) or '-'}")
 
 
 @sandboxes_app.command("forkserver")
 def forkserver_command(
-    root_dir: str = typer.Option(None, help="sandbox root; default $ROLLSTREAM_SANDBOX_ROOT"),
+    root_dir: str = typer.Option(None, help=ROOT_HELP),
+    namespace: Optional[str] = namespace_option(),
     start: bool = typer.Option(False, "--start", help="start it now (create_sandbox otherwise does, once)"),
     stop: bool = typer.Option(False, "--stop", help="stop it; its sandboxes live on"),
 ) -> None:
     """Show, start or stop this node's fork server, which forks sandbox supervisors."""
-    root = root_dir or default_root_dir()
+    root = _root(root_dir, namespace)
     if start and stop:
         raise typer.BadParameter("pass --start or --stop, not both")
     if stop:

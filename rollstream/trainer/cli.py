@@ -20,7 +20,7 @@ def train_command(
     redis: Optional[str] = typer.Option(None, "--redis", help="override: Redis URL (else the config's, else $REDIS_URL)"),
     resume: bool = typer.Option(True, help="continue from the newest checkpoint in the run folder"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
-    verbose: bool = typer.Option(False, "-v", help="debug logging"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="debug logging"),
 ) -> None:
     """Train a policy with DAPO: submit groups, keep the batch topped up, update, sync
     weights to every backend; metrics in OUTPUT_DIR/metrics.jsonl, curve in reward_curve.png."""

@@ -1,0 +1,212 @@
+"""``rollstream submit`` and ``rollstream cancel``: a task file (or a task set shipped with
+rollstream, by name) into the init stream, its results back with a live progress line, and
+cancellation of a job, a group, a submitter or everything."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from rollstream.cli.common import (console, fail, namespace_option, redis_option, require_redis,
+                                   settings_from)
+from rollstream.errors import InvalidJob, RedisUnavailable
+from rollstream.messages import Result
+
+EXIT_FAILED = 1  # some job failed or was cancelled
+EXIT_TIMEOUT = 3  # the deadline passed before every result came
+
+
+def shipped_task_sets() -> dict[str, Path]:
+    """The task files inside the package (``rollstream/data/tasks/NAME.jsonl``) by name."""
+    folder = resources.files("rollstream") / "data" / "tasks"
+    return {Path(str(f)).stem: Path(str(f)) for f in folder.iterdir() if str(f).endswith(".jsonl")}
+
+
+def task_file(spec: str) -> Path:
+    """A path to a JSONL file, or the name of a shipped task set."""
+    path = Path(spec)
+    if path.is_file():
+        return path
+    shipped = shipped_task_sets()
+    if spec in shipped:
+        return shipped[spec]
+    fail(f"no file {spec!r} and no shipped task set of that name; shipped: {', '.join(sorted(shipped))}")
+
+
+def read_jobs(path: Path) -> list[tuple[int, dict]]:
+    """(line number, job) for every non-blank line; a bad line ends the command naming it."""
+    jobs = []
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        fail(f"cannot read {path}: {exc}")
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            job = json.loads(line)
+        except json.JSONDecodeError as exc:
+            fail(f"{path}:{number}: not JSON ({exc.msg} at column {exc.colno})")
+        if not isinstance(job, dict):
+            fail(f"{path}:{number}: a job is a JSON object like {{\"task\": \"echo\", \"instance\": {{...}}}}")
+        jobs.append((number, job))
+    if not jobs:
+        fail(f"{path} holds no jobs (one JSON object per line)")
+    return jobs
+
+
+class Tally:
+    """Counts of the results so far, for the progress line and the exit status."""
+
+    def __init__(self, total: int):
+        self.total = total
+        self.by_status = {"completed": 0, "failed": 0, "cancelled": 0}
+        self.rewards: list[float] = []
+        self.first_error: str | None = None
+
+    def add(self, result: Result) -> None:
+        self.by_status[result.status] = self.by_status.get(result.status, 0) + 1
+        if result.reward is not None and result.ok:
+            self.rewards.append(result.reward)
+        if result.status == "failed" and self.first_error is None:
+            self.first_error = result.error
+
+    @property
+    def finished(self) -> int:
+        return sum(self.by_status.values())
+
+    def line(self) -> str:
+        mean = f"{sum(self.rewards) / len(self.rewards):.2f}" if self.rewards else "-"
+        return (f"done {self.by_status['completed']}  failed {self.by_status['failed']}  "
+                f"cancelled {self.by_status['cancelled']}  in flight {self.total - self.finished}  "
+                f"mean reward {mean}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def submit(
+        tasks: str = typer.Argument(..., help="A JSONL file, one job per line ({\"task\": ..., \"instance\": {...}}), "
+                                    "or the name of a task set shipped with rollstream: arith, code, echo, math, swe."),
+        redis: Optional[str] = redis_option(), namespace: Optional[str] = namespace_option(),
+        group_size: int = typer.Option(1, "--group-size", "-n", min=1, help="Submit each line as a group of N jobs."),
+        wait: bool = typer.Option(False, "--wait", help="Show progress, print each result as a JSON line as it "
+                                  "arrives; exit 1 if any job failed or was cancelled."),
+        submitter: Optional[str] = typer.Option(None, "--submitter", help="Results stream name (default: random)."),
+        timeout_s: float = typer.Option(600.0, "--timeout-s", help="With --wait: the deadline, in seconds from "
+                                        "submission, for all results (exit 3 past it; the jobs keep running)."),
+    ) -> None:
+        """Submit a task file; prints the job ids, or with --wait the results."""
+        from rollstream.client import AsyncClient
+
+        path = task_file(tasks)
+        jobs = read_jobs(path)
+        settings = require_redis(settings_from(redis, namespace), "submit")
+
+        async def go() -> int:
+            async with AsyncClient(settings=settings, submitter=submitter) as client:
+                ids: list[str] = []
+                for number, job in jobs:
+                    try:
+                        if group_size > 1:
+                            ids += (await client.submit_group(job, group_size))[1]
+                        else:
+                            ids.append(await client.submit(job))
+                    except InvalidJob as exc:
+                        done = f"the {len(ids)} jobs of the lines before were submitted" if ids else "nothing was submitted"
+                        fail(f"{path}:{number}: {exc} ({done})")
+                console.print(f"submitted {len(ids)} jobs from {path} as submitter '{client.submitter}'",
+                              highlight=False)
+                if not wait:
+                    print("\n".join(ids))
+                    return 0
+                return await follow(client, len(ids), timeout_s)
+
+        try:
+            code = asyncio.run(go())
+        except RedisUnavailable as exc:
+            fail(str(exc))
+        raise typer.Exit(code)
+
+    @app.command()
+    def cancel(
+        job: Optional[str] = typer.Option(None, "--job", help="Cancel this job id."),
+        group: Optional[str] = typer.Option(None, "--group", help="Cancel every job of this group id."),
+        submitter: Optional[str] = typer.Option(None, "--submitter", help="Cancel every job this submitter "
+                                                "has queued or running."),
+        everything: bool = typer.Option(False, "--all", help="Cancel every job of every submitter in the "
+                                        "namespace."),
+        redis: Optional[str] = redis_option(), namespace: Optional[str] = namespace_option(),
+    ) -> None:
+        """Cancel jobs; each cancelled job still yields one result, with status 'cancelled'."""
+        from rollstream.pipeline import cancel as cancel_flags
+        from rollstream.pipeline.connection import async_redis
+        from rollstream.pipeline.keys import Keys
+
+        if not (job or group or submitter or everything):
+            fail("say what to cancel: --job ID, --group ID, --submitter NAME or --all")
+        settings = require_redis(settings_from(redis, namespace), "cancel")
+        keys = Keys(settings.namespace)
+
+        async def go() -> list[str]:
+            r = async_redis(settings.redis_url)
+            try:
+                submitters = [submitter] if submitter else []
+                if everything:  # raw XADD jobs belong to 'default'
+                    found = [s.decode() if isinstance(s, bytes) else s for s in await r.zrange(keys.submitters, 0, -1)]
+                    submitters = sorted({*found, "default"})
+                if job or group:
+                    await cancel_flags.cancel(r, keys, job_id=job, group_id=group, ttl_s=settings.job_state_ttl_s)
+                for name in submitters:
+                    await cancel_flags.cancel(r, keys, submitter=name, ttl_s=settings.job_state_ttl_s)
+                return submitters
+            finally:
+                await r.aclose()
+
+        try:
+            submitters = asyncio.run(go())
+        except RedisUnavailable as exc:
+            fail(str(exc))
+        what = [f"job {job}"] * bool(job) + [f"group {group}"] * bool(group)
+        what += [f"submitter {s}" for s in submitters]
+        console.print(f"cancelled: {', '.join(what)}", highlight=False)
+
+
+async def follow(client, total: int, timeout_s: float) -> int:
+    """Print results as they come, with a progress line on stderr, until all are in or the
+    deadline passes; returns the exit status."""
+    tally = Tally(total)
+    deadline = time.monotonic() + timeout_s
+    progress = Progress(BarColumn(bar_width=12), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TextColumn("{task.description}"), console=console, transient=False)
+    with progress:
+        bar = progress.add_task(tally.line(), total=total)
+        while tally.finished < total:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            # Short slices, so the deadline holds however results trickle in.
+            async for result in client.results(timeout_s=min(left, 1.0), max_results=total - tally.finished):
+                tally.add(result)
+                sys.stdout.write(result.model_dump_json() + "\n")
+                sys.stdout.flush()
+                progress.update(bar, completed=tally.finished, description=tally.line())
+    console.print(tally.line(), highlight=False)
+    if tally.finished < total:
+        console.print(f"[red]timed out[/red] after {timeout_s:g} s with {tally.finished} of {total} results; the "
+                      f"rest are still queued or running ('rollstream cancel --submitter {client.submitter}')",
+                      highlight=False)
+        return EXIT_TIMEOUT
+    bad = tally.by_status["failed"] + tally.by_status["cancelled"]
+    if bad:
+        why = f"; first error: {tally.first_error}" if tally.first_error else ""
+        console.print(f"[red]{bad} of {total} jobs did not complete[/red]{why}", highlight=False, soft_wrap=True)
+        return EXIT_FAILED
+    return 0

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import model_cache
 import pytest
 import redis as redis_sync
 
@@ -105,17 +106,10 @@ def worker_pool(settings, tmp_path):
         pool.stop(timeout_s=15)
 
 
-def cache_dir() -> Path:
-    """Built models kept across sessions (ROLLSTREAM_TEST_CACHE, else ~/.cache/rollstream/tests)."""
-    return Path(os.environ.get("ROLLSTREAM_TEST_CACHE", Path.home() / ".cache" / "rollstream" / "tests"))
-
-
 @pytest.fixture(scope="session")
 def arith_model_dir() -> Path:
-    """The tiny model warmed up on the arith tool-call format (built once, then cached)."""
-    from rollstream.llm.format_pretrain import build_arith_model
-
-    return build_arith_model(cache_dir() / "arith-model")
+    """The tiny model warmed up on the arith tool-call format (from the model cache)."""
+    return model_cache.load("arith_model_dir")
 
 
 @pytest.fixture(scope="session")
@@ -158,6 +152,14 @@ def serve_asgi(app) -> Iterator[str]:
 def asgi_server():
     """``with asgi_server(app) as base_url:`` serves an ASGI app for the block (serve_asgi)."""
     return serve_asgi
+
+
+def pytest_collection_finish(session):
+    """Build the models the selected tests need and the cache lacks, before the first test:
+    outside every per-test timeout (scripts/test builds them all before pytest starts)."""
+    needed = {name for item in session.items for name in getattr(item, "fixturenames", ())}
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    model_cache.build_missing(needed, say=reporter.write_line if reporter else print)
 
 
 def pytest_configure(config):

@@ -8,25 +8,18 @@ import os
 import signal
 from pathlib import Path
 
+import model_cache
 import pytest
 
 from rollstream.agent.tools import FunctionToolBox
 from rollstream.llm.client import VLLMClient
 
-from .scripted_model import CALCULATOR, build_scripted_model
-
-
-def _model_cache() -> Path:
-    # Trained once per recipe and reused across sessions (like a model download cache).
-    root = os.environ.get("ROLLSTREAM_TEST_CACHE") or Path.home() / ".cache" / "rollstream" / "tests"
-    path = Path(root) / "agent-model"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+from .scripted_model import CALCULATOR
 
 
 @pytest.fixture(scope="session")
 def scripted_model_dir() -> Path:
-    return build_scripted_model(_model_cache())
+    return model_cache.load("scripted_model_dir")
 
 
 @pytest.fixture(scope="session")

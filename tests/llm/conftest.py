@@ -1,4 +1,4 @@
-"""Fixtures for the LLM side: the tiny local model (built once per session, no download) and
+"""Fixtures for the LLM side: the tiny local model (from the test model cache, no download) and
 a built-in model server process serving it."""
 
 from __future__ import annotations
@@ -7,21 +7,20 @@ import os
 import signal
 from pathlib import Path
 
+import model_cache
 import pytest
 
-from rollstream.llm.tiny_model import build_tiny_model
-
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory) -> Path:
+def tiny_model_dir() -> Path:
     """Folder with the tiny Qwen2-architecture model and its chat-template tokenizer."""
-    return build_tiny_model(tmp_path_factory.getbasetemp() / "tiny-model")
+    return model_cache.load("tiny_model_dir")
 
 
 @pytest.fixture(scope="session")
-def tiny_model_seed1_dir(tmp_path_factory) -> Path:
+def tiny_model_seed1_dir() -> Path:
     """The same architecture with other weights (seed 1): a 'new policy' to load."""
-    return build_tiny_model(tmp_path_factory.getbasetemp() / "tiny-model-seed1", seed=1)
+    return model_cache.load("tiny_model_seed1_dir")
 
 
 @pytest.fixture(scope="session")

@@ -1,18 +1,17 @@
-"""Trainer fixtures: the tiny model (built locally, once per session) and a built-in model
+"""Trainer fixtures: the tiny model (from the test model cache) and a built-in model
 server process of our own for weight-sync tests."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import model_cache
 import pytest
-
-from rollstream.llm.tiny_model import build_tiny_model
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    return build_tiny_model(tmp_path_factory.getbasetemp() / "trainer-tiny-model")
+def tiny_model_dir() -> Path:
+    return model_cache.load("tiny_model_dir")
 
 
 @pytest.fixture(scope="session")

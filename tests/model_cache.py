@@ -1,0 +1,117 @@
+"""The models the test suite needs, built once into a cache kept across runs
+(ROLLSTREAM_TEST_CACHE, else ~/.cache/rollstream/tests) and never inside a test.
+
+`scripts/test` runs `python tests/model_cache.py` before pytest. Fixtures only load from the
+cache; when it lacks a model the selected tests need (pytest run directly), conftest's
+collection hook builds it before the first test starts, outside every per-test timeout, so
+a slow build on a busy machine delays the run instead of failing (or ending) it.
+
+    python tests/model_cache.py            # build what is missing, print each folder
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """Built models kept across sessions (ROLLSTREAM_TEST_CACHE, else ~/.cache/rollstream/tests)."""
+    return Path(os.environ.get("ROLLSTREAM_TEST_CACHE") or Path.home() / ".cache" / "rollstream" / "tests")
+
+
+@dataclass(frozen=True)
+class CachedModel:
+    what: str
+    folder: Path
+    marker: str  # the file a finished build leaves last
+    build: Callable[[], Path]
+
+    @property
+    def ready(self) -> bool:
+        return (self.folder / self.marker).exists()
+
+
+def _tiny(seed: int) -> CachedModel:
+    from rollstream.llm.format_pretrain import build_lock
+    from rollstream.llm.tiny_model import _MARKER, _RECIPE_VERSION, build_tiny_model
+
+    folder = cache_dir() / f"tiny-model-v{_RECIPE_VERSION}-seed{seed}"
+
+    def build() -> Path:
+        with build_lock(folder):
+            return build_tiny_model(folder, seed=seed)
+
+    return CachedModel(f"tiny model, random weights (seed {seed})", folder, _MARKER, build)
+
+
+def _arith() -> CachedModel:
+    from rollstream.llm.format_pretrain import FORMAT_RECIPE, cached_arith_model, recipe_folder_name
+
+    return CachedModel("tiny model warmed up on the arith tool-call format",
+                       cache_dir() / recipe_folder_name(FORMAT_RECIPE, "arith-model"), "config.json",
+                       lambda: cached_arith_model(FORMAT_RECIPE, cache=cache_dir(), prefix="arith-model"))
+
+
+def _scripted() -> CachedModel:
+    from agent.scripted_model import build_scripted_model, recipe_key
+    from rollstream.llm.format_pretrain import build_lock
+
+    parent = cache_dir() / "agent-model"
+    folder = parent / f"scripted-{recipe_key()}"
+
+    def build() -> Path:
+        import torch
+
+        # one intra-op thread, as the arith warm-up: two spin-wait on a busy 2-core machine
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with build_lock(folder):
+                return build_scripted_model(parent)
+        finally:
+            torch.set_num_threads(threads)
+
+    return CachedModel("tiny model trained on the agent tests' scripted tool calls", folder, "trained.json", build)
+
+
+# fixture name -> the model it loads
+MODELS: dict[str, Callable[[], CachedModel]] = {
+    "tiny_model_dir": lambda: _tiny(0),
+    "tiny_model_seed1_dir": lambda: _tiny(1),
+    "arith_model_dir": _arith,
+    "scripted_model_dir": _scripted,
+}
+
+
+def load(fixture: str) -> Path:
+    """The cached folder of ``fixture``'s model; built here only when the cache lacks it
+    (conftest builds missing models before the tests start, so this is a fallback)."""
+    model = MODELS[fixture]()
+    if not model.ready:
+        print(f"\n[model cache] building {model.what} into {model.folder} inside a test; "
+              "run `python tests/model_cache.py` first", file=sys.stderr)
+    return model.build()
+
+
+def build_missing(fixtures: set[str] | None = None, say: Callable[[str], None] = print) -> list[Path]:
+    """Build the models of ``fixtures`` (default: all) that the cache lacks; returns every folder."""
+    folders = []
+    for name in sorted(MODELS if fixtures is None else fixtures & MODELS.keys()):
+        model = MODELS[name]()
+        if not model.ready:
+            say(f"[model cache] building the {model.what} into {model.folder} (once; cached for later runs)")
+            started = time.monotonic()
+            model.build()
+            say(f"[model cache] built in {time.monotonic() - started:.0f} s")
+        folders.append(model.folder)
+    return folders
+
+
+if __name__ == "__main__":  # run as a script, tests/ is on sys.path: `agent.scripted_model` as pytest names it
+    for path in build_missing():
+        print(path)

@@ -24,11 +24,14 @@ class JobTooLarge(InvalidJob):
 
 
 class JobFailed(RollstreamError):
-    """A stage could not complete a job. ``retryable`` says whether another attempt may help."""
+    """A stage could not complete a job. ``retryable`` says whether another attempt may help;
+    ``failure`` whose fault it is (see ``rollstream.messages.FailureKind``): the service's
+    ("infrastructure", the default) or the policy's own ("agent")."""
 
-    def __init__(self, message: str, *, retryable: bool = True):
+    def __init__(self, message: str, *, retryable: bool = True, failure: str = "infrastructure"):
         super().__init__(message)
         self.retryable = retryable
+        self.failure = failure
 
 
 class JobCancelled(RollstreamError):

@@ -16,6 +16,11 @@ from rollstream.trajectory import Trajectory
 JobStatus = Literal["queued", "running", "completed", "failed", "cancelled"]
 StageName = Literal["init", "run", "eval"]
 ResultStatus = Literal["completed", "failed", "cancelled"]
+# Whose fault a result's shortfall is. "infrastructure": the service failed the job (sandbox,
+# backend, worker, a service timeout); trainers drop it per sample, never score it.
+# "agent": the policy's own (context exhausted, max turns, its time budget); trained on as
+# scored. "job": the submission itself is invalid. "cancelled": its submitter stopped it.
+FailureKind = Literal["infrastructure", "agent", "job", "cancelled"]
 
 
 # Job and group ids: no whitespace or braces. A pattern, checked in pydantic-core, not a Python
@@ -48,7 +53,10 @@ class Job(BaseModel):
                                   "(max_turns, max_context_tokens, ...).")
     sandbox: dict[str, Any] | None = Field(default=None, description="Sandbox spec overrides; "
                                            "the task supplies the rest.")
-    timeout_s: float = Field(3600.0, gt=0)
+    timeout_s: float = Field(3600.0, gt=0, description="Seconds the job may spend at work in its stages "
+                             "(init, run, eval, summed); time waiting in queues does not count.")
+    queue_timeout_s: float | None = Field(None, gt=0, description="Seconds the job may wait in stage queues "
+                                          "(summed) before it fails unrun; None waits as long as it takes.")
     metadata: dict[str, Any] = Field(default_factory=dict, description="Returned unchanged in the result.")
     submitted_at: float = Field(default_factory=time.time)
 
@@ -80,6 +88,10 @@ class Result(BaseModel):
     trajectory: Trajectory | None = None
     error: str | None = None
     error_stage: str | None = None
+    failure: FailureKind | None = Field(
+        default=None, description="Whose fault a shortfall is: set on every failed or cancelled result, and "
+        "'agent' on a completed one whose episode hit a limit; None for a clean completion. Trainers drop "
+        "'infrastructure' per sample (see rollstream.trainer.sampler).")
     attempts: int = 1
     policy_version: int = 0
     timings_s: dict[str, float] = Field(default_factory=dict)
@@ -89,6 +101,11 @@ class Result(BaseModel):
     @property
     def ok(self) -> bool:
         return self.status == "completed"
+
+    @property
+    def infrastructure_failure(self) -> bool:
+        """The service, not the policy, failed this job: a sample to drop, never to score 0."""
+        return self.failure == "infrastructure"
 
 
 class DeadLetter(BaseModel):

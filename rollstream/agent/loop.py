@@ -163,6 +163,8 @@ class _Episode:
             t0 = time.monotonic()
             timeout = min(self.settings.tool_timeout_s, max(self.time_left_s(), 0.001))
             output: ToolOutput = await call_with_timeout(self.tools, call.name, call.arguments, timeout)
+            if output.sandbox_lost:  # not the agent's doing: the job is retried in a fresh sandbox
+                raise _EpisodeEnd("error", f"the sandbox was lost during a {call.name} call: {output.error}")
             elapsed = time.monotonic() - t0
             self.timings["tools_s"] += elapsed
             self.traj.tool_calls.append(

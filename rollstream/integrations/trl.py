@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 # dataset's own columns).
 REWARD_KEY = "rollstream_reward"
 EXTRA_KEYS = (REWARD_KEY, "rollstream_policy_version", "rollstream_job_id", "rollstream_status",
-              "rollstream_error", "rollstream_finish_reason", "rollstream_num_turns", "rollstream_tool_calls")
+              "rollstream_failure", "rollstream_error", "rollstream_finish_reason", "rollstream_num_turns", "rollstream_tool_calls")
 
 
 class TrlRolloutConfig(BaseModel):
@@ -58,8 +58,13 @@ class TrlRolloutConfig(BaseModel):
         900.0, gt=0, description="How long one TRL generation waits for all its rollouts; those still "
         "missing are cancelled and enter the batch as failed.")
     failed_reward: float | None = Field(
-        0.0, description="Reward of a failed or timed-out rollout. None makes TRL treat the row as "
-        "unscorable (left out of its group's baseline, advantage 0).")
+        0.0, description="Reward of a rollout that failed for a reason other than the service's (an invalid "
+        "job, a cancellation). None makes TRL treat the row as unscorable (left out of its group's baseline, "
+        "advantage 0).")
+    infrastructure_failure_reward: float | None = Field(
+        None, description="Reward of a rollout the service failed (sandbox, backend, worker, a service timeout, "
+        "no result within batch_timeout_s). None (the default) drops it per sample: unscorable, never a 0 "
+        "that would teach the policy about a crashed sandbox.")
     submitter: str | None = Field(None, description="Results stream name; default a fresh one per process.")
 
 
@@ -70,6 +75,7 @@ class BatchReport(BaseModel):
     groups: int
     rollouts: int
     failed: int
+    failed_infrastructure: int = 0
     wait_s: float
     policy_versions: list[int]
     job_ids: list[str]
@@ -186,14 +192,18 @@ class RolloutFunc:
         wait_s = time.monotonic() - started
         output = self._to_trl(prompts, groups, results, trainer)
         failed = sum(1 for s in output["rollstream_status"] if s != "completed")
+        infra = sum(1 for f in output["rollstream_failure"] if f == "infrastructure")
         self.reports.append(BatchReport(
-            step=step, groups=len(groups), rollouts=len(prompts), failed=failed, wait_s=wait_s,
+            step=step, groups=len(groups), rollouts=len(prompts), failed=failed, failed_infrastructure=infra,
+            wait_s=wait_s,
             policy_versions=output["rollstream_policy_version"], job_ids=output["rollstream_job_id"]))
         if failed:
-            log.warning("%d of %d rollouts failed or timed out at step %s; they enter the batch with an "
-                        "EOS-only completion, masked out of the loss, and reward %s", failed, len(prompts),
-                        step, self.config.failed_reward)
+            log.warning("%d of %d rollouts failed or timed out at step %s (%d by the service: reward %s; "
+                        "others: reward %s); they enter the batch with an EOS-only completion, masked out of "
+                        "the loss", failed, len(prompts), step, infra, self.config.infrastructure_failure_reward,
+                        self.config.failed_reward)
         _log_metrics(trainer, wait_s=wait_s, failed=failed / max(len(prompts), 1),
+                     infrastructure=infra / max(len(prompts), 1),
                      versions=output["rollstream_policy_version"])
         return output
 
@@ -229,6 +239,7 @@ class RolloutFunc:
                 await client.cancel(group_id=group_id)
         for job_id, group_id in wanted.items():
             results.setdefault(job_id, Result(job_id=job_id, group_id=group_id, status="failed",
+                                              failure="infrastructure",
                                               error=f"no result within batch_timeout_s={self.config.batch_timeout_s}"))
         # keep submission order inside each group so rows map to jobs deterministically
         return {job_id: results[job_id] for job_id in wanted}
@@ -253,13 +264,16 @@ class RolloutFunc:
                                "logprobs": traj.logprobs, "env_mask": traj.loss_mask,
                                REWARD_KEY: float(result.reward), "rollstream_policy_version": traj.policy_version,
                                "rollstream_status": "completed", "rollstream_error": None,
+                               "rollstream_failure": result.failure,
                                "rollstream_finish_reason": traj.finish_reason,
                                "rollstream_num_turns": traj.num_turns,
                                "rollstream_tool_calls": sum(c.name not in finish for c in traj.tool_calls)}
                 else:
                     # TRL indexes completion_ids[-1]: a failed rollout gets one EOS, masked out
+                    infra = result.infrastructure_failure
                     row_out = {"prompt_ids": prompt_ids, "completion_ids": [eos], "logprobs": [0.0],
-                               "env_mask": [0], REWARD_KEY: self.config.failed_reward,
+                               "env_mask": [0], REWARD_KEY: self.config.infrastructure_failure_reward if infra
+                               else self.config.failed_reward, "rollstream_failure": result.failure,
                                "rollstream_policy_version": result.policy_version,
                                "rollstream_status": result.status if result.status != "completed" else "failed",
                                "rollstream_error": result.error or "completed without a trajectory",
@@ -339,7 +353,7 @@ def _tokenize_prompt(trainer: Any, prompt: Any, eos: int) -> list[int]:
         return [eos]
 
 
-def _log_metrics(trainer: Any, *, wait_s: float, failed: float, versions: list[int]) -> None:
+def _log_metrics(trainer: Any, *, wait_s: float, failed: float, infrastructure: float, versions: list[int]) -> None:
     """Add rollstream's figures to TRL's logged metrics (its private ``_metrics`` dict)."""
     metrics = getattr(trainer, "_metrics", None)
     if not isinstance(metrics, dict):
@@ -348,6 +362,7 @@ def _log_metrics(trainer: Any, *, wait_s: float, failed: float, versions: list[i
     try:
         metrics[mode]["rollstream/wait_s"].append(wait_s)
         metrics[mode]["rollstream/failed_frac"].append(failed)
+        metrics[mode]["rollstream/infrastructure_failed_frac"].append(infrastructure)
         if versions:
             metrics[mode]["rollstream/policy_version_min"].append(float(min(versions)))
     except (KeyError, TypeError, AttributeError):  # another TRL layout: logging is optional

@@ -21,7 +21,7 @@ from rollstream.config import Settings, load_settings
 from rollstream.errors import RollstreamError
 from rollstream.integrations.verl_mapping import VerlSample, build_job, failed_sample, sample_from_result
 from rollstream.integrations.verl_results import shared_router
-from rollstream.messages import Result
+from rollstream.messages import Result, new_id
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,12 @@ class VerlLoopConfig(BaseSettings):
     on_failure: Literal["raise", "zero_reward"] = Field(
         "raise", description="A job rollstream could not complete: 'raise' fails verl's step with the job's "
         "error; 'zero_reward' returns an empty response with reward 0 (nothing enters the loss).")
-    timeout_s: float = Field(3600.0, gt=0, description="Job timeout inside rollstream (all stages).")
+    infrastructure_resubmits: int = Field(
+        2, ge=0, description="A job the service failed (sandbox, backend, worker; rollstream already retried it "
+        "max_deliveries times) is submitted anew this many times; then the step fails. Such a sample is never "
+        "scored 0: verl cannot drop one sample, so it gets a real rollout or none.")
+    timeout_s: float = Field(3600.0, gt=0, description="Job timeout inside rollstream (time at work in its "
+                             "stages; queue time does not count).")
     wait_timeout_s: float | None = Field(None, gt=0, description="How long run() waits for a result before "
                                          "cancelling the job (default: timeout_s + 300).")
     max_tokens_per_turn: int | None = Field(None, ge=1, description="Tokens per model turn "
@@ -99,11 +104,26 @@ class RollstreamAgentLoop(AgentLoopBase):
         job = build_job(kwargs, sampling_params, default_task=cfg.task, agent_defaults=self.agent_defaults(),
                         agent_overrides=cfg.agent, sandbox=cfg.sandbox, timeout_s=cfg.timeout_s)
         router = await shared_router(cfg.rollstream_settings(), submitter_prefix=cfg.submitter_prefix)
-        result = await router.run_job(job, timeout_s=cfg.wait_timeout_s or cfg.timeout_s + 300.0)
+        resubmits = 0
+        while True:
+            result = await router.run_job(job, timeout_s=cfg.wait_timeout_s or cfg.timeout_s + 300.0)
+            if not result.infrastructure_failure or resubmits >= cfg.infrastructure_resubmits:
+                break
+            resubmits += 1
+            log.warning("rollstream job %s failed by the service (%s); submitting it anew (%d of %d)",
+                        result.job_id, result.error, resubmits, cfg.infrastructure_resubmits)
+            job = job.model_copy(update={"job_id": new_id()})
         if result.ok and result.trajectory is not None:
             sample = sample_from_result(result, response_length=self.response_length)
+        elif result.infrastructure_failure:
+            raise RolloutFailed(
+                f"rollstream job {result.job_id} (task {result.task}) failed by the service "
+                f"{resubmits + 1} times{f' in {result.error_stage}' if result.error_stage else ''}: {result.error}. "
+                "An infrastructure failure is never scored 0; see 'rollstream status' for dead workers, "
+                "backends or sandboxes, or raise infrastructure_resubmits")
         else:
             sample = await self._on_failed(result, kwargs)
+        sample.extra_fields["rollstream_resubmits"] = resubmits
         return self._output(sample)
 
     async def _on_failed(self, result: Result, row: dict[str, Any]) -> VerlSample:

@@ -158,7 +158,7 @@ def failed_sample(result: Result, prompt_ids: list[int]) -> VerlSample:
 def _common_extra(result: Result) -> dict[str, Any]:
     # turn_scores/tool_rewards keep the schema of verl's own loops (its batch concat needs it).
     return {"turn_scores": [], "tool_rewards": [], "rollstream_job_id": result.job_id,
-            "rollstream_status": result.status, "rollstream_error": result.error,
+            "rollstream_status": result.status, "rollstream_failure": result.failure, "rollstream_error": result.error,
             "rollstream_policy_version": result.policy_version}
 
 

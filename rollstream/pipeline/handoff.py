@@ -127,6 +127,8 @@ class Handoff:
                  "error": result.error or "", "attempts": result.attempts}
         if result.reward is not None:
             state["reward"] = result.reward
+        if result.failure is not None:
+            state["failure"] = result.failure
         return await self._move(src, result.job_id, state,
                                 [(self.keys.results(result.submitter), self.results_maxlen, pack(result))],
                                 ttl_s=self.state_ttl_s, stat=result.status, count=count, via=via) == 1
@@ -139,6 +141,8 @@ class Handoff:
         state: dict = {"stage": "dead", "status": "failed", "error": letter.error, "finished_at": time.time()}
         if result is not None:
             dests.append((self.keys.results(result.submitter), self.results_maxlen, pack(result)))
+            if result.failure is not None:
+                state["failure"] = result.failure
         job_id = letter.job_id or f"undecodable-{src.msg_id}"
         if letter.job_id is None:
             state = {}

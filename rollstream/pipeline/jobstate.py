@@ -26,6 +26,7 @@ class JobState(BaseModel):
     sandbox: str = ""
     error: str = ""
     last_error: str = ""
+    failure: str = Field("", description="Whose fault a failed or cancelled job's end is (messages.FailureKind).")
     reward: float | None = None
     submitted_at: float | None = None
     finished_at: float | None = None

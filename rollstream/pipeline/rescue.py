@@ -37,7 +37,7 @@ async def _move_back(handoff: Handoff, keys: Keys, settings: Settings, src: Sour
                             error=error, envelope=env)
         result = Result(job_id=env.job.job_id, group_id=env.job.group_id, submitter=env.job.submitter,
                         task=env.job.task, status="failed", error=error, error_stage=src.group,
-                        attempts=env.attempt + 1, metadata=env.job.metadata)
+                        failure="infrastructure", attempts=env.attempt + 1, metadata=env.job.metadata)
         await handoff.dead_letter(src, letter, result)
         return
     env = env.model_copy(update={"attempt": env.attempt + 1, "sandbox": None, "state": {}, "trajectory": None,

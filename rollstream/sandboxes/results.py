@@ -42,3 +42,6 @@ class ToolOutput(BaseModel):
     ok: bool = True
     error: str | None = None
     images_png_b64: list[str] = Field(default_factory=list)
+    # The sandbox itself is gone (supervisor crashed or reaped): not the agent's doing, so the
+    # episode ends as an infrastructure failure and the job is retried in a fresh sandbox.
+    sandbox_lost: bool = False

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import SandboxError, ToolError
+from .errors import SandboxError, SandboxGone, ToolError
 from .results import ToolOutput
 
 if TYPE_CHECKING:
@@ -101,6 +101,8 @@ async def call_tool(client: "SandboxClient", name: str, arguments: dict | str) -
         return ToolOutput(text=result.output)
     except ToolError as error:
         return _error(str(error).split("\nTraceback")[0])
+    except SandboxGone as error:
+        return ToolOutput(text=f"Error: {error}", ok=False, error=str(error), sandbox_lost=True)
     except SandboxError as error:
         return _error(str(error))
 

@@ -47,6 +47,7 @@ class AgentTask(Task):
     # -- the stage hooks ---------------------------------------------------------------
     async def setup(self, env: Envelope, ctx: TaskContext) -> None:
         from rollstream.sandboxes import SandboxClient, create_sandbox
+        from rollstream.sandboxes.errors import SandboxSetupError
 
         spec = self.sandbox_spec(env.job.instance)
         node_backend = ctx.services.get("sandbox_backend")
@@ -54,8 +55,11 @@ class AgentTask(Task):
             spec = spec.model_copy(update={"backend": node_backend})
         if env.job.sandbox:
             spec = spec.model_copy(update=env.job.sandbox)
-        handle = await create_sandbox(spec, sandbox_id=f"{env.job.job_id[:40]}-{env.attempt}",
-                                      owner=env.job.job_id, root_dir=ctx.services.get("sandbox_root"))
+        try:
+            handle = await create_sandbox(spec, sandbox_id=f"{env.job.job_id[:40]}-{env.attempt}",
+                                          owner=env.job.job_id, root_dir=ctx.services.get("sandbox_root"))
+        except SandboxSetupError as exc:  # the job's own environment recipe fails: not the service's fault
+            raise JobFailed(str(exc), failure="job") from exc
         env.sandbox = handle.model_dump(mode="json")
         async with SandboxClient(handle.socket_path) as sb:
             await self.prepare(env, sb)

@@ -28,6 +28,7 @@ class DirectResult:
     policy_version: int
     trajectory: Trajectory | None
     error: str | None = None
+    failure: str | None = None
 
 
 class DirectServerSource:
@@ -97,7 +98,8 @@ class DirectServerSource:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a failed rollout is a result, never silence
-            await self._queue.put(DirectResult(job_id, group_id, "failed", None, self.policy_version, None, repr(exc)))
+            await self._queue.put(DirectResult(job_id, group_id, "failed", None, self.policy_version, None, repr(exc),
+                                               failure="infrastructure"))
 
     async def results(self) -> AsyncIterator[DirectResult]:
         while True:

@@ -194,6 +194,8 @@ class Trainer:
             "groups_kept": s.kept,
             "groups_dropped_equal": s.dropped_equal,
             "groups_dropped_failed": s.dropped_failed,
+            "rollouts_failed_infrastructure": s.rollouts_failed_infrastructure,
+            "rollouts_failed_agent": s.rollouts_failed_agent,
             "groups_dropped_stale": s.dropped_stale,
             "groups_submitted": s.submitted,
             "groups_cancelled": s.cancelled,

@@ -26,6 +26,8 @@ class RolloutResultLike(Protocol):
     job_id: str
     group_id: str
     status: str  # "completed" | "failed" | "cancelled"
+    # Whose fault a shortfall is (messages.FailureKind); sources without it may leave it out.
+    failure: str | None
     reward: float | None
     policy_version: int
     trajectory: Any
@@ -42,6 +44,10 @@ class RolloutSource(Protocol[P]):
 
     async def cancel_group(self, group_id: str) -> None:
         """Stop the group's jobs and free their sandboxes and LLM slots."""
+
+
+def _infrastructure_failure(result: Any) -> bool:
+    return getattr(result, "failure", None) == "infrastructure"
 
 
 class SamplerStalled(RuntimeError):
@@ -93,7 +99,10 @@ class SampledGroup:
 
     @property
     def completed(self) -> list[Any]:
-        return [r for r in self.results if r.status == "completed" and r.reward is not None]
+        """The scored rollouts. An infrastructure failure is never among them: it is dropped
+        from its group (not scored 0), whatever its status says."""
+        return [r for r in self.results if r.status == "completed" and r.reward is not None
+                and not _infrastructure_failure(r)]
 
     @property
     def rewards(self) -> list[float]:
@@ -112,6 +121,10 @@ class BatchStats:
     dropped_equal: int = 0
     dropped_failed: int = 0
     dropped_stale: int = 0
+    # rollouts dropped from their groups because the service failed them, and rollouts the
+    # agent ended on its own limits (scored and kept: the policy's doing)
+    rollouts_failed_infrastructure: int = 0
+    rollouts_failed_agent: int = 0
     cancelled: int = 0
     carried: int = 0
     results: int = 0
@@ -265,6 +278,10 @@ class DynamicSampler(Generic[P]):
             if any(r.job_id == result.job_id for r in group.results):
                 continue  # redelivered after a consumer crash: count each job once
             group.results.append(result)
+            if _infrastructure_failure(result):
+                stats.rollouts_failed_infrastructure += 1
+            elif getattr(result, "failure", None) == "agent":
+                stats.rollouts_failed_agent += 1
             if len(group.results) < self.config.group_size:
                 continue
             del self._in_flight[group.group_id]

@@ -25,7 +25,7 @@ from rollstream.pipeline.groups import ensure_group
 from rollstream.pipeline.handoff import SandboxCount, Source, sandbox_of
 from rollstream.pipeline.jobstate import RunningMarks
 from rollstream.pipeline.wire import FastRedis, stream_entries
-from rollstream.workers.stage import Forward, Stage, WorkerContext, ended_result
+from rollstream.workers.stage import Forward, Stage, WorkerContext, active_s, ended_result, queued_s
 
 log = logging.getLogger(__name__)
 
@@ -307,8 +307,13 @@ class ConsumerLoop:
             return await self._end(src, env, "cancelled", reason)
         if deliveries > 1 and stage != "init":
             return await self._retry(src, env, f"{stage} worker died mid-job (delivery {deliveries})")
-        remaining_s = job.submitted_at + job.timeout_s - started
         env.timings_s[f"{stage}_wait_s"] = max(0.0, started - int(src.msg_id.split("-")[0]) / 1000)
+        # timeout_s counts time at work in stages, not in queues (a backlog must not expire
+        # jobs that never ran); queue_timeout_s, when set, bounds the queues.
+        remaining_s = job.timeout_s - active_s(env, stage)
+        if job.queue_timeout_s is not None and queued_s(env, stage) > job.queue_timeout_s:
+            return await self._end(src, env, "failed", f"job waited {queued_s(env, stage):.1f} s in queues "
+                                   f"(up to {stage}), over its queue_timeout_s={job.queue_timeout_s:g}; it never ran")
         try:
             if remaining_s <= 0:
                 raise asyncio.TimeoutError
@@ -316,15 +321,16 @@ class ConsumerLoop:
             self._set_deadline(src.msg_id, remaining_s)
             outcome = await self.stage.process(env, self.ctx.task_context(lambda: self._cancelled(job)))
         except asyncio.TimeoutError:
-            return await self._give_up(src, env, f"job timed out in {stage}: over its timeout_s={job.timeout_s}")
+            return await self._give_up(src, env, f"job timed out in {stage}: over its timeout_s={job.timeout_s} "
+                                       "of time at work in stages")
         except JobCancelled as exc:
             return await self._end(src, env, "cancelled", str(exc) or "cancelled")
         except (InvalidJob, ValidationError) as exc:
-            return await self._give_up(src, env, f"{type(exc).__name__}: {exc}")
+            return await self._give_up(src, env, f"{type(exc).__name__}: {exc}", failure="job")
         except JobFailed as exc:
             if not exc.retryable:
-                return await self._give_up(src, env, str(exc))
-            return await self._retry(src, env, str(exc))
+                return await self._give_up(src, env, str(exc), failure=exc.failure)
+            return await self._retry(src, env, str(exc), failure=exc.failure)
         except asyncio.CancelledError:
             why = self._cancel_reasons.get(src.msg_id)
             if why is None:
@@ -332,7 +338,8 @@ class ConsumerLoop:
             if why == "shutdown":
                 return await self._hand_back(src, env)
             if why is _TIMED_OUT:
-                return await self._give_up(src, env, f"job timed out in {stage}: over its timeout_s={job.timeout_s}")
+                return await self._give_up(src, env, f"job timed out in {stage}: over its timeout_s={job.timeout_s} "
+                                           "of time at work in stages")
             return await self._end(src, env, "cancelled", why)
         except Exception as exc:
             log.exception("job %s failed in %s", job.job_id, stage)
@@ -416,23 +423,24 @@ class ConsumerLoop:
         count = await self._release(env)
         await self.ctx.handoff.finish(src, ended_result(env, status, reason, self.stage.name), count=count)
 
-    async def _give_up(self, src: Source, env: Envelope, error: str) -> None:
+    async def _give_up(self, src: Source, env: Envelope, error: str, failure: str = "infrastructure") -> None:
         count = await self._release(env)
         history = "; earlier attempts: " + " | ".join(env.errors) if env.errors else ""
         letter = DeadLetter(job_id=env.job.job_id, submitter=env.job.submitter, stage=self.stage.name,
                             error=error + history, envelope=env)
         log.warning("job %s dead-lettered in %s: %s", env.job.job_id, self.stage.name, error)
-        await self.ctx.handoff.dead_letter(src, letter, ended_result(env, "failed", error + history, self.stage.name),
-                                           count=count)
+        await self.ctx.handoff.dead_letter(src, letter, ended_result(env, "failed", error + history, self.stage.name,
+                                                                    failure), count=count)
 
-    async def _retry(self, src: Source, env: Envelope, error: str) -> None:
+    async def _retry(self, src: Source, env: Envelope, error: str, failure: str = "infrastructure") -> None:
         """Free the node's resources and start the job over from init, unless it has had
         all its attempts."""
         count = await self._release(env)
         env.errors.append(f"{self.stage.name}: {error}")
         if env.attempt + 1 >= self.s.max_deliveries:
             env.errors.pop()
-            return await self._give_up(src, env, f"{error} (attempt {env.attempt + 1} of {self.s.max_deliveries})")
+            return await self._give_up(src, env, f"{error} (attempt {env.attempt + 1} of {self.s.max_deliveries})",
+                                       failure)
         restarted = env.model_copy(update={"attempt": env.attempt + 1, "sandbox": None, "state": {},
                                            "trajectory": None, "node": None})
         await self.ctx.handoff.requeue(src, restarted, self.ctx.keys.init_stream, "init", error, count=count)

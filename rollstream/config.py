@@ -12,6 +12,8 @@ from typing import Literal
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from rollstream.sandboxes.policy import DEFAULT_JOB_OVERRIDES
+
 
 def _default_node() -> str:
     return socket.gethostname().split(".")[0] or "node"
@@ -68,6 +70,14 @@ class Settings(BaseSettings):
                                       "/tmp/rollstream-sb-<uid>).")
     sandbox_backend: str = Field("auto", description="Sandbox backend for tasks that leave it to the node: "
                                  "auto (bubblewrap where it works), bwrap, singularity, docker, local.")
+    sandbox_job_overrides: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_JOB_OVERRIDES),
+        description="SandboxSpec fields a job's `sandbox` may override (JSON list in the environment). "
+        "Limits only downwards unless sandbox_job_may_raise_limits. allow_unisolated and the 'local' backend "
+        "are never a job's to choose; adding backend, image, network or hide_paths lets jobs change how "
+        "their code is confined. A job naming another field fails at init with a message naming it.")
+    sandbox_job_may_raise_limits: bool = Field(False, description="Let a job's sandbox overrides raise "
+                                               "limits above its task's (more memory, time, processes).")
     reap_interval_s: float = Field(30.0, description="How often eval workers reap sandboxes no job wants.")
     group_affinity_slack: int = Field(2, description="A group's backend is preferred while its in-flight "
                                       "count is within this many of the least loaded.")

@@ -137,6 +137,29 @@ async def _prepare(handle: SandboxHandle, spec: SandboxSpec) -> None:
         await sandbox.close_session("setup")
 
 
+def checked_handle(handle: SandboxHandle | dict, root_dir: str | None = None) -> SandboxHandle:
+    """The handle of sandbox `handle['id']` under `root_dir`, its paths rebuilt from the id.
+
+    A handle read from a stream is data anyone with Redis access could have written: its
+    folder and socket are never used as given (a forged one would point teardown's rm -rf or
+    the tool client at a host path); one that does not match its id is refused.
+    """
+    if isinstance(handle, dict):
+        handle = SandboxHandle.model_validate(handle)
+    if not re.match(SANDBOX_ID_PATTERN, handle.id):
+        raise SandboxError(f"sandbox id {handle.id!r} must match {SANDBOX_ID_PATTERN}; refusing this handle")
+    layout = SandboxLayout.of(root_dir or default_root_dir(), handle.id)
+    given = {"dir": handle.dir or layout.dir, "socket_path": handle.socket_path,
+             "host_workdir": handle.host_workdir or layout.work}
+    expected = {"dir": layout.dir, "socket_path": layout.socket_path, "host_workdir": layout.work}
+    wrong = [f"{key}={given[key]!r} (expected {expected[key]!r})" for key in expected if
+             os.path.normpath(given[key]) != expected[key]]
+    if wrong:
+        raise SandboxError(f"the handle of sandbox {handle.id} does not match its id under {layout.dir}: "
+                           f"{', '.join(wrong)}; refusing to use it")
+    return handle.model_copy(update=expected)
+
+
 async def destroy_sandbox(handle: SandboxHandle | dict, timeout_s: float = 30.0) -> None:
     """Stop the supervisor, its container and every process it started; remove its folder.
 

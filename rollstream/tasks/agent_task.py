@@ -47,16 +47,18 @@ class AgentTask(Task):
     # -- the stage hooks ---------------------------------------------------------------
     async def setup(self, env: Envelope, ctx: TaskContext) -> None:
         from rollstream.sandboxes import SandboxClient, create_sandbox
+        from rollstream.sandboxes.paths import sandbox_id_for
+        from rollstream.sandboxes.policy import OverridePolicy
         from rollstream.sandboxes.errors import SandboxSetupError
 
         spec = self.sandbox_spec(env.job.instance)
         node_backend = ctx.services.get("sandbox_backend")
         if spec.backend == "auto" and node_backend and node_backend != "auto":
             spec = spec.model_copy(update={"backend": node_backend})
-        if env.job.sandbox:
-            spec = spec.model_copy(update=env.job.sandbox)
+        # The operator's policy decides what a job may change (the safe default without one).
+        spec = (ctx.services.get("sandbox_policy") or OverridePolicy()).apply(spec, env.job.sandbox)
         try:
-            handle = await create_sandbox(spec, sandbox_id=f"{env.job.job_id[:40]}-{env.attempt}",
+            handle = await create_sandbox(spec, sandbox_id=sandbox_id_for(env.job.job_id, env.attempt),
                                           owner=env.job.job_id, root_dir=ctx.services.get("sandbox_root"))
         except SandboxSetupError as exc:  # the job's own environment recipe fails: not the service's fault
             raise JobFailed(str(exc), failure="job") from exc
@@ -69,6 +71,7 @@ class AgentTask(Task):
         from rollstream.agent.settings import AgentSettings
         from rollstream.agent.tools import CallToolAdapter
         from rollstream.sandboxes import SandboxClient
+        from rollstream.sandboxes.lifecycle import checked_handle
 
         if not env.sandbox:
             raise JobFailed("run stage got a job without a sandbox; init must create it", retryable=True)
@@ -80,7 +83,9 @@ class AgentTask(Task):
         async def cancelled() -> bool:
             return (await ctx.cancelled()) is not None
 
-        async with SandboxClient(env.sandbox["socket_path"]) as sb:
+        # Paths rebuilt from the id: a handle read from a stream is not trusted.
+        handle = checked_handle(env.sandbox, ctx.services.get("sandbox_root"))
+        async with SandboxClient(handle.socket_path) as sb:
             tools = CallToolAdapter(sb, self.tool_schemas(job.instance))
             session = llm.session(job.job_id, job.group_id, max_backend_attempts=settings.max_backend_attempts,
                                   request_timeout_s=settings.request_timeout_s,
@@ -97,14 +102,16 @@ class AgentTask(Task):
 
     async def score(self, env: Envelope, ctx: TaskContext) -> float:
         from rollstream.sandboxes import SandboxClient
+        from rollstream.sandboxes.lifecycle import checked_handle
 
         if not env.sandbox:
             raise JobFailed("eval stage got a job without a sandbox", retryable=True)
-        async with SandboxClient(env.sandbox["socket_path"]) as sb:
+        async with SandboxClient(checked_handle(env.sandbox, ctx.services.get("sandbox_root")).socket_path) as sb:
             return float(await self.reward(env, sb))
 
     async def teardown(self, env: Envelope, ctx: TaskContext) -> None:
         from rollstream.sandboxes import destroy_sandbox
+        from rollstream.sandboxes.lifecycle import checked_handle
 
         if env.sandbox:
-            await destroy_sandbox(env.sandbox)
+            await destroy_sandbox(checked_handle(env.sandbox, ctx.services.get("sandbox_root")))

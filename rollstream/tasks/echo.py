@@ -11,6 +11,7 @@ import shutil
 
 from rollstream.errors import InvalidJob, JobFailed
 from rollstream.messages import Envelope
+from rollstream.sandboxes.paths import safe_name
 from rollstream.tasks import eval_report
 from rollstream.tasks.base import Task, TaskContext
 from rollstream.trajectory import Message, Trajectory
@@ -45,7 +46,7 @@ class EchoTask(Task):
     async def setup(self, env: Envelope, ctx: TaskContext) -> None:
         # An empty folder, made and removed with one syscall each: echo measures the
         # broker, and file I/O here would sit on every job's critical path.
-        workdir = os.path.join(ctx.work_dir, env.job.job_id)
+        workdir = self._workdir(env, ctx)
         try:
             os.mkdir(workdir)
         except FileExistsError:  # a retried attempt on this node
@@ -70,8 +71,16 @@ class EchoTask(Task):
         return eval_report.record(env, 0.0, "response differs from the expected text", expected=expected,
                                   response=response or "")
 
+    @staticmethod
+    def _workdir(env: Envelope, ctx: TaskContext) -> str:
+        """The job's folder under the node's work folder, named from its id by `safe_name`: one
+        plain name whatever the id holds ('/tmp/x', '../..', a shared long prefix), so it can
+        neither leave the work folder nor be another job's."""
+        return os.path.join(ctx.work_dir, safe_name(env.job.job_id, 40))
+
     async def teardown(self, env: Envelope, ctx: TaskContext) -> None:
-        workdir = env.state.get("workdir")
+        # From the id again, never from env.state: a message on a stream may carry any path.
+        workdir = self._workdir(env, ctx) if env.state.get("workdir") else None
         if workdir:
             try:
                 os.rmdir(workdir)

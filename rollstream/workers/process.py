@@ -66,6 +66,9 @@ async def _start_services(stage: str, ctx: WorkerContext, worker_id: str) -> lis
     settings = ctx.settings
     ctx.services["sandbox_root"] = sandbox_root(settings)
     ctx.services["sandbox_backend"] = settings.sandbox_backend
+    from rollstream.sandboxes.policy import OverridePolicy
+
+    ctx.services["sandbox_policy"] = OverridePolicy.from_settings(settings)
     background: list[asyncio.Task] = []
     if stage == "run":
         from rollstream.workers.llm_service import LLMService

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 from ..errors import BackendUnavailable
+from ..paths import child_path
 from ..spec import SandboxLimits, SandboxSpec
 
 KERNEL_DIR_INNER = "/run/rollstream"
@@ -66,7 +67,8 @@ class SandboxLayout:
 
     @classmethod
     def of(cls, root_dir: str, sandbox_id: str) -> "SandboxLayout":
-        return cls(os.path.join(os.path.abspath(root_dir), sandbox_id))
+        """Refuses (PathEscape) an id that is not one plain folder name under `root_dir`."""
+        return cls(child_path(os.path.abspath(root_dir), sandbox_id))
 
     @property
     def data(self) -> str:
@@ -146,6 +148,9 @@ class LaunchPlan:
     # True when every process the supervisor spawns is the root of its own pid namespace
     # (bwrap): killing that root kills all inside, so shutdown need not scan /proc.
     pid_namespace: bool = False
+    # A setpriv binary when the supervisor runs as root: it starts every sandboxed process
+    # under an unprivileged host uid of the sandbox's own (runtime/identity.py).
+    unprivileged_via: str = ""
     extra: dict = field(default_factory=dict)
 
     def to_json_dict(self) -> dict:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import functools
 import os
+import stat
 import subprocess
 import sys
 
+from ..errors import BackendUnavailable
 from ..spec import SandboxSpec
 from .base import (
     BASH_ARGS,
@@ -64,6 +66,20 @@ def rootfs_args(rootfs: str) -> list[str]:
     return args
 
 
+def _setpriv_for_root() -> str:
+    """As root, bwrap would map the sandbox user to host uid 0: the supervisor then starts bwrap
+    through setpriv under a uid of the sandbox's own (runtime/identity.py)."""
+    if os.geteuid() != 0:
+        return ""  # bwrap maps the sandbox user to our own unprivileged uid
+    setpriv = which("setpriv")
+    if setpriv is None:
+        raise BackendUnavailable(
+            "bwrap as root needs setpriv (util-linux) to run sandboxes under an unprivileged host uid; "
+            "install util-linux, or run the workers as an unprivileged user"
+        )
+    return setpriv
+
+
 _SO_ACCEPTCON = 0x10000
 
 
@@ -85,6 +101,40 @@ def listening_unix_sockets() -> list[str]:
     except (OSError, ValueError):
         pass
     return paths
+
+
+# A socket folder with more entries than this is hidden whole rather than rebuilt entry by entry.
+MAX_REBUILT_ENTRIES = 256
+
+
+def _folder_without_sockets(folder: str) -> list[str]:
+    """Mask the sockets of `folder` so that one recreated later (a restarted Redis) stays hidden.
+
+    A mask bound over a socket covers that inode only: a server that restarts unlinks it and
+    binds a new one, which a shell opened before would then reach. So the folder itself is
+    replaced by a fresh tmpfs and its other entries are bound back: a socket made there later
+    does not appear inside. (The supervisor drops the tmpfs if the folder is gone by then.)
+    """
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    args = ["--tmpfs", folder]
+    if len(names) > MAX_REBUILT_ENTRIES:
+        return args
+    for name in names:
+        path = os.path.join(folder, name)
+        try:
+            info = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISSOCK(info.st_mode):
+            continue
+        if stat.S_ISLNK(info.st_mode):
+            args += ["--symlink", os.readlink(path), path]
+        else:
+            args += ["--ro-bind-try", path, path]
+    return args
 
 
 class BwrapBackend:
@@ -146,12 +196,18 @@ class BwrapBackend:
             else:
                 args += ["--ro-bind", "/dev/null", path]
         hidden_dirs = [path.rstrip("/") + "/" for path in hidden if os.path.isdir(path)]
+        socket_folders: set[str] = set()
         for path in sorted(set(listening_unix_sockets())):
             top = path.strip("/").split("/")[0]
             if top in _NOT_BOUND or path.startswith(tuple(hidden_dirs)) or not os.path.exists(path):
                 continue
-            # The supervisor drops the mask of a socket gone by the time it spawns a shell.
-            args += ["--ro-bind", "/dev/null", path]
+            if os.path.dirname(path) == "/":
+                # The supervisor drops the mask of a socket gone by the time it spawns a shell.
+                args += ["--ro-bind", "/dev/null", path]
+            else:
+                socket_folders.add(os.path.dirname(path))
+        for folder in sorted(socket_folders, key=len):  # a parent before the folders inside it
+            args += _folder_without_sockets(folder)
         # The host interpreter (for the kernel) may live under a home folder we just hid.
         for prefix in {sys.base_prefix, sys.prefix}:
             if prefix.strip("/").split("/")[0] in ("root", "home", "run"):
@@ -171,9 +227,12 @@ class BwrapBackend:
             exec_prefix=prefix,
             kernel_argv=[python, *KERNEL_ARGS],
             kernel_dir_inner=KERNEL_DIR_INNER,
-            spawn_env=env,
+            # bwrap itself runs on the host: it gets no variable of the job's (LD_PRELOAD would
+            # run the job's code there); the sandbox's environment goes in by --setenv.
+            spawn_env={"PATH": STANDARD_PATH},
             spawn_cwd=layout.dir,
             host_env={"PATH": os.environ.get("PATH", STANDARD_PATH)},
             rlimits=rlimits_for(spec.limits),
             pid_namespace=True,  # --unshare-pid + --die-with-parent
+            unprivileged_via=_setpriv_for_root(),
         )

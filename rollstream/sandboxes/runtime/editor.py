@@ -8,13 +8,27 @@ the sandbox between check and open cannot redirect a write of the (root) supervi
 
 from __future__ import annotations
 
+import codecs
 import ctypes
 import errno
 import os
+import stat
+import time
 
 
 class EditorError(Exception):
     """A bad edit request; the message tells the model what to do instead."""
+
+
+# The editor runs in the supervisor, outside the sandbox's memory limit: it holds at most this
+# much of a file (str_replace, insert, create, undo), streams `view`, and gives each call a
+# deadline, so no file the sandbox makes (a 1 GB sparse file, a FIFO) can grow or wedge it.
+EDIT_MAX_BYTES = 8 * 2**20
+HISTORY_MAX_BYTES = 32 * 2**20  # undo history kept per sandbox; the oldest goes first
+READ_MAX_BYTES = 64 * 2**20  # read_file without max_bytes
+CALL_DEADLINE_S = 20.0
+LIST_MAX_ENTRIES = 2000
+_CHUNK_BYTES = 2**20
 
 
 _SYS_OPENAT2 = 437  # the same number on every Linux architecture
@@ -62,24 +76,33 @@ def open_beneath(root: str, relative: str, flags: int, mode: int = 0o644) -> int
         os.close(root_fd)
 
 
-def makedirs_beneath(root: str, relative: str) -> None:
-    """os.makedirs(root/relative, exist_ok=True), one mkdirat at a time beneath `root`."""
+def makedirs_beneath(root: str, relative: str, owner: int | None = None) -> None:
+    """os.makedirs(root/relative, exist_ok=True), one mkdirat at a time beneath `root`; what it
+    makes belongs to `owner` (uid and gid) when given."""
     parts = [part for part in relative.split("/") if part not in ("", ".")]
     for index, part in enumerate(parts):
         parent = open_beneath(root, "/".join(parts[:index]), os.O_PATH | os.O_DIRECTORY)
         try:
             os.mkdir(part, 0o755, dir_fd=parent)
+            if owner is not None:
+                os.chown(part, owner, owner, dir_fd=parent, follow_symlinks=False)
         except FileExistsError:
             pass
         finally:
             os.close(parent)
 
 
+_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
+          stat.S_IFBLK: "a block device", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symlink"}
+
+
 class PathMap:
     """Translates paths as the sandbox sees them into host paths inside its folders."""
 
-    def __init__(self, workdir_inner: str, mounts: list[tuple[str, str]]) -> None:
+    def __init__(self, workdir_inner: str, mounts: list[tuple[str, str]], owner: int | None = None) -> None:
         self.workdir_inner = workdir_inner
+        # The sandbox's host uid where it has one (runtime/identity.py): what we create is its.
+        self.owner = owner
         # Longest inner prefix first so that /workspace/x never matches a /work mount.
         self.mounts = sorted(mounts, key=lambda pair: len(pair[0]), reverse=True)
 
@@ -113,21 +136,55 @@ class PathMap:
         raise EditorError(f"{host} is outside the sandbox's folders")
 
     def open(self, host: str, flags: int, mode: int = 0o644) -> int:
-        """Open a path from `to_host` without following anything out of its root."""
+        """Open a regular file from `to_host` without following anything out of its root.
+
+        Never blocks (O_NONBLOCK: a FIFO opens or fails at once) and refuses whatever is not
+        a regular file: a FIFO, socket or device read by the supervisor would hang or stream forever.
+        """
         root, relative = self.root_of(host)
+        created = False
         try:
             if flags & os.O_CREAT:
-                makedirs_beneath(root, os.path.dirname(relative))
-            return open_beneath(root, relative, flags, mode)
+                makedirs_beneath(root, os.path.dirname(relative), self.owner)
+            if flags & os.O_CREAT and self.owner is not None:
+                try:
+                    fd = open_beneath(root, relative, flags | os.O_EXCL | os.O_NONBLOCK, mode)
+                    created = True
+                except FileExistsError:
+                    fd = open_beneath(root, relative, (flags & ~os.O_CREAT) | os.O_NONBLOCK, mode)
+            else:
+                fd = open_beneath(root, relative, flags | os.O_NONBLOCK, mode)
         except OSError as error:
             if error.errno in (errno.EXDEV, errno.ELOOP):
                 raise EditorError(
                     f"{relative} resolves (through a symlink) outside the sandbox; use its real path"
                 ) from None
+            if error.errno == errno.ENXIO:  # O_WRONLY on a FIFO without a reader
+                raise EditorError(f"{relative} is a FIFO, not a regular file; the editor and file calls "
+                                  "only handle regular files") from None
             raise
+        kind = stat.S_IFMT(os.fstat(fd).st_mode)
+        if kind != stat.S_IFREG:
+            os.close(fd)
+            raise EditorError(f"{relative} is {_KINDS.get(kind, 'not a regular file')}, not a regular file; "
+                              "the editor and file calls only handle regular files")
+        if created:
+            os.fchown(fd, self.owner, self.owner)
+        return fd
 
-    def read_bytes(self, host: str, max_bytes: int = -1) -> bytes:
+    def read_bytes(self, host: str, max_bytes: int = -1, limit: int = READ_MAX_BYTES) -> bytes:
+        """At most `max_bytes`; without it the whole file, refused past `limit` bytes (never read)."""
         with os.fdopen(self.open(host, os.O_RDONLY), "rb") as handle:
+            if max_bytes is None or max_bytes < 0:
+                size = os.fstat(handle.fileno()).st_size
+                if size > limit:
+                    raise EditorError(f"{os.path.basename(host)} is {size:,} bytes, more than the {limit:,} "
+                                      "bytes handled at once; read a part (max_bytes) or use bash "
+                                      "(head, tail, sed -n, grep)")
+                data = handle.read(limit + 1)
+                if len(data) > limit:  # grew while we read
+                    raise EditorError(f"{os.path.basename(host)} grew past {limit:,} bytes while being read")
+                return data
             return handle.read(max_bytes)
 
     def write_bytes(self, host: str, data: bytes, mode: int | None = None) -> None:
@@ -144,28 +201,58 @@ class Editor:
         self.paths = paths
         self.output_bytes = output_bytes
         self.history: dict[str, list[bytes | None]] = {}
+        self.history_order: list[str] = []  # host path of each undo entry, oldest first
+        self.history_bytes = 0
 
     def _host(self, path: str) -> str:
         return self.paths.to_host(path, allowed_inner=[self.paths.workdir_inner])
 
+    def _is_dir(self, host: str) -> bool:
+        """Whether `host` is a folder, judged beneath the sandbox root (a symlink is not followed)."""
+        root, relative = self.paths.root_of(host)
+        try:
+            os.close(open_beneath(root, relative, os.O_PATH | os.O_DIRECTORY))
+            return True
+        except OSError:
+            return False
+
     def _read_text(self, host: str, path: str) -> str:
-        if os.path.isdir(host):
+        if self._is_dir(host):
             raise EditorError(f"{path} is a directory; this command needs a file")
         try:
-            return self.paths.read_bytes(host).decode("utf-8")
+            data = self.paths.read_bytes(host, limit=EDIT_MAX_BYTES)
         except FileNotFoundError:
             raise EditorError(f"{path} does not exist; create it with command='create'") from None
+        except EditorError as error:
+            raise EditorError(f"{error} (the editor edits files up to {EDIT_MAX_BYTES:,} bytes)") from None
+        try:
+            return data.decode("utf-8")
         except UnicodeDecodeError:
             raise EditorError(f"{path} is not UTF-8 text; inspect it with bash instead") from None
 
     def _write(self, host: str, text: str) -> None:
+        data = text.encode("utf-8")
+        if len(data) > EDIT_MAX_BYTES:
+            raise EditorError(f"the new content is {len(data):,} bytes; the editor writes files up to "
+                              f"{EDIT_MAX_BYTES:,} bytes (write larger ones with bash)")
         previous: bytes | None = None
         try:
-            previous = self.paths.read_bytes(host)
+            previous = self.paths.read_bytes(host, limit=EDIT_MAX_BYTES)
         except FileNotFoundError:
             pass
-        self.paths.write_bytes(host, text.encode("utf-8"))
+        self.paths.write_bytes(host, data)
+        self._remember(host, previous)
+
+    def _remember(self, host: str, previous: bytes | None) -> None:
+        """Keep `previous` for undo_edit, dropping the oldest entries past HISTORY_MAX_BYTES."""
         self.history.setdefault(host, []).append(previous)
+        self.history_order.append(host)
+        self.history_bytes += len(previous or b"")
+        while self.history_bytes > HISTORY_MAX_BYTES and self.history_order:
+            oldest = self.history_order.pop(0)
+            entries = self.history.get(oldest)
+            if entries:
+                self.history_bytes -= len(entries.pop(0) or b"")
 
     def _cap(self, text: str) -> str:
         data = text.encode("utf-8")
@@ -199,48 +286,106 @@ class Editor:
 
     def view(self, path: str, view_range: list[int] | None = None) -> str:
         host = self._host(path)
-        if os.path.isdir(host):
+        if self._is_dir(host):
             if view_range is not None:
                 raise EditorError("view_range applies to files, not directories")
             return self._cap(self._list_dir(host, path))
-        text = self._read_text(host, path)
-        lines = text.split("\n")
-        if text.endswith("\n"):
-            lines.pop()
-        start, end = 1, len(lines)
+        start, end = 1, -1
         if view_range is not None:
             if len(view_range) != 2 or not all(isinstance(n, int) for n in view_range):
                 raise EditorError("view_range must be two integers [start, end]; end -1 means to the end")
             start, end = view_range
-            if end == -1:
-                end = len(lines)
-            if not 1 <= start <= max(len(lines), 1) or end < start or end > len(lines):
+        try:
+            fd = self.paths.open(host, os.O_RDONLY)
+        except FileNotFoundError:
+            raise EditorError(f"{path} does not exist; create it with command='create'") from None
+        with os.fdopen(fd, "rb") as handle:
+            shown, total = self._numbered_lines(handle, path, start, end)
+        if view_range is not None:
+            last = total if end == -1 else end
+            if not 1 <= start <= max(total, 1) or last < start or last > total:
                 raise EditorError(
-                    f"view_range {view_range} is outside the file's {len(lines)} lines; "
-                    f"use 1 <= start <= end <= {len(lines)} (or end = -1)"
+                    f"view_range {view_range} is outside the file's {total} lines; "
+                    f"use 1 <= start <= end <= {total} (or end = -1)"
                 )
-        numbered = "\n".join(f"{n:6}\t{lines[n - 1]}" for n in range(start, end + 1))
-        return self._cap(numbered)
+        return shown
+
+    def _numbered_lines(self, handle, path: str, start: int, end: int) -> tuple[str, int]:
+        """Lines start..end (-1: the last) numbered, in at most output_bytes (head and tail kept),
+        and the file's line count; reads in chunks, so memory stays bounded whatever the file's size."""
+        deadline = time.monotonic() + CALL_DEADLINE_S
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        output = _HeadTail(self.output_bytes)
+        number, pending, cut = 0, "", False
+        while True:
+            chunk = handle.read(_CHUNK_BYTES)
+            try:
+                text = pending + decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError:
+                raise EditorError(f"{path} is not UTF-8 text; inspect it with bash instead") from None
+            lines = text.split("\n")
+            pending = lines.pop()  # an unfinished line waits for the next chunk
+            for line in lines:
+                number += 1
+                if number >= start and (end == -1 or number <= end):
+                    output.add(f"{number:6}\t{line}" + (" [... rest of this long line cut ...]" if cut else ""))
+                cut = False
+            if len(pending) > self.output_bytes:  # one huge line (a sparse file): keep what can be shown
+                pending, cut = pending[: self.output_bytes], True
+            if not chunk:
+                break
+            if end != -1 and number >= end:  # the rest is not shown, only counted for the range check
+                return output.render(), self._count_rest(handle, number, pending, deadline)
+            if time.monotonic() > deadline:
+                raise EditorError(f"viewing {path} took longer than {CALL_DEADLINE_S:g} s; view a smaller "
+                                  "range or use bash (head, sed -n)")
+        if pending:
+            number += 1
+            if number >= start and (end == -1 or number <= end):
+                output.add(f"{number:6}\t{pending}" + (" [... rest of this long line cut ...]" if cut else ""))
+        return output.render(), number
+
+    @staticmethod
+    def _count_rest(handle, number: int, pending: str, deadline: float) -> int:
+        """Lines up to the end of the file (for the range check), counted without keeping them."""
+        unfinished = bool(pending)  # text after the last newline so far
+        while True:
+            chunk = handle.read(_CHUNK_BYTES)
+            if not chunk:
+                return number + unfinished
+            newlines = chunk.count(b"\n")
+            number += newlines
+            unfinished = bool(chunk.rpartition(b"\n")[2]) if newlines else (unfinished or bool(chunk))
+            if time.monotonic() > deadline:
+                return number  # a range that fits so far is shown; the count stays a lower bound
 
     def _list_dir(self, host: str, path: str) -> str:
+        """Two levels of the folder, hidden names left out, walked by file descriptor beneath the
+        sandbox root (a folder swapped for a symlink mid-walk is not followed out of it)."""
+        root, relative = self.paths.root_of(host)
         entries = [path.rstrip("/") + "/"]
-        base_depth = host.rstrip("/").count("/")
-        for root, dirs, files in os.walk(host):
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-            depth = root.rstrip("/").count("/") - base_depth
-            if depth >= 2:
-                dirs[:] = []
-            rel = os.path.relpath(root, host)
-            for name in dirs:
-                entries.append(os.path.normpath(os.path.join(path, rel, name)) + "/")
-            for name in sorted(files):
-                if not name.startswith("."):
-                    entries.append(os.path.normpath(os.path.join(path, rel, name)))
+        deadline = time.monotonic() + CALL_DEADLINE_S
+        top = open_beneath(root, relative, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for folder, dirs, files, _ in os.fwalk(".", dir_fd=top):
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                if folder.count("/") >= 2:
+                    dirs[:] = []
+                for name in dirs:
+                    entries.append(os.path.normpath(os.path.join(path, folder, name)) + "/")
+                entries += [os.path.normpath(os.path.join(path, folder, name)) for name in sorted(files)
+                            if not name.startswith(".")]
+                if len(entries) > LIST_MAX_ENTRIES or time.monotonic() > deadline:
+                    entries = entries[:LIST_MAX_ENTRIES]
+                    entries.append(f"[... more entries not listed; list {path} with bash (ls, find)]")
+                    break
+        finally:
+            os.close(top)
         return "\n".join(entries)
 
     def create(self, path: str, file_text: str) -> str:
         host = self._host(path)
-        if os.path.isdir(host):
+        if self._is_dir(host):
             raise EditorError(f"{path} is a directory; pick a file name inside it")
         self._write(host, file_text)
         return f"File created at {path} ({len(file_text.splitlines())} lines)."
@@ -310,6 +455,41 @@ class Editor:
         start = max(1, first_line - context)
         end = min(len(lines), first_line + changed_lines + context)
         return "\n".join(f"{n:6}\t{lines[n - 1]}" for n in range(start, end + 1))
+
+
+class _HeadTail:
+    """Lines of a view kept within `cap` bytes: the first half and the last half, the middle counted."""
+
+    def __init__(self, cap: int) -> None:
+        self.half = max(cap // 2, 1)
+        self.head: list[str] = []
+        self.head_bytes = 0
+        self.tail: list[str] = []
+        self.tail_bytes = 0
+        self.elided = 0
+
+    def add(self, line: str) -> None:
+        size = len(line.encode("utf-8", "surrogatepass")) + 1
+        if self.head_bytes + size <= self.half and not self.tail:
+            self.head.append(line)
+            self.head_bytes += size
+            return
+        self.tail.append(line)
+        self.tail_bytes += size
+        while self.tail_bytes > self.half and len(self.tail) > 1:
+            dropped = self.tail.pop(0)
+            self.tail_bytes -= len(dropped.encode("utf-8", "surrogatepass")) + 1
+            self.elided += len(dropped.encode("utf-8", "surrogatepass")) + 1
+        if self.tail_bytes > self.half:  # one line longer than half the cap: keep its end
+            self.elided += self.tail_bytes - self.half
+            self.tail[0] = self.tail[0].encode()[-self.half:].decode("utf-8", "ignore")
+            self.tail_bytes = self.half
+
+    def render(self) -> str:
+        if not self.elided:
+            return "\n".join(self.head + self.tail)
+        return ("\n".join(self.head) + f"\n[... {self.elided:,} bytes elided; view a smaller range ...]\n"
+                + "\n".join(self.tail))
 
 
 def _find_all(text: str, needle: str) -> list[int]:

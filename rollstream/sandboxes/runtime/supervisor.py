@@ -19,11 +19,12 @@ import threading
 import time
 
 if __package__:
-    from . import confine, protocol
+    from . import confine, identity, protocol
     from .bash_session import BashSession, SessionBusy, Spawner, kill_session_processes
     from .editor import Editor, EditorError, PathMap
 else:  # python -S supervisor.py: sibling modules are top-level
     import confine
+    import identity
     import protocol
     from bash_session import BashSession, SessionBusy, Spawner, kill_session_processes
     from editor import Editor, EditorError, PathMap
@@ -59,6 +60,7 @@ class Supervisor:
         # bomb left running by one command may hit the limit only after that command ended.
         self.limit_hits_told = 0
         self.confinement: confine.Confinement | None = None
+        self.identity: identity.HostIdentity | None = None
         self.listener: socket.socket | None = None
         self.held_connections: list[socket.socket] = []
         self.spawner = Spawner()
@@ -75,6 +77,10 @@ class Supervisor:
     # -- startup -----------------------------------------------------------------------
     def start(self) -> None:
         self.confinement = confine.Confinement.create(self.plan)
+        if self.plan.get("unprivileged_via") and os.geteuid() == 0:
+            self.identity = identity.allocate(self.plan["unprivileged_via"])
+            identity.hand_over(self.plan, self.identity.uid)
+            self.paths.owner = self.identity.uid
         if self.plan.get("start_argv"):
             import subprocess
 
@@ -108,10 +114,10 @@ class Supervisor:
                     "one with close_session"
                 )
             created = BashSession(
-                without_vanished_masks(self.plan["bash_argv"]),
+                self._sandbox_argv(self.plan["bash_argv"]),
                 self.plan["spawn_env"],
                 self.plan["spawn_cwd"],
-                self.plan["rlimits"],
+                self._rlimits(),
                 self.plan["output_bytes"],
                 spawner=self.spawner,
                 cgroup_procs=self._cgroup_procs(),
@@ -119,6 +125,18 @@ class Supervisor:
             created.start()
             self.sessions[name] = created
             return created
+
+    def _sandbox_argv(self, argv: list[str]) -> list[str]:
+        """How to start a sandboxed process: under the sandbox's own host uid where we are root."""
+        argv = without_vanished_masks(argv)
+        return self.identity.wrap(argv, os.path.join(self.dir, "stage")) if self.identity else argv
+
+    def _rlimits(self) -> dict[str, int]:
+        """The plan's rlimits; RLIMIT_NPROC left out where the pids cgroup holds the process limit
+        (under a sandbox uid it would count too, and fail forks before the cgroup can tell)."""
+        if self.confinement is not None and "pids" in self.confinement.record["limits"]:
+            return {k: v for k, v in self.plan["rlimits"].items() if k != "RLIMIT_NPROC"}
+        return self.plan["rlimits"]
 
     def _cgroup_procs(self) -> list[str]:
         return self.confinement.join_files if self.confinement is not None else []
@@ -328,11 +346,11 @@ class Supervisor:
                 else:
                     from kernel import Kernel
                 self.kernel = Kernel(
-                    without_vanished_masks(self.plan["exec_prefix"]),
+                    self._sandbox_argv(self.plan["exec_prefix"]),
                     self.plan["kernel_argv"],
                     self.plan["spawn_env"],
                     self.plan["spawn_cwd"],
-                    self.plan["rlimits"],
+                    self._rlimits(),
                     self.plan["kernel_dir_host"],
                     self.plan["kernel_dir_inner"],
                     self.plan["output_bytes"],
@@ -405,25 +423,27 @@ class Supervisor:
 
 
 def without_vanished_masks(argv: list[str]) -> list[str]:
-    """Drop `--ro-bind /dev/null PATH` masks whose PATH is gone: bwrap could not mount them.
+    """Drop masks whose host path is gone: bwrap could not mount them.
 
-    The bwrap backend masks host files and sockets that existed when the sandbox was
-    planned; a socket removed since (a Redis that stopped) needs no mask any more.
+    The bwrap backend masks host files and sockets (`--ro-bind /dev/null PATH`) and folders
+    holding sockets (`--tmpfs FOLDER`, then their other entries bound back) that existed when
+    the sandbox was planned; one removed since (a Redis that stopped) needs no mask any more.
     """
-    if "/dev/null" not in argv:
+    if "/dev/null" not in argv and "--tmpfs" not in argv:
         return argv
+    options, command = identity.split_options(argv)
     result: list[str] = []
-    index = 0
-    while index < len(argv):
-        if (argv[index] == "--ro-bind" and index + 2 < len(argv) and argv[index + 1] == "/dev/null"
-                and not os.path.lexists(argv[index + 2])):
-            index += 3
+    for option, values in options:
+        vanished = bool(values) and not os.path.lexists(values[-1])
+        if vanished and ((option == "--ro-bind" and values[0] == "/dev/null")
+                         or (option == "--tmpfs" and values[0] not in _STANDARD_TMPFS)):
             continue
-        if argv[index] == "--":
-            return result + argv[index:]
-        result.append(argv[index])
-        index += 1
-    return result
+        result += [option, *values]
+    return result + command
+
+
+# Fresh folders every bwrap sandbox gets, whether or not the host has them.
+_STANDARD_TMPFS = ("/root", "/home", "/run", "/tmp")
 
 
 class _disk_full_as_bad_request:

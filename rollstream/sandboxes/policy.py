@@ -1,0 +1,111 @@
+"""Which sandbox fields a job may override: the operator's policy, applied where the init stage
+merges a job's `sandbox` overrides into its task's SandboxSpec.
+
+A job is trusted to spend compute, not to choose how unconfined its code runs. By default it
+may lower limits and shape what runs inside the sandbox (files, env, setup commands), never
+pick the backend, the image, the network, the masks or the unisolated `local` backend; the
+operator widens that with the settings `sandbox_job_overrides` and
+`sandbox_job_may_raise_limits` (rollstream/config.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from rollstream.errors import InvalidJob
+
+from .spec import SandboxLimits, SandboxSpec
+
+# What a job may override unless the operator says otherwise: all of it runs inside the
+# sandbox, confined as the operator configured it.
+DEFAULT_JOB_OVERRIDES = ("limits", "files", "env", "setup_commands", "setup_timeout_s", "workdir")
+# Never from a job, whatever the setting says.
+NEVER_FROM_A_JOB = ("allow_unisolated",)
+# Setup commands run through the backend: unconfined on the host with `local`.
+_UNCONFINED_BACKENDS = ("local",)
+# Fields whose value is a budget: a job may only lower it unless raising is allowed.
+_BUDGET_FIELDS = ("setup_timeout_s",)
+SETTING = "sandbox_job_overrides (ROLLSTREAM_SANDBOX_JOB_OVERRIDES)"
+RAISE_SETTING = "sandbox_job_may_raise_limits (ROLLSTREAM_SANDBOX_JOB_MAY_RAISE_LIMITS)"
+
+
+class SandboxOverrideRefused(InvalidJob):
+    """A job asked to change a sandbox field that the operator's policy does not let it change."""
+
+
+@dataclass(frozen=True)
+class OverridePolicy:
+    """The sandbox fields a job may override; limits only downwards unless `may_raise_limits`."""
+
+    allowed: tuple[str, ...] = DEFAULT_JOB_OVERRIDES
+    may_raise_limits: bool = False
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> "OverridePolicy":
+        return cls(tuple(settings.sandbox_job_overrides), bool(settings.sandbox_job_may_raise_limits))
+
+    def check_fields(self, overrides: dict) -> None:
+        """Refuse fields the policy never lets a job set (usable at submit, without the task's spec)."""
+        if not isinstance(overrides, dict):
+            raise SandboxOverrideRefused(f"job.sandbox must be a mapping of SandboxSpec fields, not "
+                                         f"{type(overrides).__name__}")
+        for name in overrides:
+            if name not in SandboxSpec.model_fields:
+                raise SandboxOverrideRefused(
+                    f"job.sandbox.{name} is not a sandbox field; known: {', '.join(SandboxSpec.model_fields)}")
+            if name in NEVER_FROM_A_JOB:
+                raise SandboxOverrideRefused(
+                    f"job.sandbox.{name} cannot come from a job: only the operator's configuration may "
+                    "run code without isolation")
+            if name not in self.allowed:
+                raise SandboxOverrideRefused(
+                    f"job.sandbox.{name} may not be overridden by a job under this node's policy; the "
+                    f"operator allows {', '.join(self.allowed) or 'nothing'} (setting {SETTING})")
+        if overrides.get("backend") in _UNCONFINED_BACKENDS:
+            raise SandboxOverrideRefused(
+                "job.sandbox.backend='local' runs tools on the host without isolation and is never "
+                "selectable by a job; the operator picks it with the setting sandbox_backend")
+
+    def apply(self, spec: SandboxSpec, overrides: dict | None) -> SandboxSpec:
+        """`spec` with the job's `overrides` merged in, validated, or SandboxOverrideRefused."""
+        if not overrides:
+            return spec
+        self.check_fields(overrides)
+        merged = spec.model_dump()
+        for name, value in overrides.items():
+            if name == "limits" and isinstance(value, dict):
+                merged["limits"] = {**merged["limits"], **value}
+            else:
+                merged[name] = value
+        try:
+            result = SandboxSpec.model_validate(merged)
+        except ValidationError as error:
+            raise SandboxOverrideRefused(f"job.sandbox does not make a valid sandbox spec: {error}") from None
+        if not self.may_raise_limits:
+            self._only_lowered(spec, result)
+        if result.setup_commands != spec.setup_commands and result.backend in _UNCONFINED_BACKENDS:
+            raise SandboxOverrideRefused(
+                "job.sandbox.setup_commands would run on the host: this task's sandbox uses the unisolated "
+                "'local' backend, which only the operator's own setup may use")
+        return result
+
+    def _only_lowered(self, base: SandboxSpec, result: SandboxSpec) -> None:
+        pairs = [(f"limits.{name}", getattr(base.limits, name), getattr(result.limits, name))
+                 for name in SandboxLimits.model_fields]
+        pairs += [(name, getattr(base, name), getattr(result, name)) for name in _BUDGET_FIELDS]
+        for name, before, after in pairs:
+            if _raised(before, after):
+                raise SandboxOverrideRefused(
+                    f"job.sandbox.{name}={after!r} raises the task's limit {before!r}; a job may only lower "
+                    f"limits unless the operator sets {RAISE_SETTING}")
+
+
+def _raised(before: Any, after: Any) -> bool:
+    """None means unlimited; anything else compares as a number."""
+    if after is None:
+        return before is not None
+    return before is not None and after > before
+

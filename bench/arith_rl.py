@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 import torch
 
-from rollstream.llm.format_pretrain import ARITH_RL_RECIPE, build_arith_model, recipe_folder_name
+from rollstream.llm.format_pretrain import ARITH_RL_RECIPE, cached_arith_model
 from rollstream.llm.server.app import start_server_process
 from rollstream.pipeline.balancer import add_backend
 from rollstream.pipeline.connection import async_redis
@@ -39,8 +39,6 @@ from rollstream.trainer.config import TrainConfig
 from rollstream.trainer.loop import Trainer
 from rollstream.trainer.weight_sync import BuiltinServerBackend, SyncReport, WeightPublisher
 from rollstream.workers.pool import WorkerPool
-
-MODEL_CACHE = Path.home() / ".cache" / "rollstream" / "models"
 
 
 @dataclass
@@ -119,7 +117,7 @@ def run_arith_rl(args) -> dict:
     # each, since OpenMP threads spin-waiting on an oversubscribed CPU slowed steps up to 5x.
     torch.set_num_threads(args.threads)
     started = time.monotonic()
-    base = args.model_dir or build_arith_model(MODEL_CACHE / recipe_folder_name(ARITH_RL_RECIPE), **ARITH_RL_RECIPE)
+    base = args.model_dir or cached_arith_model(ARITH_RL_RECIPE)
     build_s = time.monotonic() - started
     work = Path(tempfile.mkdtemp(prefix="rs-arith-rl-"))
     model_dir = work / "model"

@@ -75,8 +75,13 @@ class AgentTask(Task):
 
         if not env.sandbox:
             raise JobFailed("run stage got a job without a sandbox; init must create it", retryable=True)
-        llm = ctx.service("llm")
         job = env.job
+        if job.agent.get("harness"):  # the job brings its own agent: it talks to a door of ours
+            from rollstream.agent.harness import run_harness
+
+            return await run_harness(str(job.agent["harness"]), self.prompt_messages(job.instance),
+                                     self.tool_schemas(job.instance), env, ctx)
+        llm = ctx.service("llm")
         settings = AgentSettings.model_validate({**job.agent, "sampling": job.sampling})
         version_at_start = await llm.policy_version()
 

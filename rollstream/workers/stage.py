@@ -53,7 +53,7 @@ class WorkerContext:
 
 # Finish reasons of an episode that ended on one of the policy's own limits: its result is
 # scored and trained on, and says failure="agent".
-AGENT_LIMIT_FINISHES = frozenset({"max_turns", "context", "length", "timeout"})
+AGENT_LIMIT_FINISHES = frozenset({"max_turns", "context", "length", "timeout", "harness_error"})
 STAGE_ORDER = ("init", "run", "eval")
 
 

@@ -1,0 +1,185 @@
+"""Bring your own agent: a job whose ``agent.harness`` names a harness is run by that harness
+instead of the built-in agent loop. The run stage opens the job's door (agent/gateway.py),
+calls the harness with a ``HarnessContext`` (the door's URL and key, the task's prompt and
+tool schemas, the job's sandbox), and builds the trajectory from the calls it recorded; the
+task's eval scores ``extra["answer"]`` (the harness's return value) as for the built-in loop.
+
+Harnesses are found by name: rollstream's own (``HARNESSES``), then the ``rollstream.harnesses``
+entry point group (a package the operator installed). A job never names code to import."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import import_module
+from importlib.metadata import entry_points
+from typing import Any, Awaitable, Callable
+
+from rollstream.agent.gateway import MODEL_NAME, Gateway
+from rollstream.agent.loop import truncate_middle
+from rollstream.agent.settings import AgentSettings
+from rollstream.errors import InvalidJob, JobCancelled, JobFailed
+from rollstream.trajectory import ToolCallRecord, Trajectory
+
+ENTRY_POINT_GROUP = "rollstream.harnesses"
+HARNESSES = {
+    "openai-agents": "rollstream.agent.harnesses.openai_agents:run",
+    "openai-chat": "rollstream.agent.harnesses.openai_chat:run",
+}
+
+Harness = Callable[["HarnessContext"], Any]
+
+
+@dataclass
+class HarnessContext:
+    """What a harness gets: where its model is (``base_url``/``api_key``, also as ``env``
+    for a subprocess), the task's prompt and tools, and the job's sandbox to run tools in."""
+
+    job_id: str
+    instance: dict
+    messages: list[dict]
+    tools: list[dict]
+    base_url: str
+    api_key: str
+    settings: AgentSettings
+    sandbox: Any = None  # a connected SandboxClient, or None for tasks without one
+    model: str = MODEL_NAME
+    tool_calls: list[ToolCallRecord] = field(default_factory=list)
+    loop: asyncio.AbstractEventLoop | None = None
+    # Set when the sandbox was lost under a tool call: harnesses often turn a tool's exception
+    # into an observation, so the run stage checks this after the harness returns.
+    sandbox_lost: str | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Environment for a harness started as a process (the OpenAI SDKs read these)."""
+        return {"OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": self.api_key, "OPENAI_MODEL": self.model}
+
+    @property
+    def system_prompt(self) -> str:
+        return "\n\n".join(m["content"] for m in self.messages if m["role"] == "system")
+
+    @property
+    def user_messages(self) -> list[dict]:
+        return [m for m in self.messages if m["role"] != "system"]
+
+    async def call_tool(self, name: str, arguments: dict | str) -> str:
+        """Run one of the task's tools in the job's sandbox; the observation as text."""
+        if self.sandbox is None:
+            raise RuntimeError("this task gives its harness no sandbox")
+        started = time.monotonic()
+        try:
+            output = await asyncio.wait_for(self.sandbox.call_tool(name, arguments), self.settings.tool_timeout_s)
+        except asyncio.TimeoutError:
+            self.tool_calls.append(ToolCallRecord(name=name, ok=False, error="timeout",
+                                                  duration_ms=(time.monotonic() - started) * 1000))
+            return f"Error: tool {name} timed out after {self.settings.tool_timeout_s:.0f}s"
+        if output.sandbox_lost:  # the service's failure: the job is retried in a fresh sandbox
+            self.sandbox_lost = f"the sandbox was lost during a {name} call: {output.error}"
+            raise JobFailed(self.sandbox_lost)
+        self.tool_calls.append(ToolCallRecord(name=name, arguments=arguments if isinstance(arguments, dict) else {},
+                                              ok=output.ok, error=output.error,
+                                              duration_ms=(time.monotonic() - started) * 1000))
+        return truncate_middle(output.text, self.settings.max_observation_chars) or "(no output)"
+
+    def call_tool_sync(self, name: str, arguments: dict | str) -> str:
+        """``call_tool`` for a harness that runs in a thread (a plain, synchronous function)."""
+        assert self.loop is not None
+        return asyncio.run_coroutine_threadsafe(self.call_tool(name, arguments), self.loop).result()
+
+
+def harness_names() -> list[str]:
+    return sorted(set(HARNESSES) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
+
+
+@lru_cache(maxsize=None)
+def get_harness(name: str) -> Harness:
+    target = HARNESSES.get(name)
+    if target is None:
+        found = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}.get(name)
+        if found is None:
+            raise InvalidJob(f"unknown harness {name!r}; installed: {', '.join(harness_names())}. A package adds "
+                             f"harnesses through the '{ENTRY_POINT_GROUP}' entry point group")
+        return found.load()
+    module, _, attr = target.partition(":")
+    try:
+        return getattr(import_module(module), attr)
+    except ImportError as exc:
+        raise InvalidJob(f"harness {name!r} needs a package that is not installed here ({exc}); "
+                         "install rollstream[harness] on the run workers") from exc
+
+
+async def _gateway(services: dict) -> Gateway:
+    """The worker process's door server, started on first use."""
+    gateway = services.get("gateway")
+    if gateway is None:
+        gateway = services["gateway"] = Gateway()
+    return await gateway.start()
+
+
+async def run_harness(harness: str, messages: list[dict], tools: list[dict], env: Any, ctx: Any) -> Trajectory:
+    """The run stage of a harness job (``env``: the job's Envelope, ``ctx``: its TaskContext)."""
+    from rollstream.sandboxes import SandboxClient
+
+    fn = get_harness(harness)
+    job = env.job
+    llm = ctx.service("llm")
+    settings = AgentSettings.model_validate({**job.agent, "sampling": job.sampling})
+    version_at_start = await llm.policy_version()
+    gateway = await _gateway(ctx.services)
+    session = llm.session(job.job_id, job.group_id, max_backend_attempts=settings.max_backend_attempts,
+                          request_timeout_s=settings.request_timeout_s, backend_wait_s=settings.backend_wait_s)
+    door = gateway.open(job.job_id, session, llm.tokenizer, settings)
+    sandbox = SandboxClient(env.sandbox["socket_path"]) if env.sandbox else None
+    hctx = HarnessContext(job_id=job.job_id, instance=job.instance, messages=messages, tools=tools,
+                          base_url=gateway.base_url, api_key=door.key, settings=settings, sandbox=sandbox,
+                          loop=asyncio.get_running_loop())
+    started = time.monotonic()
+    answer, finish, detail = None, "stop", None
+    try:
+        if sandbox is not None:
+            await sandbox.connect()
+        answer = await asyncio.wait_for(_call(fn, hctx), settings.max_wall_time_s)
+    except asyncio.TimeoutError:
+        finish, detail = "timeout", f"the harness ran past max_wall_time_s={settings.max_wall_time_s:g}"
+    except (JobFailed, JobCancelled):
+        raise
+    except Exception as exc:  # the harness gave up (often on the door's own limit, said below)
+        finish, detail = "harness_error", f"{type(exc).__name__}: {exc}"[:2000]
+    finally:
+        gateway.close(door)
+        await session.close()
+        if sandbox is not None:
+            await sandbox.close()
+    if hctx.sandbox_lost:
+        raise JobFailed(hctx.sandbox_lost)
+    if door.ended is not None:  # the door's verdict says why the harness stopped
+        finish, detail = door.ended, door.ended_detail
+    if finish == "error":  # the backends failed it: the service's failure, retried
+        raise JobFailed(f"harness {harness}: {detail}")
+    traj = door.recorder.trajectory()
+    traj.finish_reason = finish
+    if detail:
+        traj.extra["finish_detail"] = detail
+    if answer is not None:
+        traj.extra["answer"] = answer
+    traj.extra["harness"] = harness
+    traj.tool_calls = hctx.tool_calls
+    traj.backend = session.backend
+    if traj.policy_version == 0 and "policy_versions" not in traj.extra:
+        traj.policy_version = version_at_start
+    traj.response_text = llm.tokenizer.decode(traj.response_ids, skip_special_tokens=False)
+    traj.timings_s.update({"llm_s": round(door.llm_s, 6), "tools_s": round(sum(c.duration_ms for c in hctx.tool_calls)
+                                                                            / 1000, 6),
+                           "total_s": round(time.monotonic() - started, 6)})
+    return traj
+
+
+async def _call(fn: Harness, hctx: HarnessContext) -> Any:
+    if inspect.iscoroutinefunction(fn):
+        return await fn(hctx)
+    result = await asyncio.to_thread(fn, hctx)
+    return await result if isinstance(result, Awaitable) else result

@@ -1,0 +1,60 @@
+"""A real third-party harness, unmodified, through the door and the whole pipeline: the
+OpenAI Agents SDK (``openai-agents``) runs arith jobs with the small built-in model, its
+bash calls run in each job's sandbox, eval scores its answer, and every id of the result's
+trajectory is what the backend produced (checked by asking the backend again, greedily)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+
+import pytest
+
+pytest.importorskip("agents", reason="the harness extra: pip install rollstream[harness]")
+
+from rollstream.client import AsyncClient  # noqa: E402
+from rollstream.llm.client import SamplingParams, VLLMClient  # noqa: E402
+from rollstream.pipeline.balancer import add_backend  # noqa: E402
+from rollstream.sandboxes.forkserver import stop_fork_server  # noqa: E402
+from rollstream.tasks import arith  # noqa: E402
+
+
+@pytest.fixture
+async def sandbox_root():
+    path = tempfile.mkdtemp(prefix="rs-", dir="/tmp")  # Unix socket paths stay under 108 bytes
+    yield path
+    await stop_fork_server(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+async def test_openai_agents_sdk_runs_arith_jobs_through_the_door_end_to_end(settings, worker_pool, arith_model_dir,
+                                                                             arith_server, sandbox_root):
+    pool = worker_pool(model_dir=arith_model_dir, sandbox_root=sandbox_root)
+    pool.start_all(concurrency=4)
+    greedy = {"temperature": 0.0, "max_tokens": 48}
+    async with AsyncClient(settings=settings) as client:
+        await add_backend(client.r, arith_server, settings.namespace)
+        job = arith.job({"a": 21, "op": "+", "b": 34}, sampling=greedy,
+                        agent={**arith.SMALL_MODEL_AGENT, "harness": "openai-agents"})
+        _group, ids = await client.submit_group(job, 2)
+        results = await client.collect(2, timeout_s=240)
+
+    backend = VLLMClient()
+    try:
+        for result in results:
+            assert result.status == "completed", result.error
+            traj = result.trajectory
+            assert traj.extra["harness"] == "openai-agents" and traj.extra["calls"] and traj.segments
+            assert result.reward in (0.0, 1.0) and "reason" in traj.extra["eval"]
+            assert all(call.name == "bash" for call in traj.tool_calls)  # they ran in the sandbox
+            for call in traj.extra["calls"]:
+                seg = traj.segments[call["segment"]]
+                sequence = seg.prompt_ids + seg.response_ids
+                prompt, start = sequence[:call["prompt_tokens"]], call["prompt_tokens"] - len(seg.prompt_ids)
+                recorded = seg.response_ids[start:start + call["completion_tokens"]]
+                assert seg.loss_mask[start:start + len(recorded)] == [1] * len(recorded)
+                again = await backend.generate(arith_server, prompt, SamplingParams(
+                    **greedy, stop_token_ids=[recorded[-1]] if recorded else None))
+                assert again.token_ids == recorded
+    finally:
+        await backend.aclose()

@@ -55,6 +55,8 @@ class WeightSyncCallback(TrainerCallback):
 
     async def _publish(self, model: Any, tokenizer: Any, version: int) -> SyncReport:
         client = self.connection.client
+        # the balancer records which version each backend serves (`rollstream backends list`)
+        self.publisher.redis, self.publisher.namespace = client.r, self.connection.namespace
         if self.fixed_backends is None:
             registered = await list_backends(client.r, self.connection.namespace)
             self.publisher.backends = [BuiltinServerBackend(b.url) for b in registered]

@@ -96,7 +96,10 @@ class CompletionBackend(Protocol):
 
 def _looks_like_context_error(message: str) -> bool:
     text = message.lower()
-    return "context length" in text or "maximum context" in text or "too long" in text
+    # vLLM clamps max_tokens to the room the prompt leaves; a prompt that fills the whole
+    # context leaves none, which it reports as max_tokens 0 (the client never sends 0).
+    return ("context length" in text or "maximum context" in text or "too long" in text
+            or "max_tokens must be at least 1, got 0" in text)
 
 
 class _HTTPBackend:

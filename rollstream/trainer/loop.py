@@ -142,7 +142,10 @@ class Trainer:
         if not backends:
             log.warning("no inference backend to publish weights to: rollouts will stay on the initial "
                         "policy; list them under [[backends]] or register them ('rollstream backends add URL')")
-        return WeightPublisher(self.output_dir / "weights", backends, keep_versions=self.config.keep_weight_versions)
+        # With Redis, each sync notes in the balancer which version every backend serves.
+        return WeightPublisher(self.output_dir / "weights", backends, keep_versions=self.config.keep_weight_versions,
+                               redis=self._client.r if self._client is not None else None,
+                               namespace=self.config.namespace)
 
     async def _publish(self, policy_version: int) -> float:
         report = await self.publisher.publish(self.model, self.tokenizer, policy_version)

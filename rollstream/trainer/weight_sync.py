@@ -6,27 +6,34 @@ Two strategies, one per kind of backend:
 - `builtin`: rollstream's own server, `POST {url}/v1/load_weights {"path", "policy_version"}`.
 - `vllm_reload`: an unmodified vLLM started with `VLLM_SERVER_DEV_MODE=1` on a folder that
   the trainer can write (shared disk). The trainer replaces that folder's *.safetensors
-  (write beside, then rename: a reader never sees half a file), then calls vLLM's dev-mode
+  (write beside, then rename: a reader never sees half a file; each file keeps its mode, so
+  a vLLM running as another user can still read it), then calls vLLM's dev-mode
   `POST /collective_rpc {"method": "reload_weights"}`, which has every worker re-run its
   model loader on the same folder, and `POST /reset_prefix_cache` so no KV computed with the
   old weights is reused. With `sleep_first` the reload is wrapped in vLLM's sleep mode
   (`/sleep?level=2`, `/wake_up?tags=weights`, reload, `/wake_up?tags=kv_cache`), the path
   vLLM documents for freeing GPU memory between RL phases (needs `--enable-sleep-mode`).
+  Atomic from the server's view: the files replaced are kept (hard links) until vLLM has
+  reloaded; if any call fails they are put back (and vLLM reloaded on them), so a folder never
+  holds weights vLLM is not serving. `rollstream-policy.json` in the folder names the version
+  it holds, and every sync records each backend's version in its balancer record.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import json
 import os
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import httpx
 from pydantic import BaseModel, Field
@@ -76,37 +83,121 @@ class VllmReloadBackend:
     sleep_first: bool = False
 
     async def load(self, client: httpx.AsyncClient, weights_dir: Path, policy_version: int) -> None:
-        await asyncio.to_thread(replace_safetensors, weights_dir, Path(self.served_model_dir))
+        served = Path(self.served_model_dir)
         base = self.url.rstrip("/")
-        if self.sleep_first:
-            _check(await client.post(f"{base}/sleep", params={"level": 2}), f"{base}/sleep")
-            _check(await client.post(f"{base}/wake_up", params={"tags": "weights"}), f"{base}/wake_up?tags=weights")
-        response = await client.post(f"{base}/collective_rpc", json={"method": "reload_weights"})
-        if response.status_code == 404:
-            raise WeightSyncError(
-                f"{base}/collective_rpc not found: start vLLM with VLLM_SERVER_DEV_MODE=1 so that "
-                "its dev endpoints (collective_rpc, reset_prefix_cache, sleep) are served"
-            )
-        _check(response, f"{base}/collective_rpc reload_weights")
-        if self.sleep_first:
-            _check(await client.post(f"{base}/wake_up", params={"tags": "kv_cache"}), f"{base}/wake_up?tags=kv_cache")
-        _check(await client.post(f"{base}/reset_prefix_cache"), f"{base}/reset_prefix_cache")
+        swap = await asyncio.to_thread(stage_safetensors, weights_dir, served)
+        reload_sent = False
+        try:
+            if self.sleep_first:
+                _check(await client.post(f"{base}/sleep", params={"level": 2}), f"{base}/sleep")
+                _check(await client.post(f"{base}/wake_up", params={"tags": "weights"}), f"{base}/wake_up?tags=weights")
+            reload_sent = True
+            response = await client.post(f"{base}/collective_rpc", json={"method": "reload_weights"})
+            if response.status_code == 404:
+                raise WeightSyncError(
+                    f"{base}/collective_rpc not found: start vLLM with VLLM_SERVER_DEV_MODE=1 so that "
+                    "its dev endpoints (collective_rpc, reset_prefix_cache, sleep) are served"
+                )
+            _check(response, f"{base}/collective_rpc reload_weights")
+            if self.sleep_first:
+                _check(await client.post(f"{base}/wake_up", params={"tags": "kv_cache"}), f"{base}/wake_up?tags=kv_cache")
+            _check(await client.post(f"{base}/reset_prefix_cache"), f"{base}/reset_prefix_cache")
+        except BaseException:
+            # Put back the weights vLLM serves, so that a restart serves what the trainer
+            # believes it serves; vLLM may have read the new files already: it reads the old again.
+            await asyncio.to_thread(swap.rollback)
+            if reload_sent:
+                try:
+                    await client.post(f"{base}/collective_rpc", json={"method": "reload_weights"})
+                    await client.post(f"{base}/reset_prefix_cache")
+                except httpx.HTTPError as exc:
+                    log.warning("%s: could not reload the restored weights in %s: %s", base, served, exc)
+            raise
+        await asyncio.to_thread(swap.commit, policy_version, Path(weights_dir))
 
 
-def replace_safetensors(source_dir: Path, target_dir: Path) -> None:
-    """Put source_dir's *.safetensors (+ index) into target_dir, each file atomically."""
+# The served folder's previous weight files while a sync is in progress (vLLM globs only the
+# folder's top level, so it never loads these), and the record of the version it holds.
+PREVIOUS_WEIGHTS_DIR = ".rollstream-previous"
+SERVED_VERSION_FILE = "rollstream-policy.json"
+
+
+def _weight_files(folder: Path) -> set[str]:
+    return {p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")
+            and p.name.endswith((".safetensors", ".safetensors.index.json"))}
+
+
+@dataclass
+class StagedWeights:
+    """New weights written into a served folder, the replaced ones kept aside until the
+    server has loaded the new ones (commit) or failed to (rollback)."""
+
+    target_dir: Path
+
+    def commit(self, policy_version: int, source_dir: Path) -> None:
+        record = {"policy_version": policy_version, "source": str(source_dir), "loaded_at": time.time()}
+        fd, tmp = tempfile.mkstemp(prefix=f".{SERVED_VERSION_FILE}.", dir=self.target_dir)
+        with os.fdopen(fd, "w") as out:
+            json.dump(record, out)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, self.target_dir / SERVED_VERSION_FILE)
+        shutil.rmtree(self.target_dir / PREVIOUS_WEIGHTS_DIR, ignore_errors=True)
+
+    def rollback(self) -> None:
+        restore_previous_weights(self.target_dir)
+
+
+def restore_previous_weights(target_dir: Path) -> bool:
+    """Undo a sync that did not finish (its previous files are still set aside); True if it did."""
+    backup = Path(target_dir) / PREVIOUS_WEIGHTS_DIR
+    if not backup.is_dir():
+        return False
+    kept = _weight_files(backup)
+    for name in kept:
+        os.replace(backup / name, target_dir / name)
+    for extra in _weight_files(target_dir) - kept:
+        (target_dir / extra).unlink()
+    shutil.rmtree(backup)
+    log.warning("restored the previous weights in %s (a sync did not complete)", target_dir)
+    return True
+
+
+def stage_safetensors(source_dir: Path, target_dir: Path) -> StagedWeights:
+    """Put source_dir's *.safetensors (+ index) into target_dir, each file atomically and with
+    the mode of the file it replaces; the replaced files are kept until commit or rollback."""
+    source_dir, target_dir = Path(source_dir), Path(target_dir)
     target_dir.mkdir(parents=True, exist_ok=True)
-    new = {p.name for p in source_dir.iterdir() if p.name.endswith((".safetensors", ".safetensors.index.json"))}
+    new = _weight_files(source_dir) if source_dir.is_dir() else set()
     if not new:
         raise WeightSyncError(f"{source_dir} holds no *.safetensors; was the model saved with safe_serialization?")
+    restore_previous_weights(target_dir)  # a sync that died half-way: start from what is served
+    aside = Path(tempfile.mkdtemp(prefix=f"{PREVIOUS_WEIGHTS_DIR}.", dir=target_dir))
+    old = _weight_files(target_dir)
+    for name in old:
+        try:
+            os.link(target_dir / name, aside / name)
+        except OSError:  # a filesystem without hard links
+            shutil.copy2(target_dir / name, aside / name)
+    os.rename(aside, target_dir / PREVIOUS_WEIGHTS_DIR)  # the backup appears complete or not at all
     for name in sorted(new):
+        mode_of = target_dir / name if name in old else source_dir / name
+        mode = stat.S_IMODE(os.stat(mode_of).st_mode)
         fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=target_dir)
         os.close(fd)
         shutil.copyfile(source_dir / name, tmp)
+        os.chmod(tmp, mode)
         os.replace(tmp, target_dir / name)
-    for stale in target_dir.glob("*.safetensors"):
-        if stale.name not in new:
-            stale.unlink()  # a shard layout that changed would otherwise load twice
+    for stale in old - new:
+        (target_dir / stale).unlink()  # a shard layout that changed would otherwise load twice
+    return StagedWeights(target_dir)
+
+
+def served_version(served_model_dir: Path | str) -> int | None:
+    """The policy version a vllm_reload folder holds (None before the first sync)."""
+    try:
+        return int(json.loads((Path(served_model_dir) / SERVED_VERSION_FILE).read_text())["policy_version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 class BackendSpec(BaseModel):
@@ -131,6 +222,8 @@ class SyncReport:
     weights_dir: Path
     save_s: float
     load_s: float
+    # backend URL -> the policy version it serves after this sync
+    served: dict[str, int] = field(default_factory=dict)
 
     @property
     def total_s(self) -> float:
@@ -164,7 +257,10 @@ def save_weights(model, tokenizer, out_dir: Path) -> Path:
 
 
 class WeightPublisher:
-    """Saves versioned weights under `root` and makes every backend load them."""
+    """Saves versioned weights under `root` and makes every backend load them. With `redis`,
+    each sync notes in the backends' balancer records which version each one serves
+    (`policy_version`, or `policy_sync_error` when it kept the old one): `rollstream backends
+    list` and `GET /v1/backends` show them."""
 
     def __init__(
         self,
@@ -172,11 +268,16 @@ class WeightPublisher:
         backends: list[WeightSyncBackend],
         keep_versions: int = 2,
         timeout_s: float = 300.0,
+        redis: Any = None,
+        namespace: str = "rs",
     ) -> None:
         self.root = Path(root)
         self.backends = backends
         self.keep_versions = max(keep_versions, 1)
         self.timeout_s = timeout_s
+        self.redis = redis
+        self.namespace = namespace
+        self.served: dict[str, int] = {}
 
     def version_dir(self, policy_version: int) -> Path:
         return self.root / f"policy-v{policy_version:06d}"
@@ -189,6 +290,12 @@ class WeightPublisher:
             outcomes = await asyncio.gather(
                 *(b.load(client, weights_dir, policy_version) for b in self.backends), return_exceptions=True
             )
+        for backend, outcome in zip(self.backends, outcomes):
+            if not isinstance(outcome, BaseException):
+                self.served[backend.url] = policy_version
+        if self.redis is not None:
+            await record_served_versions(self.redis, self.namespace, policy_version,
+                                         {b.url: o for b, o in zip(self.backends, outcomes)})
         failed = [(b.url, o) for b, o in zip(self.backends, outcomes) if isinstance(o, BaseException)]
         if failed:
             details = "; ".join(f"{url}: {err!r}" for url, err in failed)
@@ -200,7 +307,8 @@ class WeightPublisher:
         loaded = time.monotonic()
         self._prune(policy_version)
         log.info("published policy v%d to %d backends", policy_version, len(self.backends))
-        return SyncReport(policy_version, weights_dir, save_s=saved - started, load_s=loaded - saved)
+        return SyncReport(policy_version, weights_dir, save_s=saved - started, load_s=loaded - saved,
+                          served={b.url: policy_version for b in self.backends})
 
     def _prune(self, current: int) -> None:
         for old in sorted(self.root.glob("policy-v*")):
@@ -210,3 +318,24 @@ class WeightPublisher:
                 continue
             if version <= current - self.keep_versions:
                 shutil.rmtree(old, ignore_errors=True)
+
+
+async def record_served_versions(redis: Any, namespace: str, policy_version: int,
+                                 outcomes: dict[str, BaseException | None]) -> None:
+    """Note in each registered backend's balancer record the policy version it serves after a
+    sync to `policy_version` (a backend that failed keeps its old one, with the error)."""
+    from rollstream.pipeline.balancer import Balancer, normalize_url
+
+    balancer = Balancer(redis, namespace=namespace)
+    known = {row.url: row.info for row in await balancer.backends()}
+    for url, outcome in outcomes.items():
+        url = normalize_url(url)
+        if url not in known:
+            continue  # not in the balancer (a fixed list in the config): nothing to annotate
+        info = dict(known[url])
+        if isinstance(outcome, BaseException):
+            info["policy_sync_error"] = f"did not load v{policy_version}: {outcome}"[:500]
+        else:
+            info.pop("policy_sync_error", None)
+            info.update(policy_version=policy_version, policy_synced_at=time.time())
+        await balancer.register(url, info)

@@ -92,6 +92,19 @@ def makedirs_beneath(root: str, relative: str, owner: int | None = None) -> None
             os.close(parent)
 
 
+def _kind_beneath(root: str, relative: str) -> str:
+    """What `relative` is (a FIFO, a socket, ...), looked at beneath `root` without following it."""
+    try:
+        parent = open_beneath(root, os.path.dirname(relative), os.O_PATH | os.O_DIRECTORY)
+        try:
+            mode = os.stat(os.path.basename(relative), dir_fd=parent, follow_symlinks=False).st_mode
+        finally:
+            os.close(parent)
+    except OSError:
+        return "not a regular file"
+    return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
 _KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
           stat.S_IFBLK: "a block device", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symlink"}
 
@@ -159,9 +172,9 @@ class PathMap:
                 raise EditorError(
                     f"{relative} resolves (through a symlink) outside the sandbox; use its real path"
                 ) from None
-            if error.errno == errno.ENXIO:  # O_WRONLY on a FIFO without a reader
-                raise EditorError(f"{relative} is a FIFO, not a regular file; the editor and file calls "
-                                  "only handle regular files") from None
+            if error.errno == errno.ENXIO:  # a socket, or O_WRONLY on a FIFO without a reader
+                raise EditorError(f"{relative} is {_kind_beneath(root, relative)}, not a regular file; the "
+                                  "editor and file calls only handle regular files") from None
             raise
         kind = stat.S_IFMT(os.fstat(fd).st_mode)
         if kind != stat.S_IFREG:
@@ -470,7 +483,12 @@ class _HeadTail:
 
     def add(self, line: str) -> None:
         size = len(line.encode("utf-8", "surrogatepass")) + 1
-        if self.head_bytes + size <= self.half and not self.tail:
+        if not self.tail and self.head_bytes < self.half:
+            room = self.half - self.head_bytes
+            if size > room:  # the line that fills the head: keep its start
+                line = line.encode("utf-8", "surrogatepass")[: room - 1].decode("utf-8", "ignore")
+                self.elided += size - room
+                size = room
             self.head.append(line)
             self.head_bytes += size
             return

@@ -30,6 +30,7 @@ else:  # python -S supervisor.py: sibling modules are top-level
     from editor import Editor, EditorError, PathMap
 
 MAX_SESSIONS = 16
+EDITOR_LOCK_WAIT_S = 30.0
 # After a command during which forks failed at the process limit: how long to watch for more
 # failures before deciding that nothing is still forking against the limit.
 FORK_FAILURE_WINDOW_S = 0.1
@@ -239,9 +240,16 @@ class Supervisor:
         if op == "edit":
             if args.get("command") in ("create", "str_replace", "insert"):
                 self._disk_gate()
-            with self.editor_lock, _disk_full_as_bad_request():
-                args = dict(args)
-                return {"output": self.editor.run(args.pop("command", None), args.pop("path", ""), **args)}
+            # Every editor call is bounded (regular files only, a deadline per call), so the lock
+            # is short; a caller still never waits on it forever.
+            if not self.editor_lock.acquire(timeout=EDITOR_LOCK_WAIT_S):
+                raise BadRequest("another editor call in this sandbox is still running; try again")
+            try:
+                with _disk_full_as_bad_request():
+                    args = dict(args)
+                    return {"output": self.editor.run(args.pop("command", None), args.pop("path", ""), **args)}
+            finally:
+                self.editor_lock.release()
         if op == "write_file":
             self._disk_gate()
             host = self.paths.to_host(args["path"])

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import tempfile
 
 import pytest
 
@@ -23,6 +21,7 @@ from rollstream.tasks.base import TaskContext
 from rollstream.tasks.echo import EchoTask
 
 from sandboxes.conftest import needs_bwrap, root_dir  # noqa: F401  (fixture)
+from sandboxes.test_hostile_input import outside as victim  # noqa: F401  (fixture: a host folder no job may touch)
 
 HOSTILE_IDS = ["/tmp/victim", "../../../../tmp/victim2", "..", ".", "a/../../b", "-rf", "a:b", "é" * 50,
                "a\x00b", "", "x" * 300, "job\n", "~root"]
@@ -33,16 +32,6 @@ def raw_envelope(job_id: str, **fields) -> Envelope:
     """A job as a raw XADD could carry it: no validation on the way in."""
     job = Job.model_construct(**{**Job(task="echo", instance={"prompt": "x"}).__dict__, "job_id": job_id})
     return Envelope.model_construct(**{**Envelope(job=Job(task="echo")).__dict__, "job": job, **fields})
-
-
-@pytest.fixture
-def victim():
-    """A host folder with a file in it, which no job may remove."""
-    path = tempfile.mkdtemp(prefix="rs-victim-", dir="/var/tmp")
-    with open(os.path.join(path, "keep.txt"), "w") as handle:
-        handle.write("keep")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 async def test_echo_never_touches_a_folder_its_job_id_names(victim, tmp_path):
@@ -58,13 +47,13 @@ async def test_echo_never_touches_a_folder_its_job_id_names(victim, tmp_path):
             pass  # not empty: teardown takes its rmtree branch
         await task.teardown(env, ctx)
         assert os.listdir(work) == [], job_id
-    assert os.listdir(victim) == ["keep.txt"]
+    assert os.listdir(victim) == ["secret.txt"]
 
 
 async def test_echo_teardown_ignores_a_workdir_forged_in_the_message(victim, tmp_path):
     ctx = TaskContext(node="n", work_dir=tmp_path)
     await EchoTask().teardown(raw_envelope("j1", state={"workdir": victim}), ctx)
-    assert os.listdir(victim) == ["keep.txt"]
+    assert os.listdir(victim) == ["secret.txt"]
 
 
 def test_sandbox_ids_from_hostile_or_prefix_sharing_job_ids_are_plain_distinct_names(tmp_path):
@@ -117,7 +106,7 @@ async def test_a_forged_sandbox_handle_never_points_teardown_or_tools_at_a_host_
                 await _ShellTask().teardown(env, ctx)
             with pytest.raises(SandboxError, match="refus"):
                 await _ShellTask().score(env, ctx)
-        assert os.listdir(victim) == ["keep.txt"]
+        assert os.listdir(victim) == ["secret.txt"]
         assert os.path.exists(handle.socket_path)  # the real sandbox was not touched either
     finally:
         await destroy_sandbox(handle)

@@ -69,8 +69,10 @@ class JobDoor:
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise DoorError(400, "messages must be a non-empty list of message objects", "invalid_messages")
         tools = request.get("tools") or None
-        if tools is not None and not isinstance(tools, list):
-            raise DoorError(400, "tools must be a list of tool objects", "invalid_tools")
+        if tools is not None:
+            if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+                raise DoorError(400, "tools must be a list of tool objects", "invalid_tools")
+            tools = [_template_tool(t) for t in tools]
         if request.get("n", 1) != 1:
             raise DoorError(400, "this endpoint serves n=1 (each call is one recorded sample)", "unsupported_n")
         # One call at a time per job: a trajectory is one sequence of calls.
@@ -127,6 +129,15 @@ class JobDoor:
     def _end(self, reason: str, detail: str) -> None:
         if self.ended is None:
             self.ended, self.ended_detail = reason, detail
+
+
+def _template_tool(tool: dict) -> dict:
+    """A tool as the chat template shows it to the model: the function's name, description and
+    parameters. API-only flags (``strict``) are the client's business, not the prompt's."""
+    fn = tool.get("function")
+    if not isinstance(fn, dict):
+        return tool
+    return {**tool, "function": {k: v for k, v in fn.items() if k != "strict"}}
 
 
 def _reply(text: str, ended_turn: bool, backend_finish: str) -> tuple[dict, str]:

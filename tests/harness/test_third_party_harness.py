@@ -46,6 +46,7 @@ async def test_openai_agents_sdk_runs_arith_jobs_through_the_door_end_to_end(set
             traj = result.trajectory
             assert traj.extra["harness"] == "openai-agents" and traj.extra["calls"] and traj.segments
             assert result.reward in (0.0, 1.0) and "reason" in traj.extra["eval"]
+            assert "answer" in traj.extra  # what the harness returned, as eval scored it
             assert all(call.name == "bash" for call in traj.tool_calls)  # they ran in the sandbox
             for call in traj.extra["calls"]:
                 seg = traj.segments[call["segment"]]

@@ -5,6 +5,7 @@ for plain code; both speak to Redis directly, the HTTP API offers the same opera
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -15,18 +16,45 @@ import redis
 from rollstream import eventloop
 from rollstream.config import Settings, load_settings
 from rollstream.errors import InvalidJob, RedisUnavailable
-from rollstream.messages import Job, Result, new_id
+from rollstream.messages import ID_RULE, Job, Result, new_id, valid_id
 from rollstream.pipeline import cancel as cancel_flags
-from rollstream.pipeline.codec import unpack
 from rollstream.pipeline.connection import (MAX_BLOCK_MS, SOCKET_TIMEOUT_S, async_redis, check_async,
-                                            raise_if_cancelled)
+                                            raise_if_cancelled, raise_refusal)
 from rollstream.pipeline.embedded import running_url
 from rollstream.pipeline.groups import ensure_group
 from rollstream.pipeline.jobstate import JobState, read_state
 from rollstream.pipeline.keys import RESULTS_GROUP, Keys
+from rollstream.pipeline.poison import UNREADABLE, dead_letter_result, read_result
 from rollstream.pipeline.submission import enqueue
 from rollstream.pipeline.wire import FastRedis, stream_entries
 from rollstream.tasks.registry import validate_instance
+
+log = logging.getLogger(__name__)
+
+
+class SubmittedId(str):
+    """A job id as ``submit`` returns it. ``duplicate`` is True when a job with this id was
+    known already (queued, at work, or finished less than job_state_ttl_s ago): nothing was
+    queued and no second result will come; ``status`` was its status then. A retried
+    submission whose first reply was lost is such a duplicate of itself."""
+
+    duplicate: bool = False
+    status: str | None = None
+
+    @classmethod
+    def known(cls, job_id: str, status: str) -> "SubmittedId":
+        marked = cls(job_id)
+        marked.duplicate, marked.status = True, status
+        return marked
+
+
+def _check_ids(job: Job) -> None:
+    """Ids of a Job built without validation (model_construct, model_copy) must still keep
+    the grammar: they become key names and paths."""
+    for name in ("job_id", "group_id", "submitter"):
+        value = getattr(job, name)
+        if value is not None and not valid_id(value):
+            raise InvalidJob(f"malformed job: {name}={value!r} is not an id ({ID_RULE})")
 
 
 class AsyncClient:
@@ -46,6 +74,9 @@ class AsyncClient:
         self.r = async_redis(url)
         self.keys = Keys(self.settings.namespace)
         self.submitter = submitter or f"client-{uuid.uuid4().hex[:8]}"
+        if not valid_id(self.submitter):
+            raise ValueError(f"submitter={self.submitter!r} is not an id ({ID_RULE}): it names the "
+                             "submitter's results stream")
         self.validate_tasks = validate_tasks
         self._results_stream = self.keys.results(self.submitter)
         self._consumer = f"c-{uuid.uuid4().hex[:8]}"
@@ -81,8 +112,10 @@ class AsyncClient:
                 job = Job.model_validate({"submitter": self.submitter, **job})
             except Exception as exc:
                 raise InvalidJob(f"malformed job: {exc}") from exc
-        elif job.submitter == "default":
-            job = job.model_copy(update={"submitter": self.submitter})
+        else:
+            if job.submitter == "default":
+                job = job.model_copy(update={"submitter": self.submitter})
+            _check_ids(job)
         if self.validate_tasks:
             validate_instance(job.task, job.instance)
         return job
@@ -92,22 +125,32 @@ class AsyncClient:
             await ensure_group(self.r, self._results_stream, RESULTS_GROUP)
             self._group_ready = True
 
-    async def submit(self, job: Job | dict) -> str:
-        """Queue one job; returns its id. Raises ``InvalidJob`` before queuing anything bad."""
+    async def submit(self, job: Job | dict) -> SubmittedId:
+        """Queue one job; returns its id (``.duplicate`` says if that id was known already and
+        nothing was queued). Raises ``InvalidJob`` before queuing anything bad, and
+        ``RedisRefusesWrites`` (safe to retry later) while Redis takes no writes."""
         return (await self.submit_many([job]))[0]
 
-    async def submit_many(self, jobs: list[Job | dict]) -> list[str]:
+    async def submit_many(self, jobs: list[Job | dict]) -> list[SubmittedId]:
         prepared = [self._prepare(j) for j in jobs]
         await self._ensure_results_group()
         # Acknowledgements still owed ride with the submission (one write, replies at once)
         # rather than with the next read, whose reply would then come in two parts.
         ids, self._to_ack = (self._to_ack, []) if self._fast_submit is not None else ([], self._to_ack)
         try:
-            return await enqueue(self.r, self.keys, prepared, max_job_bytes=self.settings.max_job_bytes,
+            done = await enqueue(self.r, self.keys, prepared, max_job_bytes=self.settings.max_job_bytes,
                                  fast=self._fast_submit, before=self._ack_commands(ids))
-        except BaseException:
+        except BaseException as exc:
             self._to_ack = ids + self._to_ack  # not known to be acknowledged: owe them still
+            raise_refusal(exc, self.url)
             raise
+        if not done.duplicates:
+            return [SubmittedId(job_id) for job_id in done.job_ids]
+        for job_id, status in done.duplicates.items():
+            log.warning("job %s was submitted before (status %s): nothing queued, no second result will "
+                        "come; give the job a new job_id to run it again", job_id, status)
+        return [SubmittedId.known(j, done.duplicates[j]) if j in done.duplicates else SubmittedId(j)
+                for j in done.job_ids]
 
     def _ack_commands(self, ids: list[bytes]) -> list[tuple]:
         if not ids:
@@ -120,6 +163,8 @@ class AsyncClient:
         if n < 1:
             raise InvalidJob("a group needs n ≥ 1 jobs")
         template = self._prepare(job)
+        if group_id is not None and not valid_id(group_id):
+            raise InvalidJob(f"malformed job: group_id={group_id!r} is not an id ({ID_RULE})")
         group_id = group_id or new_id()
         now = time.time()
         members = [template.model_copy(update={"job_id": new_id(), "group_id": group_id, "submitted_at": now})
@@ -167,7 +212,10 @@ class AsyncClient:
     async def results(self, timeout_s: float | None = None, *, max_results: int | None = None,
                       batch: int = 256) -> AsyncIterator[Result]:
         """Yield results as they arrive. Stops after ``timeout_s`` without a new result
-        (None waits forever) or after ``max_results``."""
+        (None waits forever) or after ``max_results``. A result is acknowledged once the loop
+        comes back for the next one (or the iterator ends): one whose loop body raised, or
+        broke out, is delivered again by the next ``results`` call. An entry that is not a
+        readable result goes to the dead letters; the results behind it still come."""
         await self._ensure_results_group()
         yielded = 0
         claim_others = not self._backlog_done
@@ -202,8 +250,16 @@ class AsyncClient:
             if deadline is not None:
                 deadline = time.monotonic() + timeout_s  # timeout_s counts from the last result
             for msg_id, fields in entries:
-                self._to_ack.append(msg_id)
-                yield unpack(Result, fields[b"data"])
+                try:
+                    result = read_result(fields)
+                except UNREADABLE as exc:
+                    await dead_letter_result(self.r, self.keys, self.submitter, msg_id, fields,
+                                             f"{type(exc).__name__}: {exc}", dead_maxlen=self.settings.dead_maxlen)
+                    continue
+                self._reread_own = True  # until the caller comes back: if it never does, read it again
+                yield result
+                self._reread_own = False
+                self._to_ack.append(msg_id)  # the caller came back for more: it is done with this one
                 yielded += 1
                 if max_results is not None and yielded >= max_results:
                     break

@@ -82,6 +82,8 @@ class Settings(BaseSettings):
     group_affinity_slack: int = Field(2, description="A group's backend is preferred while its in-flight "
                                       "count is within this many of the least loaded.")
     api_max_wait_s: float = Field(30.0, description="Longest long-poll the HTTP API accepts.")
+    api_public_docs: bool = Field(False, description="Serve /openapi.json and /docs without the API token "
+                                  "(they list every route and model; off by default).")
     max_job_bytes: int = Field(4 * 1024 * 1024, description="Largest accepted job message.")
 
 

@@ -11,6 +11,11 @@ class RedisUnavailable(RollstreamError):
     """No Redis answered at the configured address."""
 
 
+class RedisRefusesWrites(RedisUnavailable):
+    """Redis answers but refuses writes for now (MISCONF: its disk is full; READONLY, OOM,
+    LOADING); the message says which and what to do. Retrying later is safe."""
+
+
 class InvalidJob(RollstreamError):
     """A job failed validation: malformed, too large, or naming an unknown task."""
 

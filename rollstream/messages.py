@@ -4,6 +4,8 @@ carries it from stage to stage, and the result its submitter receives. One codec
 
 from __future__ import annotations
 
+import math
+import re
 import time
 import uuid
 from typing import Any, Literal
@@ -23,14 +25,74 @@ ResultStatus = Literal["completed", "failed", "cancelled"]
 FailureKind = Literal["infrastructure", "agent", "job", "cancelled"]
 
 
-# Job and group ids: no whitespace or braces. A pattern, checked in pydantic-core, not a Python
-# validator: every stage validates the job again, and a Python call there costs a quarter
-# of the job's validation.
-_ID = r"^[^\s{}]*$"
+# One grammar for every id that reaches a Redis key name or a path: job, group and submitter
+# ids. ASCII letters, digits, '_', '.' and '-', starting with a letter or digit (so never '/',
+# '..', ':', NUL or a leading '-'), at most 128 characters. A pattern, checked in pydantic-core,
+# not a Python validator: every stage validates the job again, and a Python call there costs
+# a quarter of the job's validation.
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$"
+ID_RULE = "1 to 128 ASCII letters, digits, '_', '.' or '-', starting with a letter or digit"
+_ID_RE = re.compile(ID_PATTERN.removeprefix("^").removesuffix("$"))
+
+# Bounds on the free-form parts of a job (instance, agent, sandbox, metadata), checked once
+# at the door (client, API, a message added to the init stream by hand), not at every stage:
+# what msgpack, JSON and the other side of the API can carry without failing later.
+MAX_NESTING = 32
+INT_RANGE = (-(2**63), 2**63 - 1)
+
+
+def valid_id(value: object) -> bool:
+    return isinstance(value, str) and _ID_RE.fullmatch(value) is not None
 
 
 def new_id() -> str:
     return uuid.uuid4().hex
+
+
+def _where(path: tuple) -> str:
+    parts: list[str] = []
+    while path:
+        path, key = path
+        parts.append(f"[{key}]" if isinstance(key, int) else f".{key}")
+    text = "".join(reversed(parts)).lstrip(".")
+    return text if len(text) <= 120 else text[:60] + "…" + text[-50:]
+
+
+def payload_problem(value: object, field: str) -> str | None:
+    """Why ``value`` (a free-form part of a job) cannot travel, naming where; None if it can.
+    Nesting deeper than ``MAX_NESTING``, integers outside 64 bits and NaN or infinite numbers
+    are refused: each would fail later, at a stage or in the submitter's results."""
+    stack: list[tuple[object, tuple, int]] = [(value, (None, field), 0)]
+    while stack:
+        item, path, depth = stack.pop()
+        kind = type(item)
+        if kind is str or kind is bool or item is None:
+            continue
+        if kind is dict or kind is list or isinstance(item, (dict, list, tuple)):
+            if depth >= MAX_NESTING:
+                return f"{_where(path)} nests deeper than {MAX_NESTING} levels"
+            pairs = item.items() if isinstance(item, dict) else enumerate(item)
+            stack.extend((child, (path, key), depth + 1) for key, child in pairs)
+        elif isinstance(item, int):
+            if not INT_RANGE[0] <= item <= INT_RANGE[1]:
+                digits = str(item) if item.bit_length() < 200 else f"a {item.bit_length()}-bit integer"
+                return f"{_where(path)}: {digits} is outside the 64-bit integer range"
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return f"{_where(path)}: {item} is not a finite number"
+    return None
+
+
+def job_problem(job: "Job") -> str | None:
+    """The first bound a job breaks (see ``payload_problem``), or None."""
+    for field in ("instance", "agent", "sandbox", "metadata"):
+        value = getattr(job, field)
+        if value:
+            problem = payload_problem(value, field)
+            if problem:
+                return problem
+    extra = job.sampling.model_extra
+    return payload_problem(extra, "sampling") if extra else None
 
 
 class Job(BaseModel):
@@ -39,15 +101,15 @@ class Job(BaseModel):
     ``instance`` is the task's own payload (a prompt, a repository, tests); the named
     task validates it at submit time."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     task: str = Field(min_length=1, max_length=200)
     instance: dict[str, Any] = Field(default_factory=dict)
-    job_id: str = Field(default_factory=new_id, min_length=1, max_length=200, pattern=_ID,
-                        description="no whitespace or braces (ids go into Redis key names)")
-    group_id: str | None = Field(default=None, max_length=200, pattern=_ID,
-                                 description="no whitespace or braces")
-    submitter: str = Field("default", min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.\-]+$")
+    job_id: str = Field(default_factory=new_id, max_length=128, pattern=ID_PATTERN,
+                        description=f"{ID_RULE} (ids go into Redis key names and paths)")
+    group_id: str | None = Field(default=None, max_length=128, pattern=ID_PATTERN, description=ID_RULE)
+    submitter: str = Field("default", max_length=128, pattern=ID_PATTERN,
+                           description=f"{ID_RULE}; its results arrive on <namespace>:results:<submitter>")
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     agent: dict[str, Any] = Field(default_factory=dict, description="Agent-loop overrides "
                                   "(max_turns, max_context_tokens, ...).")

@@ -1,6 +1,8 @@
 """Results over HTTP: a submitter's results stream read through its consumer group, so a
 result stays deliverable until the HTTP client acknowledges it (the cursor of the page it
-came in). A client that crashes mid-response gets the same results again."""
+came in). A client that crashes mid-response gets the same results again. Results are
+encoded as JSON here, one by one: an entry that cannot be read or encoded goes to the dead
+letters and the page goes on without it, so one poison result never blocks the rest."""
 
 from __future__ import annotations
 
@@ -8,12 +10,12 @@ import time
 from collections.abc import AsyncIterator
 
 import redis.asyncio as aioredis
+from pydantic_core import PydanticSerializationError
 
-from rollstream.messages import Result
 from rollstream.pipeline.connection import MAX_BLOCK_MS
-from rollstream.pipeline.codec import unpack
 from rollstream.pipeline.groups import ensure_group
 from rollstream.pipeline.keys import RESULTS_GROUP, Keys
+from rollstream.pipeline.poison import UNREADABLE, dead_letter_result, read_result
 
 HTTP_CONSUMER = "http"
 
@@ -29,9 +31,10 @@ def _le(a: str, b: str) -> bool:
 
 
 class ResultsReader:
-    def __init__(self, r: aioredis.Redis, keys: Keys):
+    def __init__(self, r: aioredis.Redis, keys: Keys, *, dead_maxlen: int = 100_000):
         self.r = r
         self.keys = keys
+        self.dead_maxlen = dead_maxlen
 
     async def _ack_through(self, stream: str, cursor: str) -> None:
         pending = await self.r.xpending_range(stream, RESULTS_GROUP, "-", cursor, 10_000, consumername=HTTP_CONSUMER)
@@ -42,7 +45,8 @@ class ResultsReader:
                 pipe.xdel(stream, *ids)
                 await pipe.execute()
 
-    async def page(self, submitter: str, *, ack: str | None, wait_s: float, count: int) -> tuple[list[Result], str | None]:
+    async def page(self, submitter: str, *, ack: str | None, wait_s: float, count: int) -> tuple[list[str], str | None]:
+        """Up to ``count`` results as JSON texts, and the cursor that acknowledges them."""
         stream = self.keys.results(submitter)
         await ensure_group(self.r, stream, RESULTS_GROUP)
         if ack:
@@ -58,11 +62,19 @@ class ResultsReader:
             entries = resp[0][1] if resp else []
             if block is None:
                 break
-        results = [unpack(Result, fields[b"data"]) for _m, fields in entries if fields]
-        return results, (_id(entries[-1][0]) if entries else None)
+        texts = []
+        for msg_id, fields in entries:
+            if not fields:
+                continue  # deleted after delivery: acknowledged already
+            try:
+                texts.append(read_result(fields).model_dump_json())
+            except (*UNREADABLE, PydanticSerializationError) as exc:
+                await dead_letter_result(self.r, self.keys, submitter, msg_id, fields,
+                                         f"{type(exc).__name__}: {exc}", dead_maxlen=self.dead_maxlen)
+        return texts, (_id(entries[-1][0]) if entries else None)
 
-    async def stream(self, submitter: str, *, idle_timeout_s: float) -> AsyncIterator[Result]:
-        """Results as they come, each acknowledged once it has been handed on."""
+    async def stream(self, submitter: str, *, idle_timeout_s: float) -> AsyncIterator[str]:
+        """Results as they come, as JSON texts, each acknowledged once it has been handed on."""
         cursor = None
         last = time.monotonic()
         while time.monotonic() - last < idle_timeout_s:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.console import Group
 from rich.table import Table
+from rich.text import Text
 
 from rollstream.pipeline.status import PipelineStatus, finished_total
 
@@ -28,4 +29,6 @@ def render(status: PipelineStatus, jobs_per_s: float | None = None) -> Group:
     summary.add_row("finished", str(finished_total(status)), "jobs/s", rate, "dead letters",
                     str(status.dead_letters), "results waiting", str(status.results_waiting),
                     "policy version", str(status.policy_version))
+    if status.redis_problem:  # e.g. MISCONF: a full disk under Redis's AOF stops every worker's writes
+        return Group(Text(f"Redis: {status.redis_problem}", style="bold red"), streams, workers, summary)
     return Group(streams, workers, summary)

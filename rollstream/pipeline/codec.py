@@ -57,7 +57,7 @@ def fields_payload(fields: dict) -> object:
     if b"json" in fields:
         try:
             return json.loads(fields[b"json"])
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             raise DecodeError(f"field 'json' is not valid JSON: {exc}") from exc
     names = sorted(k.decode(errors="replace") for k in fields)
     raise DecodeError(f"stream entry has fields {names}; expected 'data' (msgpack) or 'json'")

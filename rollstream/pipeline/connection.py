@@ -4,6 +4,9 @@ async and sync clients, and an error that says what to do when nobody answers.""
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
+import time
 
 import redis
 import redis.asyncio as aioredis
@@ -13,7 +16,9 @@ try:
 except ImportError:  # redis[hiredis] brings it; without it commands are packed in Python
     hiredis = None
 
-from rollstream.errors import RedisUnavailable
+from rollstream.errors import RedisRefusesWrites, RedisUnavailable
+
+log = logging.getLogger(__name__)
 
 _HINT = "start one with 'rollstream redis', or set REDIS_URL (e.g. redis://:password@host:6379/0)"
 
@@ -96,3 +101,81 @@ def raise_if_cancelled() -> None:
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
+
+
+# What Redis answers while it cannot take writes for a while, and what the operator can do.
+# Each passes by itself once the cause is gone: workers wait them out, clients are told.
+_REFUSALS = {
+    "MISCONF": "Redis cannot persist and refuses writes (its disk is full or unwritable); free space "
+               "where its AOF/RDB lives (its --dir); writes resume by themselves",
+    "READONLY": "Redis is a read-only replica; point REDIS_URL at the primary (or wait for a failover)",
+    "OOM": "Redis is at its maxmemory and refuses writes; raise maxmemory, or drain results and dead letters",
+    "LOADING": "Redis is loading its dataset into memory after a restart; wait",
+    "MASTERDOWN": "Redis's primary is down; wait for it or for a failover",
+    "NOREPLICAS": "Redis has too few replicas to accept writes; wait for them",
+    "BUSY": "Redis is running a slow script; wait",
+}
+
+
+# The error code at the start of a reply, or where redis-py's pipelines quote it
+# ("Command # 1 (ZADD ...) of pipeline caused error: ('MISCONF ...')").
+_CODE = re.compile(r"(?:^|caused error: \(?'?)([A-Z]+) ")
+
+
+def refused_write(exc: BaseException) -> str | None:
+    """The code (MISCONF, READONLY, OOM, LOADING, ...) of a Redis refusal that passes by itself,
+    or None. A refused command did not run: sending it again is safe."""
+    if isinstance(exc, redis.BusyLoadingError):
+        return "LOADING"
+    if isinstance(exc, redis.ResponseError):
+        found = _CODE.search(str(exc))
+        return found.group(1) if found and found.group(1) in _REFUSALS else None
+    return None
+
+
+def transient_problem(exc: BaseException) -> str | None:
+    """In words, what is wrong with Redis if ``exc`` is a failure that passes by waiting (a
+    refusal, a lost connection, a timeout); None for any other error."""
+    code = refused_write(exc)
+    if code:
+        return f"{_REFUSALS[code]} ({exc})"
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError)):
+        return f"Redis unreachable ({type(exc).__name__}: {exc})"
+    return None
+
+
+def raise_refusal(exc: BaseException, url: str) -> None:
+    """Re-raise a refusal as ``RedisRefusesWrites`` that says what to do (other errors: nothing)."""
+    if refused_write(exc):
+        raise RedisRefusesWrites(f"Redis at {redacted(url)}: {transient_problem(exc)}") from exc
+
+
+class Outage:
+    """A worker's view of a Redis that fails for a while: the first failure of each kind is
+    logged, the recovery once, nothing in between; ``delay_s`` backs off to ``max_delay_s``."""
+
+    def __init__(self, who: str, *, first_delay_s: float = 0.2, max_delay_s: float = 2.0):
+        self.who = who
+        self.first_delay_s, self.max_delay_s = first_delay_s, max_delay_s
+        self.problem: str | None = None
+        self.since: float | None = None
+        self.delay_s = first_delay_s
+
+    def failed(self, exc: BaseException) -> float:
+        """Note a transient failure; returns how long to wait before trying again."""
+        problem = transient_problem(exc) or f"{type(exc).__name__}: {exc}"
+        kind = problem.split(" (", 1)[0]
+        if self.since is None:
+            self.since = time.monotonic()
+            self.delay_s = self.first_delay_s
+        else:
+            self.delay_s = min(self.delay_s * 2, self.max_delay_s)
+        if self.problem is None or self.problem.split(" (", 1)[0] != kind:
+            log.warning("%s: %s; waiting it out", self.who, problem)
+        self.problem = problem
+        return self.delay_s
+
+    def recovered(self) -> None:
+        if self.since is not None:
+            log.warning("%s: Redis answers again after %.1f s; carrying on", self.who, time.monotonic() - self.since)
+            self.problem, self.since, self.delay_s = None, None, self.first_delay_s

@@ -6,16 +6,18 @@ sandbox count and (forwarding) the authoritative check of its cancellation flags
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
 
 import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
 from rollstream.errors import JobCancelled
 from rollstream.messages import DeadLetter, Envelope, Job, Result
 from rollstream.pipeline import cancel
 from rollstream.pipeline.codec import pack
+from rollstream.pipeline.connection import refused_write
 from rollstream.pipeline.keys import Keys
 from rollstream.pipeline.wire import FastRedis
 
@@ -59,6 +61,9 @@ class Handoff:
         self.dead_maxlen = dead_maxlen
         self._script = r.register_script(_SCRIPT)
         self._fast = FastRedis.from_client(r)  # the script is the one awaited call per hop
+        # Called with a refusal (MISCONF: Redis's disk is full; READONLY, OOM, LOADING): a
+        # refused script did not run, so it is sent again once this returns True.
+        self.wait_out: Callable[[BaseException], Awaitable[bool]] | None = None
 
     async def aclose(self) -> None:
         if self._fast is not None:
@@ -91,6 +96,15 @@ class Handoff:
                       len(state), len(dests), *flat]
         for _, maxlen, payload in dests:
             args += [maxlen, payload]
+        while True:
+            try:
+                return await self._run_script(keys, args, via)
+            except ResponseError as exc:
+                if self.wait_out is None or not refused_write(exc) or not await self.wait_out(exc):
+                    raise
+                via = None
+
+    async def _run_script(self, keys: list, args: list, via: FastRedis | None) -> int:
         if via is not None:
             try:
                 return int(await via.evalsha(_SCRIPT, keys, args, load=False))

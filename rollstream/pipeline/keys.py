@@ -84,6 +84,11 @@ class Keys:
         return self._k("stats", stage)
 
     @property
+    def health_probe(self) -> str:
+        """Written (with a short expiry) by /health and status: does Redis take writes?"""
+        return self._k("health")
+
+    @property
     def policy_version(self) -> str:
         return self._k("policy_version")
 

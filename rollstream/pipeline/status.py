@@ -10,7 +10,12 @@ import redis
 import redis.asyncio as aioredis
 from pydantic import BaseModel, Field
 
+from rollstream.pipeline.connection import transient_problem
 from rollstream.pipeline.keys import STAGES, Keys
+
+# Workers whose heartbeat is older than this are left out (and dropped from the workers set)
+# when the caller does not say: the default worker_ttl_s.
+DEFAULT_WORKER_TTL_S = 20.0
 
 
 class StreamStatus(BaseModel):
@@ -35,6 +40,8 @@ class WorkerStatus(BaseModel):
 
 class PipelineStatus(BaseModel):
     at: float = Field(default_factory=time.time)
+    redis_problem: str | None = Field(None, description="What is wrong with Redis, if it refuses writes "
+                                      "(MISCONF: full disk; READONLY; OOM; LOADING); None when it takes them.")
     streams: list[StreamStatus] = Field(default_factory=list)
     workers: list[WorkerStatus] = Field(default_factory=list)
     dead_letters: int = 0
@@ -57,15 +64,28 @@ async def _stream_status(r: aioredis.Redis, stream: str, stage: str, node: str |
     return st
 
 
-async def snapshot(r: aioredis.Redis, keys: Keys) -> PipelineStatus:
-    status = PipelineStatus()
+async def redis_problem(r: aioredis.Redis, keys: Keys) -> str | None:
+    """What is wrong with Redis, in words, or None: a write probe (a key that expires), since
+    a Redis with a full disk still answers PING and reads but refuses every write."""
+    try:
+        await r.set(keys.health_probe, time.time(), px=60_000)
+    except (redis.RedisError, OSError) as exc:
+        return transient_problem(exc) or f"{type(exc).__name__}: {exc}"
+    return None
+
+
+async def snapshot(r: aioredis.Redis, keys: Keys, *, worker_ttl_s: float = DEFAULT_WORKER_TTL_S) -> PipelineStatus:
+    """Reads only (it works while Redis refuses writes, and says so in ``redis_problem``)."""
+    status = PipelineStatus(redis_problem=await redis_problem(r, keys))
     status.streams.append(await _stream_status(r, keys.init_stream, "init", None))
     nodes = sorted(n.decode() for n in await r.zrange(keys.nodes, 0, -1))
     for node in nodes:
         for stage in ("run", "eval"):
             status.streams.append(await _stream_status(r, keys.stage_stream(stage, node), stage, node))
     now = time.time()
-    for worker, beat in await r.zrange(keys.workers, 0, -1, withscores=True):
+    if status.redis_problem is None:  # workers dead for worker_ttl_s leave the list
+        await r.zremrangebyscore(keys.workers, "-inf", now - worker_ttl_s)
+    for worker, beat in await r.zrangebyscore(keys.workers, now - worker_ttl_s, "+inf", withscores=True):
         name = worker.decode()
         info = {k.decode(): v.decode() for k, v in (await r.hgetall(keys.worker(name))).items()}
         status.workers.append(WorkerStatus(

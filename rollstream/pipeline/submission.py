@@ -5,12 +5,13 @@ id. Validation of task names and instances happens before this, at the edge (cli
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from importlib import resources
 
 import redis.asyncio as aioredis
 
 from rollstream.errors import InvalidJob, JobTooLarge
-from rollstream.messages import Envelope, Job
+from rollstream.messages import Envelope, Job, job_problem
 from rollstream.pipeline.codec import pack
 from rollstream.pipeline.keys import Keys
 from rollstream.pipeline.wire import FastRedis
@@ -31,13 +32,24 @@ def initial_state(job: Job) -> dict:
     }
 
 
+def check_bounds(job: Job) -> None:
+    """Raise ``InvalidJob`` naming where a job breaks the payload bounds (nesting, 64-bit
+    integers, finite numbers): what would fail later, in a stage or in its results."""
+    problem = job_problem(job)
+    if problem:
+        raise InvalidJob(f"job {job.job_id}: {problem}")
+
+
 def encode_for_init(job: Job, max_job_bytes: int) -> bytes:
+    check_bounds(job)
     try:
         payload = pack(Envelope(job=job))
     except UnicodeEncodeError as exc:  # a lone surrogate (\ud800) that JSON let through
         bad = exc.object[max(0, exc.start - 20):exc.end + 20] if isinstance(exc.object, str) else ""
         raise InvalidJob(f"job {job.job_id} has text that is not valid Unicode near {bad!r} "
                          f"({exc.reason}); send UTF-8 text, or bytes as base64") from None
+    except (OverflowError, ValueError, TypeError) as exc:
+        raise InvalidJob(f"job {job.job_id} cannot be encoded: {exc}") from None
     if len(payload) > max_job_bytes:
         raise JobTooLarge(f"job {job.job_id} is {len(payload)} bytes encoded, over the limit of "
                          f"{max_job_bytes}; keep large files out of the job (point at them) or raise "
@@ -45,12 +57,22 @@ def encode_for_init(job: Job, max_job_bytes: int) -> bytes:
     return payload
 
 
+@dataclass
+class Enqueued:
+    """What a submission did: every job's id, and those already known (queued, at work, or
+    finished less than job_state_ttl_s ago) with their status then: nothing was queued for
+    those, and no second result will come."""
+
+    job_ids: list[str]
+    duplicates: dict[str, str] = field(default_factory=dict)
+
+
 async def enqueue(r: aioredis.Redis, keys: Keys, jobs: list[Job], *, max_job_bytes: int,
-                  fast: FastRedis | None = None, before: list[tuple] = ()) -> list[str]:
-    """Queue already-validated jobs for the init stage; returns their ids. Idempotent per
-    job id while its state hash lives (until job_state_ttl_s after it finished): a retried
-    submission queues nothing twice. ``before``: commands that ride in the same write
-    (only with ``fast``)."""
+                  fast: FastRedis | None = None, before: list[tuple] = ()) -> Enqueued:
+    """Queue already-validated jobs for the init stage. Idempotent per job id while its
+    state hash lives (until job_state_ttl_s after it finished): a retried submission queues
+    nothing twice, and says which ids it found known. ``before``: commands that ride in the
+    same write (only with ``fast``)."""
     if before and fast is None:
         raise ValueError("commands can ride along with a submission only on a lean connection")
     payloads = [encode_for_init(job, max_job_bytes) for job in jobs]
@@ -59,11 +81,20 @@ async def enqueue(r: aioredis.Redis, keys: Keys, jobs: list[Job], *, max_job_byt
     for job, payload in zip(jobs, payloads):
         state = initial_state(job)
         args += [payload, len(state)]
-        for field, value in state.items():
-            args += [field, value]
+        for name, value in state.items():
+            args += [name, value]
     script_keys = [keys.init_stream, keys.submitters, *(keys.job(job.job_id) for job in jobs)]
     if fast is not None:  # the client's lean connection: submit is on a job's critical path
-        await fast.evalsha(_SUBMIT, script_keys, args, before=before)
+        queued = await fast.evalsha(_SUBMIT, script_keys, args, before=before)
     else:
-        await r.register_script(_SUBMIT)(keys=script_keys, args=args)
-    return [job.job_id for job in jobs]
+        queued = await r.register_script(_SUBMIT)(keys=script_keys, args=args)
+    done = Enqueued([job.job_id for job in jobs])
+    known = [job.job_id for job, fresh in zip(jobs, queued) if not int(fresh)]
+    if known:  # rare: a retried submission, or a job id used twice; one more round trip
+        async with r.pipeline(transaction=False) as pipe:
+            for job_id in known:
+                pipe.hget(keys.job(job_id), "status")
+            found = await pipe.execute()
+        done.duplicates = {job_id: (s.decode() if isinstance(s, bytes) else s) or "unknown"
+                           for job_id, s in zip(known, found)}
+    return done

@@ -17,10 +17,10 @@ import redis
 from pydantic import ValidationError
 
 from rollstream.errors import InvalidJob, JobCancelled, JobFailed
-from rollstream.messages import DeadLetter, Envelope, Result
+from rollstream.messages import DeadLetter, Envelope, Result, job_problem, valid_id
 from rollstream.pipeline import cancel, histograms
 from rollstream.pipeline.codec import DecodeError, decode_envelope, fields_payload
-from rollstream.pipeline.connection import SOCKET_TIMEOUT_S, raise_if_cancelled
+from rollstream.pipeline.connection import SOCKET_TIMEOUT_S, Outage, raise_if_cancelled, transient_problem
 from rollstream.pipeline.groups import ensure_group
 from rollstream.pipeline.handoff import SandboxCount, Source, sandbox_of
 from rollstream.pipeline.jobstate import RunningMarks
@@ -47,9 +47,11 @@ def _best_effort_ids(fields: dict) -> tuple[str | None, str | None]:
         payload = fields_payload(fields)
         job = payload.get("job", payload) if isinstance(payload, dict) else {}
         job_id, submitter = job.get("job_id"), job.get("submitter", "default")
-        ok = isinstance(job_id, str) and isinstance(submitter, str) and submitter.replace("-", "").replace(
-            "_", "").replace(".", "").isalnum()
-        return (job_id, submitter) if ok else (None, None)
+        # Only a submitter of the id grammar names a results stream; a job id outside it is
+        # returned (cut short) for the failed result to carry, never used in a key.
+        if not (isinstance(job_id, str) and job_id and valid_id(submitter)):
+            return None, None
+        return job_id[:200], submitter
     except Exception:
         return None, None
 
@@ -64,6 +66,10 @@ class ConsumerLoop:
         self.stream = ctx.keys.stage_stream(stage.name, ctx.node)
         self.group = stage.name
         self.consumer = consumer or f"{ctx.node}:{stage.name}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        # A Redis that refuses writes (full disk: MISCONF; READONLY, OOM, LOADING) or drops its
+        # connections is waited out, logged once; hand-offs it refused are sent again.
+        self.outage = Outage(self.consumer)
+        ctx.handoff.wait_out = self._wait_out
         self.inflight: dict[str, tuple[asyncio.Task, Envelope | None]] = {}
         self._cancel_reasons: dict[str, str] = {}
         self._processing: set[str] = set()  # only work inside Stage.process is ever interrupted
@@ -104,9 +110,10 @@ class ConsumerLoop:
                 # Cancels issued before this worker started must hold for its first read.
                 await self.book.catch_up(self.r, self.ctx.keys)
                 return
-            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-                log.warning("%s: Redis unreachable at start (%s); retrying in 1 s", self.consumer, exc)
-                await asyncio.sleep(1.0)
+            except (redis.RedisError, OSError) as exc:
+                if transient_problem(exc) is None:
+                    raise
+                await asyncio.sleep(self.outage.failed(exc))
 
     async def serve(self) -> None:
         await self._register()
@@ -144,7 +151,10 @@ class ConsumerLoop:
             try:
                 await fn()
             except (redis.RedisError, OSError) as exc:
-                log.warning("%s: background step %s failed: %s", self.consumer, getattr(fn, "__name__", fn), exc)
+                if transient_problem(exc):
+                    self.outage.failed(exc)
+                else:
+                    log.warning("%s: background step %s failed: %s", self.consumer, getattr(fn, "__name__", fn), exc)
             raise_if_cancelled()
             try:
                 await asyncio.wait_for(self._stopping.wait(), period_s)
@@ -187,15 +197,21 @@ class ConsumerLoop:
                     continue
                 entries = await self._read(free)
                 raise_if_cancelled()
-            except redis.ResponseError as exc:
-                if "NOGROUP" in str(exc):  # the stream was deleted under us (e.g. FLUSHALL)
-                    await ensure_group(self.r, self.stream, self.group)
+            except (redis.RedisError, OSError) as exc:
+                if isinstance(exc, redis.ResponseError) and "NOGROUP" in str(exc):
+                    # the stream was deleted under us (e.g. FLUSHALL)
+                    try:
+                        await ensure_group(self.r, self.stream, self.group)
+                    except (redis.RedisError, OSError) as again:
+                        if transient_problem(again) is None:
+                            raise
+                        await asyncio.sleep(self.outage.failed(again))
                     continue
-                raise
-            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
-                log.warning("%s: Redis unreachable (%s); retrying in 1 s", self.consumer, exc)
-                await asyncio.sleep(1.0)
+                if transient_problem(exc) is None:
+                    raise
+                await asyncio.sleep(self.outage.failed(exc))
                 continue
+            self.outage.recovered()
             if entries:
                 if self._reader is not None and len(entries) > 1:
                     # A batch: its hand-offs go out with the next read, in one write (one
@@ -246,7 +262,11 @@ class ConsumerLoop:
             src = Source(self.stream, self.group, msg_id, self.consumer, started_at=started)
             try:
                 env = decode_envelope(fields)
-            except (DecodeError, ValidationError) as exc:
+                # Init is the door of a message added to its stream by hand: the bounds the
+                # client and the API check at submit are checked here once.
+                if stage == "init" and (problem := job_problem(env.job)):
+                    raise InvalidJob(f"job {env.job.job_id}: {problem}")
+            except (DecodeError, ValidationError, InvalidJob) as exc:
                 self._track(msg_id, None, self._guard(None, self._undecodable(src, fields, exc)))
                 continue
             marks[msg_id] = (env.job.job_id, msg_id, {"stage": stage, "status": "running", "worker": self.consumer,
@@ -268,7 +288,10 @@ class ConsumerLoop:
             try:
                 await coro
             except (redis.RedisError, OSError) as exc:
-                log.warning("%s: %s failed: %s", self.consumer, what, exc)
+                if transient_problem(exc):
+                    self.outage.failed(exc)
+                else:
+                    log.warning("%s: %s failed: %s", self.consumer, what, exc)
 
         task = asyncio.create_task(guarded())
         self._side_tasks.add(task)
@@ -292,10 +315,24 @@ class ConsumerLoop:
     async def _guard(self, env: Envelope | None, coro) -> None:
         try:
             await coro
-        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        except (redis.RedisError, OSError) as exc:
+            if transient_problem(exc) is None:
+                raise
             # The job stays pending; after the visibility timeout a worker reclaims it.
             log.error("job %s: Redis failed during %s (%s); left pending for reclaim",
                       env.job.job_id if env else "?", self.stage.name, exc)
+
+    async def _wait_out(self, exc: BaseException) -> bool:
+        """A hand-off that Redis refused (it did not run): wait, and say whether to send it
+        again (not once this worker is stopping: the job then stays pending for reclaim)."""
+        if self._stopping.is_set():
+            return False
+        delay = self.outage.failed(exc)
+        try:
+            await asyncio.wait_for(self._stopping.wait(), delay)
+            return False
+        except asyncio.TimeoutError:
+            return True
 
     async def _run_job(self, src: Source, env: Envelope, deliveries: int) -> None:
         job, stage, started = env.job, self.stage.name, src.started_at
@@ -455,8 +492,9 @@ class ConsumerLoop:
         job_id, submitter = _best_effort_ids(fields)
         error = f"malformed job message: {exc}"
         raw = fields.get(b"data") or fields.get(b"json") or repr(fields).encode()
-        letter = DeadLetter(job_id=job_id, submitter=submitter, stage=self.stage.name, error=error, raw=raw)
-        result = Result(job_id=job_id, submitter=submitter, status="failed", error=error,
+        letter = DeadLetter(job_id=job_id if valid_id(job_id) else None, submitter=submitter, stage=self.stage.name,
+                            error=error, raw=raw)
+        result = Result(job_id=job_id, submitter=submitter, status="failed", error=error, failure="job",
                         error_stage=self.stage.name) if job_id and submitter else None
         log.warning("message %s on %s dead-lettered: %s", src.msg_id, src.stream, error)
         await self.ctx.handoff.dead_letter(src, letter, result)
@@ -478,6 +516,8 @@ class ConsumerLoop:
             if ids:  # resetting idle time tells reclaimers these are alive
                 pipe.xclaim(self.stream, self.group, self.consumer, 0, ids, justid=True)
             pipe.zadd(keys.workers, {self.consumer: now})
+            # Workers that stopped heart-beating (killed, their machine gone) leave the list.
+            pipe.zremrangebyscore(keys.workers, "-inf", now - self.s.worker_ttl_s)
             pipe.zadd(keys.nodes, {self.ctx.node: now})
             pipe.hset(keys.worker(self.consumer), mapping={
                 "stage": self.stage.name, "node": self.ctx.node, "pid": os.getpid(), "concurrency": self.concurrency,
@@ -522,6 +562,9 @@ class ConsumerLoop:
                 if await self.book.catch_up(self.r, self.ctx.keys, block_ms=self.s.read_block_ms):
                     self._interrupt(self.book.reason)
             except (redis.RedisError, OSError) as exc:
+                if transient_problem(exc):
+                    await asyncio.sleep(self.outage.failed(exc))
+                    continue
                 log.warning("%s: following cancellations failed (%s); retrying in 1 s", self.consumer, exc)
                 await asyncio.sleep(1.0)
             raise_if_cancelled()

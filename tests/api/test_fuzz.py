@@ -15,8 +15,8 @@ def api_settings(settings):
 
 
 @pytest.fixture
-def api_schema(api_server):
-    return schemathesis.openapi.from_url(api_server + "/openapi.json")
+def api_schema(api_server, auth):
+    return schemathesis.openapi.from_url(api_server + "/openapi.json", headers=auth)  # the spec is behind the token
 
 
 @schema.parametrize()

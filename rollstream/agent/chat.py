@@ -54,15 +54,18 @@ class ChatRenderer:
         """The episode's prompt, tokenized once, ending with the assistant generation prompt."""
         return self.encode(self.render(messages, add_generation_prompt=True))
 
-    def observation_ids(self, history: list[dict], new_messages: list[dict], model_ended_turn: bool) -> list[int]:
+    def observation_ids(self, history: list[dict], new_messages: list[dict], model_ended_turn: bool,
+                        before: str | None = None) -> list[int]:
         """Tokens that follow the model's last generated token so that the context reads like
         render(history + new_messages, add_generation_prompt=True).
 
         `history` ends with the assistant message of the last turn. The delta is whatever
         the template writes after that assistant turn's end token (e.g. the newline after
         <|im_end|>), plus the end token itself when the model did not produce it (cut at
-        max_tokens), plus the new messages and the next generation prompt."""
-        before = self.render(history, add_generation_prompt=False)
+        max_tokens), plus the new messages and the next generation prompt. ``before``, when
+        given, is ``render(history, add_generation_prompt=False)`` computed earlier."""
+        if before is None:
+            before = self.render(history, add_generation_prompt=False)
         after = self.render(history + new_messages, add_generation_prompt=True)
         if not after.startswith(before):
             raise ChatTemplateError(

@@ -120,6 +120,9 @@ class JobDoor:
         text = self.tokenizer.decode(gen.token_ids[:-1] if ended_turn else gen.token_ids, skip_special_tokens=False)
         reply, finish = _reply(text, ended_turn, gen.finish_reason)
         self.recorder.record(messages, tools, prompt_ids, extended, gen, reply)
+        # Once this answer is on its way (the next turn of the loop), get the next call's
+        # rendering ready while the harness works.
+        asyncio.get_running_loop().call_soon(self.recorder.prepare)
         return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
                 "model": request.get("model") or MODEL_NAME,
                 "choices": [{"index": 0, "message": reply, "finish_reason": finish, "logprobs": None}],

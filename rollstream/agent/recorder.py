@@ -75,6 +75,7 @@ class _Open:
     tools_key: str
     ids: list[int]
     ended_turn: bool
+    rendered: str | None = None  # the template's text of ``messages`` (see CallRecorder.prepare)
 
 
 @dataclass
@@ -107,7 +108,8 @@ class CallRecorder:
         if prev is not None and prev.tools_key == key and len(norm) > len(prev.messages) \
                 and norm[:len(prev.messages)] == prev.messages:
             try:
-                added = renderer.observation_ids(prev.messages, norm[len(prev.messages):], prev.ended_turn)
+                added = renderer.observation_ids(prev.messages, norm[len(prev.messages):], prev.ended_turn,
+                                                 before=prev.rendered)
                 return prev.ids + added, True
             except ChatTemplateError:
                 pass  # a template that is not prefix-stable here: a new, still exact, segment
@@ -139,6 +141,18 @@ class CallRecorder:
         self.calls.append(CallRecord(segment=len(self.segments) - 1, prompt_tokens=len(prompt_ids),
                                      completion_tokens=len(gen.token_ids), backend=gen.backend,
                                      finish_reason=gen.finish_reason, extended=extended))
+
+    def prepare(self) -> None:
+        """Render the open sequence's messages ahead of the next call (one of the two
+        renderings that extending it takes): the door calls this once its answer is sent,
+        while the harness runs its tools, so the next call does not wait for it."""
+        prev = self._open
+        if prev is not None and prev.rendered is None:
+            renderer = self._renderers[prev.tools_key]
+            try:
+                prev.rendered = renderer.render(prev.messages, add_generation_prompt=False)
+            except Exception:  # the next call renders it again and says what is wrong
+                prev.rendered = None
 
     def trajectory(self) -> Trajectory:
         """The episode: every segment, the last one also in the top-level fields."""

@@ -4,6 +4,9 @@ every process over the whole run. This is the command behind the README's reliab
 
     python bench/soak.py [--echo 10000] [--llm 500] [--faults all] [--nodes 2]
 
+The full-disk phase puts Redis's data folder on a tmpfs (--redis-disk-mb) and fills it: it
+needs root to mount; without root, --faults all leaves it out and says so.
+
 Prints a table, then `RESULT {json}` with jobs, lost, doubled, leaked, dead_letters,
 faults_injected, phases_ok, memory_growth_mib (per kind of process: end minus warm-up).
 """
@@ -22,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rollstream.chaos.cluster import ClusterConfig, LocalCluster
+from rollstream.chaos.diskfull import cannot_mount
 from rollstream.chaos.faults import FAULTS
 from rollstream.chaos.soak import SoakReport, run_soak
 
@@ -29,14 +33,15 @@ from rollstream.chaos.soak import SoakReport, run_soak
 def table(report: SoakReport) -> Table:
     t = Table(title="soak: one fault per phase, load through the Python client and HTTP at once")
     for col in ("fault", "what was done", "jobs (echo+llm)", "results", "lost", "doubled", "failed",
-                "dead letters", "leaks", "s", "verdict"):
+                "dead letters", "workers lost", "leaks", "s", "verdict"):
         t.add_column(col)
     for p in report.phases:
         v, lk = p.verdict, p.leaks
         leak_text = "none" if lk.ok else (f"{lk.supervisors} sup, {lk.bwrap_processes} bwrap, "
                                           f"{lk.node_sandbox_entries} set, {lk.mounts} mounts, in-flight {sum(lk.backend_in_flight.values())}")
         t.add_row(p.fault, p.action, f"{p.echo_jobs}+{p.llm_jobs}", str(v.received), str(len(v.lost)),
-                  str(len(v.doubled)), str(v.failed), str(v.dead_letters), leak_text, f"{p.elapsed_s:.0f}",
+                  str(len(v.doubled)), str(v.failed), str(v.dead_letters), str(p.workers_lost), leak_text,
+                  f"{p.elapsed_s:.0f}",
                   "ok" if p.ok else "FAIL")
     return t
 
@@ -58,10 +63,17 @@ async def main() -> None:
     ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--redis-disk-mb", type=int, default=512,
+                    help="size of the tmpfs under Redis's AOF when the full-disk fault runs")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     faults = list(FAULTS) if args.faults == "all" else args.faults.split(",")
+    if "full-disk" in faults and cannot_mount():
+        if args.faults != "all":
+            raise SystemExit(f"full-disk: {cannot_mount()}")
+        print(f"full-disk left out: {cannot_mount()}")
+        faults.remove("full-disk")
     model_dir = None
     if args.llm:
         from rollstream.llm.format_pretrain import build_arith_model
@@ -69,7 +81,8 @@ async def main() -> None:
         model_dir = build_arith_model(Path.home() / ".cache" / "rollstream" / "tests" / "arith-model")
     with tempfile.TemporaryDirectory(prefix="rs-soak-", ignore_cleanup_errors=True) as tmp:
         cfg = ClusterConfig(data_dir=Path(tmp), nodes=tuple(f"n{i + 1}" for i in range(args.nodes)),
-                            concurrency=args.concurrency, model_dir=model_dir)
+                            concurrency=args.concurrency, model_dir=model_dir,
+                            redis_disk_mb=args.redis_disk_mb if "full-disk" in faults else None)
         cluster = LocalCluster(cfg)
         t0 = time.monotonic()
         await cluster.start()
@@ -94,6 +107,7 @@ async def main() -> None:
         "failed": sum(p.verdict.failed for p in phases),
         "dead_letters": sum(p.verdict.dead_letters for p in phases),
         "leaked": sum(0 if p.leaks.ok else 1 for p in phases),
+        "workers_lost": sum(p.workers_lost for p in phases),
         "faults_injected": [p.fault for p in phases if p.fault != "none"],
         "phases_ok": sum(p.ok for p in phases),
         "phases": len(phases),

@@ -235,6 +235,9 @@ class AsyncClient:
             except (redis.ConnectionError, redis.TimeoutError, OSError):
                 self._reread_own = True
                 raise
+            except redis.ResponseError as exc:  # MISCONF (a full disk under Redis), READONLY, OOM: say so
+                raise_refusal(exc, self.url)
+                raise
             raise_if_cancelled()
             entries = resp[0][1] if resp else []
             if backlog:

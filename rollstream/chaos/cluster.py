@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from rollstream.chaos.diskfull import SmallDisk
 from rollstream.pipeline.balancer import add_backend
 from rollstream.pipeline.connection import async_redis
 from rollstream.pipeline.embedded import EmbeddedRedis
@@ -50,6 +51,9 @@ class ClusterConfig:
     namespace: str = "soak"
     api_token: str = "soak-token"
     timeouts: dict[str, float] = field(default_factory=lambda: dict(FAST_TIMEOUTS))
+    # Redis's data folder on a tmpfs of this many MiB (root only), so that a fault can fill
+    # its disk for real (full-disk); None keeps it in data_dir/redis.
+    redis_disk_mb: int | None = None
 
 
 def _free_port() -> int:
@@ -77,7 +81,9 @@ class LocalCluster:
 
     def __init__(self, config: ClusterConfig):
         self.cfg = config
-        self.redis = EmbeddedRedis(config.data_dir / "redis", appendonly=True)
+        self.redis_disk = SmallDisk(config.data_dir / "redis-disk", config.redis_disk_mb) \
+            if config.redis_disk_mb else None
+        self.redis = self._redis()
         self.keys = Keys(config.namespace)
         self.pools: dict[str, WorkerPool] = {}
         self.cancelled_nodes: set[str] = set()
@@ -85,6 +91,7 @@ class LocalCluster:
         self.api_port = _free_port()
         self.api_proc: subprocess.Popen | None = None
         self.restarts = 0
+        self.workers_lost = 0  # workers that died during a fault that must kill none (full-disk)
 
     # -- addresses -----------------------------------------------------------------
     @property
@@ -106,7 +113,15 @@ class LocalCluster:
         return env
 
     # -- lifecycle -----------------------------------------------------------------
+    def _redis(self) -> EmbeddedRedis:
+        # With a small disk, the socket stays in data_dir/redis and the AOF goes to the disk
+        # (a later --dir wins).
+        extra = ["--dir", str(self.redis_disk.path)] if self.redis_disk else []
+        return EmbeddedRedis(self.cfg.data_dir / "redis", appendonly=True, extra_args=extra)
+
     async def start(self) -> "LocalCluster":
+        if self.redis_disk:
+            self.redis_disk.mount()
         self.redis.start()
         for node in self.cfg.nodes:
             pool = WorkerPool(redis_url=self.redis_url, namespace=self.cfg.namespace, node=node,
@@ -137,6 +152,9 @@ class LocalCluster:
         if self.api_proc:
             _terminate(self.api_proc)
         self.redis.stop()
+        if self.redis_disk:
+            self.redis_disk.free()
+            self.redis_disk.unmount()
 
     async def wait_workers(self, n: int, timeout_s: float = 60) -> None:
         r = async_redis(self.redis_url)
@@ -154,6 +172,11 @@ class LocalCluster:
     def workers(self, stage: str | None = None, node: str | None = None) -> list[subprocess.Popen]:
         return [p for n, pool in self.pools.items() if node in (None, n)
                 for s, p in pool.alive() if stage in (None, s)]
+
+    def dead_workers(self) -> list[subprocess.Popen]:
+        """Exited worker processes of nodes still in service (not yet restarted)."""
+        return [p for node, pool in self.pools.items() if node not in self.cancelled_nodes
+                for _stage, p in pool.procs if p.poll() is not None]
 
     def restart_dead_workers(self) -> int:
         """Start a replacement for every exited worker of a node still in service."""
@@ -216,7 +239,7 @@ class LocalCluster:
     def restart_redis(self) -> None:
         """A clean restart (SIGTERM flushes the AOF), on the same socket."""
         self.redis.stop()
-        self.redis = EmbeddedRedis(self.cfg.data_dir / "redis", appendonly=True)
+        self.redis = self._redis()
         self.redis.start()
 
     def _start_model_server(self, port: int) -> ModelServer:

@@ -9,6 +9,9 @@ import signal
 from collections.abc import Awaitable, Callable
 
 from rollstream.chaos.cluster import LocalCluster
+from rollstream.chaos.diskfull import aof_write_failing
+from rollstream.pipeline.connection import async_redis
+from rollstream.pipeline.status import snapshot
 
 Fault = Callable[[LocalCluster, random.Random], Awaitable[str]]
 
@@ -56,6 +59,36 @@ async def kill_backend(cluster: LocalCluster, rng: random.Random, down_s: float 
     return f"model server {index} SIGKILLed, restarted {down_s:.0f} s later on the same port"
 
 
+async def full_disk(cluster: LocalCluster, rng: random.Random, full_s: float = 5.0) -> str:
+    """Fill Redis's disk to the last byte: it refuses every write (MISCONF) until space comes
+    back. Workers must wait it out, none lost; the space is freed ``full_s`` after Redis first
+    refused, and every job must still end with one result."""
+    disk = cluster.redis_disk
+    if disk is None:
+        return "no small disk under Redis (ClusterConfig.redis_disk_mb): nothing filled"
+    before = cluster.restarts + len(cluster.dead_workers())
+    r = async_redis(cluster.redis_url)
+    try:
+        in_flight = sum(s.pending + (s.lag or 0) for s in (await snapshot(r, cluster.keys)).streams)
+    finally:
+        await r.aclose()
+    filled = await asyncio.to_thread(disk.fill)
+    deadline = asyncio.get_running_loop().time() + 30
+    while not await asyncio.to_thread(aof_write_failing, cluster.redis_url):
+        if asyncio.get_running_loop().time() > deadline:
+            disk.free()
+            return f"filled {filled >> 20} MiB, but Redis never failed a write in 30 s; freed"
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(full_s)
+    lost = cluster.restarts + len(cluster.dead_workers()) - before
+    disk.free()
+    while await asyncio.to_thread(aof_write_failing, cluster.redis_url):
+        await asyncio.sleep(0.1)
+    cluster.workers_lost += lost
+    return (f"Redis's disk filled ({filled >> 20} MiB filler) with {in_flight} jobs queued or at work: "
+            f"MISCONF for {full_s:.0f} s, then freed; {lost} workers lost meanwhile")
+
+
 async def restart_api(cluster: LocalCluster, rng: random.Random) -> str:
     await cluster.restart_api()
     return "API process SIGKILLed and restarted"
@@ -75,5 +108,6 @@ FAULTS: dict[str, Fault] = {
     "restart-redis": restart_redis,
     "kill-backend": kill_backend,
     "restart-api": restart_api,
+    "full-disk": full_disk,
     "cancel-node": cancel_node,  # last: the node stays down
 }

@@ -15,6 +15,7 @@ import redis
 from rollstream.chaos.ledger import Ledger
 from rollstream.client import AsyncClient
 from rollstream.config import Settings
+from rollstream.errors import RedisRefusesWrites
 from rollstream.messages import Result
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,8 @@ class PythonLoad:
             try:
                 await client.submit_many(batch)
                 return
-            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, OSError) as exc:
+            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, RedisRefusesWrites,
+                    OSError) as exc:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"could not submit through the Python client: {exc}") from exc
                 self.retries += 1
@@ -76,7 +78,7 @@ class PythonLoad:
             try:
                 async for result in client.results(timeout_s=2.0):
                     self.ledger.record(result)
-            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, OSError):
+            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, RedisRefusesWrites, OSError):
                 self.retries += 1
                 await asyncio.sleep(RETRY_S)
 

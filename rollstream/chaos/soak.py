@@ -31,10 +31,11 @@ class PhaseReport:
     leaks: Leaks
     elapsed_s: float
     client_retries: int
+    workers_lost: int = 0  # died under a fault that must kill none (full-disk)
 
     @property
     def ok(self) -> bool:
-        return self.verdict.ok and self.leaks.ok
+        return self.verdict.ok and self.leaks.ok and self.workers_lost == 0
 
 
 @dataclass
@@ -90,6 +91,7 @@ async def run_phase(cluster: LocalCluster, fault: str, *, echo_n: int, llm_n: in
     loads = [asyncio.create_task(py.run(py_jobs, deadline=deadline, pace_s=0.1)),
              asyncio.create_task(http.run(http_jobs, deadline=deadline, pace_s=0.1))]
     action = "none"
+    lost_before = cluster.workers_lost
     if fault != "none":
         total = echo_n + llm_n
         while sum(1 for n in ledger.received.values() if n) < max(1, total // 10) and time.monotonic() < deadline:
@@ -111,7 +113,8 @@ async def run_phase(cluster: LocalCluster, fault: str, *, echo_n: int, llm_n: in
     finally:
         await r.aclose()
     return PhaseReport(fault=fault, action=action, echo_jobs=echo_n, llm_jobs=llm_n, verdict=verdict, leaks=found,
-                       elapsed_s=time.monotonic() - t0, client_retries=py.retries + http.retries)
+                       elapsed_s=time.monotonic() - t0, client_retries=py.retries + http.retries,
+                       workers_lost=cluster.workers_lost - lost_before)
 
 
 async def run_soak(cluster: LocalCluster, faults: list[str], *, echo_total: int, llm_total: int,

@@ -207,9 +207,11 @@ def rlimits_for(limits: SandboxLimits) -> dict[str, int]:
     return {name: value for name, value in values.items() if value is not None}
 
 
-def ulimit_wrapped(argv: list[str], limits: SandboxLimits) -> list[str]:
-    """Apply the limits inside a container runtime, where host rlimits would hit its CLI."""
-    flags = []
+def ulimit_wrapped(argv: list[str], limits: SandboxLimits, before: str = "") -> list[str]:
+    """Apply the limits inside a container runtime, where host rlimits would hit its CLI.
+
+    `before` is a shell command run first (its errors ignored)."""
+    flags = [before] if before else []
     if limits.memory_mb:
         flags.append(f"ulimit -v {limits.memory_mb * 1024}")
     if limits.cpu_time_s:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import resource
 import subprocess
 
 from ..spec import SandboxSpec
@@ -29,6 +30,34 @@ LABEL = "rollstream.sandbox"
 _CLIENT_ENV = ("PATH", "HOME", "DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CONTEXT", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY")
 
 
+PODMAN_SOCKET = "/run/podman/podman.sock"
+
+
+def client_env() -> dict[str, str]:
+    """The docker CLI's environment: the host's docker settings, and where no Docker
+    daemon socket exists but podman serves the Docker API (scripts/install-podman), that."""
+    env = {key: os.environ[key] for key in _CLIENT_ENV if key in os.environ}
+    if "DOCKER_HOST" not in env and not os.path.exists("/var/run/docker.sock") and os.path.exists(PODMAN_SOCKET):
+        env["DOCKER_HOST"] = f"unix://{PODMAN_SOCKET}"
+    return env
+
+
+def _rlimit_flags(max_open_files: int) -> list[str]:
+    """--ulimit for nofile and nproc, within what the engine may grant.
+
+    Naming any --ulimit makes podman fill the others from its own defaults (nofile
+    1048576), which a root without CAP_SYS_RESOURCE cannot set: both are always given,
+    clamped to this host's hard limits. nproc counts every process of the uid on the
+    host, so it is not the sandbox's process limit (that is --pids-limit).
+    """
+    nofile_hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    nproc_hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    nofile = max_open_files if nofile_hard == resource.RLIM_INFINITY else min(max_open_files, nofile_hard)
+    # podman lowers its own nproc to 32768 at start; no container may exceed that.
+    nproc = 32768 if nproc_hard == resource.RLIM_INFINITY else min(nproc_hard, 32768)
+    return ["--ulimit", f"nofile={nofile}:{nofile}", "--ulimit", f"nproc={nproc}:{nproc}"]
+
+
 def container_name(sandbox_id: str) -> str:
     return f"rs-{sandbox_id}"
 
@@ -39,7 +68,7 @@ def _engine_answers() -> bool:
     if binary is None:
         return False
     try:
-        return subprocess.run([binary, "info"], capture_output=True, timeout=10).returncode == 0
+        return subprocess.run([binary, "info"], capture_output=True, env=client_env(), timeout=10).returncode == 0
     except (OSError, subprocess.SubprocessError):
         return False
 
@@ -62,7 +91,7 @@ class DockerBackend:
             "--hostname", "sandbox",
             "--cap-drop", "ALL",
             "--security-opt", "no-new-privileges",
-            "--ulimit", f"nofile={limits.max_open_files}:{limits.max_open_files}",
+            *_rlimit_flags(limits.max_open_files),
             "--volume", f"{layout.work}:{spec.workdir}",
             "--volume", f"{layout.tmp}:/tmp",
             "--volume", f"{layout.kernel}:{KERNEL_DIR_INNER}",
@@ -92,15 +121,22 @@ class DockerBackend:
         return argv + [container_name(sandbox_id)]
 
     def plan(self, spec: SandboxSpec, layout: SandboxLayout, sandbox_id: str, owner: str) -> LaunchPlan:
+        from ..images import resolve_image  # images imports the backends
+
+        spec = spec.model_copy(update={"image": resolve_image(spec.image, "docker")})
         env = sandbox_env(spec, STANDARD_PATH)
-        host_env = {key: os.environ[key] for key in _CLIENT_ENV if key in os.environ}
+        host_env = client_env()
         name = container_name(sandbox_id)
         docker = which("docker") or "docker"
         return LaunchPlan(
             **base_plan(spec, layout, sandbox_id, owner, self.name),
             workdir_inner=spec.workdir,
             mounts=[(spec.workdir, layout.work), ("/tmp", layout.tmp)],
-            bash_argv=self.exec_prefix(spec, sandbox_id, env, tty=True) + ulimit_wrapped(BASH_ARGS, spec.limits),
+            # `exec -t` gives bash the container's own pty, whose echo and "\n" -> "\r\n" are on;
+            # the supervisor's framing expects what its host pty gives (both off), so the shell
+            # turns them off before bash starts. Ctrl-C still reaches the container's pty.
+            bash_argv=self.exec_prefix(spec, sandbox_id, env, tty=True)
+            + ulimit_wrapped(BASH_ARGS, spec.limits, before="stty -echo -onlcr"),
             exec_prefix=self.exec_prefix(spec, sandbox_id, env, tty=False),
             kernel_argv=ulimit_wrapped(
                 [spec.python or "python3", *KERNEL_ARGS], spec.limits

@@ -67,21 +67,109 @@ def pull_image(source: str, backend: ImageBackend = "singularity", images_dir: s
         # apptainer unpacks docker:// URIs and SIFs into a plain folder without a daemon.
         subprocess.run([singularity_binary(), "build", "--sandbox", target, source], check=True, capture_output=True)
     elif shutil.which("docker") is not None:
-        container = subprocess.run(
-            ["docker", "create", source.removeprefix("docker://")], check=True, capture_output=True, text=True
-        ).stdout.strip()
-        try:
-            tarball = target + ".tar"
-            subprocess.run(["docker", "export", "--output", tarball, container], check=True, capture_output=True)
-            _unpack_tarball(tarball, target)
-            os.remove(tarball)
-        finally:
-            subprocess.run(["docker", "rm", "--force", container], capture_output=True)
+        return export_rootfs(source.removeprefix("docker://"), images_dir, force=True)
     else:
         raise BackendUnavailable(
             f"cannot unpack {source!r}: pass a rootfs tarball, or install apptainer or docker to convert images"
         )
     return target
+
+
+def rootfs_path(image: str, images_dir: str | None = None) -> str:
+    """Where the unpacked rootfs of an OCI image lives in the images folder."""
+    return os.path.join(images_dir or default_images_dir(), f"{image_name(image)}.rootfs")
+
+
+def sif_path(image: str, images_dir: str | None = None) -> str:
+    return os.path.join(images_dir or default_images_dir(), f"{image_name(image)}.sif")
+
+
+def _docker_env() -> dict[str, str]:
+    from .backends.docker import client_env
+
+    return {**os.environ, **client_env()}
+
+
+def export_rootfs(image: str, images_dir: str | None = None, force: bool = False) -> str:
+    """Unpack an image the container engine holds into a rootfs folder for bubblewrap."""
+    target = rootfs_path(image, images_dir)
+    if os.path.isdir(target) and not force:
+        return target
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    env = _docker_env()
+    container = subprocess.run(["docker", "create", image, "true"], check=True, capture_output=True, text=True,
+                               env=env).stdout.strip().splitlines()[-1]
+    tarball = f"{target}.{os.getpid()}.tar"
+    try:
+        subprocess.run(["docker", "export", "--output", tarball, container], check=True, capture_output=True, env=env)
+        staging = f"{target}.{os.getpid()}.new"
+        _unpack_tarball(tarball, staging)
+        # Replace an older copy whole, so that no sandbox sees half of each.
+        old = f"{target}.{os.getpid()}.old"
+        if os.path.isdir(target):
+            os.replace(target, old)
+        os.replace(staging, target)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        subprocess.run(["docker", "rm", "--force", container], capture_output=True, env=env)
+        if os.path.exists(tarball):
+            os.remove(tarball)
+    return target
+
+
+def sif_build_argv(image: str, target: str, archive: str | None = None) -> list[str]:
+    """The apptainer/singularity command making a SIF of an engine's image: from a saved OCI
+    archive (podman, or Docker without a daemon socket to read) or the Docker daemon."""
+    binary = singularity_binary() or "apptainer"
+    source = f"oci-archive://{archive}" if archive else f"docker-daemon://{image}"
+    return [binary, "build", "--force", target, source]
+
+
+def sif_from_engine_image(image: str, images_dir: str | None = None, force: bool = False) -> str:
+    """A SIF of an image the local engine holds (an environment image), for Singularity."""
+    target = sif_path(image, images_dir)
+    if os.path.exists(target) and not force:
+        return target
+    if singularity_binary() is None:
+        raise BackendUnavailable("making a SIF needs apptainer or singularity on PATH")
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    archive = f"{target}.{os.getpid()}.oci.tar"
+    try:
+        subprocess.run(["docker", "save", "--format", "oci-archive", "--output", archive, image]
+                       if shutil.which("podman") else ["docker", "save", "--output", archive, image],
+                       check=True, capture_output=True, env=_docker_env())
+        subprocess.run(sif_build_argv(image, target + ".partial", archive), check=True, capture_output=True)
+        os.replace(target + ".partial", target)
+    finally:
+        if os.path.exists(archive):
+            os.remove(archive)
+    return target
+
+
+def resolve_image(image: str | None, backend: str, images_dir: str | None = None) -> str | None:
+    """What `backend` runs for a sandbox's `image`: bwrap a rootfs folder (the image's unpacked
+    copy from the cache), Docker the reference, Singularity a SIF (cached, else docker://)."""
+    if image is None:
+        return None
+    if backend == "bwrap":
+        if os.path.isdir(image):
+            return image
+        unpacked = rootfs_path(image, images_dir)
+        if os.path.isdir(unpacked):
+            return unpacked
+        raise FileNotFoundError(
+            f"bwrap image {image!r} is neither a folder nor unpacked in {os.path.dirname(unpacked)}; "
+            f"unpack it first (rollstream images pull --backend bwrap {image}, or for an environment "
+            "recipe rollstream images build INSTANCES.jsonl --backend bwrap)"
+        )
+    if backend == "singularity":
+        if image.endswith(".sif") or os.path.isdir(image) or "://" in image:
+            return image
+        cached = sif_path(image, images_dir)
+        return cached if os.path.exists(cached) else f"docker://{image}"
+    if backend == "docker" and (os.path.isdir(image) or image.endswith(".sif")):
+        raise ValueError(f"backend='docker' runs an image reference, not a folder or SIF: {image!r}")
+    return image
 
 
 def build_image(definition: str, name: str, images_dir: str | None = None, force: bool = False) -> str:

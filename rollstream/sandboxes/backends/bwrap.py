@@ -215,6 +215,9 @@ class BwrapBackend:
         return args
 
     def plan(self, spec: SandboxSpec, layout: SandboxLayout, sandbox_id: str, owner: str) -> LaunchPlan:
+        from ..images import resolve_image  # images imports the backends
+
+        spec = spec.model_copy(update={"image": resolve_image(spec.image, "bwrap")})
         path = host_python_path() if spec.image is None else STANDARD_PATH
         env = sandbox_env(spec, path)
         prefix = self.bwrap_args(spec, layout, env)

@@ -78,6 +78,9 @@ class SingularityBackend:
         return argv + [f"instance://{instance_name(sandbox_id)}"]
 
     def plan(self, spec: SandboxSpec, layout: SandboxLayout, sandbox_id: str, owner: str) -> LaunchPlan:
+        from ..images import resolve_image  # images imports the backends
+
+        spec = spec.model_copy(update={"image": resolve_image(spec.image, "singularity")})
         env = sandbox_env(spec, STANDARD_PATH)
         host_env = {key: os.environ[key] for key in _CLIENT_ENV if key in os.environ}
         prefix = self.exec_prefix(spec, sandbox_id, env)

@@ -64,20 +64,62 @@ def pull(
 
 @app.command()
 def build(
-    definition: str = typer.Argument(..., help="Apptainer/Singularity definition file"),
-    name: str = typer.Argument(..., help="image name; the SIF is NAME.sif"),
+    source: str = typer.Argument(..., help="SWE instances (.jsonl/.json: each distinct environment recipe is built "
+                                 "once) or an Apptainer/Singularity definition file"),
+    name: Optional[str] = typer.Argument(None, help="with a definition file: the image name (NAME.sif)"),
+    backend: list[str] = typer.Option(["docker", "bwrap"], "--backend", help="environment images: which artifacts to "
+                                      "make: docker (the engine's image), bwrap (an unpacked rootfs), singularity (a SIF)"),
+    mirror: Optional[str] = typer.Option(None, help="repository mirror; default $ROLLSTREAM_SWE_MIRROR"),
+    force: bool = typer.Option(False, "--force", help="rebuild even when cached"),
     images_dir: str = typer.Option(None, help="where images go; default $ROLLSTREAM_IMAGES_DIR or ~/.cache/rollstream/images"),
     now: bool = typer.Option(False, "--now", help="run here and wait instead of queueing an rq job"),
+    as_json: bool = typer.Option(False, "--json", help="with --now: print what was built as JSON"),
     redis: Optional[str] = redis_option(REDIS_HELP),
     redis_url: Optional[str] = redis_url_alias(),
 ) -> None:
-    """Build a SIF from a definition file."""
+    """Build environment images for SWE instances (once per recipe, cached by content), or a SIF from a definition file."""
+    if source.endswith((".jsonl", ".json")):
+        _build_environments(source, tuple(backend), mirror, images_dir, force, now, as_json, redis, redis_url)
+        return
+    if name is None:
+        raise typer.BadParameter("a definition file needs NAME (the SIF is NAME.sif)")
     if now:
         with console.status(f"building {name} ..."):
-            console.print(images.build_image(definition, name, images_dir))
+            console.print(images.build_image(definition=source, name=name, images_dir=images_dir))
         return
-    job = images.enqueue_build(_redis_url(redis, redis_url), definition, name, images_dir)
+    job = images.enqueue_build(_redis_url(redis, redis_url), source, name, images_dir)
     console.print(f"queued rq job {job.id} on {images.IMAGES_QUEUE}")
+
+
+def _build_environments(source: str, backends: tuple[str, ...], mirror: str | None, images_dir: str | None,
+                        force: bool, now: bool, as_json: bool, redis: str | None, redis_url: str | None) -> None:
+    from pathlib import Path
+
+    from rollstream.tasks import swe_env, swe_repos
+    from rollstream.tasks.swe import load_instances
+
+    unknown = set(backends) - {"docker", "bwrap", "singularity"}
+    if unknown:
+        raise typer.BadParameter(f"--backend takes docker, bwrap or singularity, not {sorted(unknown)}")
+    instances = load_instances(Path(source))
+    mirror_path = Path(mirror) if mirror else swe_repos.default_mirror()
+    if now:
+        with console.status(f"building the environments of {len(instances)} instance(s) ..."):
+            built = swe_env.build_for_instances(instances, mirror_path, backends, images_dir, force)
+        if as_json:
+            print(json.dumps(built))
+            return
+        table = Table("image", "built now", "seconds", "rootfs", "instances")
+        for entry in built:
+            table.add_row(entry["tag"], str(entry["built"]), f"{entry['build_s']:.1f}", entry["rootfs"] or "-",
+                          ", ".join(entry["instances"]))
+        console.print(table)
+        return
+    queue = images.images_queue(_redis_url(redis, redis_url))
+    for instance in instances:
+        job = queue.enqueue(swe_env.build_for_instances, [instance], mirror_path, backends, images_dir, force,
+                            job_timeout=3600, description=f"environment of {instance.get('instance_id')}")
+        console.print(f"queued rq job {job.id} for {instance.get('instance_id')} on {images.IMAGES_QUEUE}")
 
 
 @app.command("list")

@@ -4,9 +4,10 @@ with bash/editor. Eval takes the agent's diff (test files excluded), resets the 
 applies that diff and the instance's ``test_patch``, runs FAIL_TO_PASS and PASS_TO_PASS
 with pytest under a time limit: reward 1 only if every one passes.
 
-Instance: a SWE-bench / SWE-Gym record (instance_id, repo, base_commit, problem_statement,
-patch, test_patch, FAIL_TO_PASS, PASS_TO_PASS; the lists as JSON lists or JSON strings)
-plus optional repo_mirror, eval_timeout_s, test_command, env (sandbox environment), tools.
+Instance: a SWE-bench / SWE-Gym / SWE-smith / R2E-Gym record (swe_records.py makes the
+field names canonical; the repo as owner/name, URL or local path) plus optional
+repo_mirror, eval_timeout_s, test_command, env (sandbox environment), tools, and the
+environment: an ``image`` or a recipe (swe_env.py) built once by ``rollstream images build``.
 """
 
 from __future__ import annotations
@@ -15,25 +16,31 @@ import asyncio
 import json
 import re
 import shlex
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, ClassVar
 
 from rollstream.errors import InvalidJob
 from rollstream.messages import Envelope
-from rollstream.tasks import eval_report, swe_repos
+from rollstream.tasks import eval_report, swe_env, swe_records, swe_repos
 from rollstream.tasks.agent_task import AgentTask
 from rollstream.trajectory import Trajectory
 
 SHIPPED_INSTANCES = Path(__file__).resolve().parent.parent / "data" / "swe" / "instances.jsonl"
 _PLUGIN_SOURCE = Path(__file__).with_name("swe_report_plugin.py")
 _EVAL_DIR = "/tmp/.rs-eval"
-_REQUIRED = ("instance_id", "repo", "base_commit", "problem_statement", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS")
+_REQUIRED = ("instance_id", "repo", "base_commit", "problem_statement")
 _DIFF_PATH = re.compile(r"^diff --git a/(\S+) b/(\S+)", re.MULTILINE)
 # Files the agent may not change in its favour: the tests are the task's, not the agent's.
 _TEST_GLOBS = ("**/tests/**", "**/test/**", "**/test_*.py", "**/*_test.py", "**/conftest.py")
-_LOCAL_IGNORES = "__pycache__/\n*.pyc\n.pytest_cache/\n.ipynb_checkpoints/\n"
+# Caches and build/install debris (pip install -e ., setup.py build) never enter the agent's
+# diff; the ignore applies to untracked files only, so a tracked build/ folder still counts.
+_LOCAL_IGNORES = ("__pycache__/\n*.pyc\n.pytest_cache/\n.ipynb_checkpoints/\n*.egg-info/\n.eggs/\nbuild/\n"
+                  "dist/\npip-wheel-metadata/\n.mypy_cache/\n.ruff_cache/\n.tox/\n.nox/\n.coverage\n.cache/\n")
 MODEL_PATCH_MAX_CHARS = 100_000
-DEFAULT_ENV = {"PYTHONDONTWRITEBYTECODE": "1", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+# Plugin autoload stays as the project configures it (the SWE-bench harness does not turn it
+# off): a setup.cfg passing --cov needs pytest-cov loaded.
+DEFAULT_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}
+PYTEST_USAGE_ERROR = 4
 OUTPUT_TAIL_BYTES = 3000
 
 SYSTEM_PROMPT = (
@@ -45,15 +52,7 @@ SYSTEM_PROMPT = (
 
 def test_ids(instance: dict, field: str) -> list[str]:
     """FAIL_TO_PASS / PASS_TO_PASS as a list; SWE-bench stores them as JSON strings."""
-    value = instance.get(field, [])
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            raise InvalidJob(f"swe: {field} is a string but not a JSON list of test ids") from None
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise InvalidJob(f"swe: {field} must be a list of pytest test ids such as 'tests/test_x.py::test_y'")
-    return value
+    return swe_records.test_list(instance.get(field), field)
 
 
 def patch_paths(patch: str) -> list[str]:
@@ -73,13 +72,15 @@ class SweTask(AgentTask):
 
     # -- instance ----------------------------------------------------------------------
     def validate(self, instance: dict) -> None:
+        instance = swe_records.normalize(instance)
         missing = [f for f in _REQUIRED if f not in instance]
         if missing:
-            raise InvalidJob(f"swe instance lacks {missing}; it needs the SWE-bench fields {list(_REQUIRED)}")
+            raise InvalidJob(f"swe instance lacks {missing}; it needs the SWE-bench fields {list(_REQUIRED)} "
+                             f"(or their SWE-smith/R2E-Gym names: {swe_records.ALIASES})")
         for field in ("instance_id", "repo", "base_commit", "problem_statement", "test_patch"):
             if not isinstance(instance[field], str):
                 raise InvalidJob(f"swe: {field} must be a string")
-        swe_repos.mirror_name(instance["repo"])
+        swe_env.env_recipe(instance)  # a malformed recipe fails here, not at init
         if not re.fullmatch(r"[0-9a-fA-F]{7,64}", instance["base_commit"]):
             raise InvalidJob(f"swe: base_commit must be a hexadecimal commit id, got {instance['base_commit']!r}")
         if not test_ids(instance, "FAIL_TO_PASS") + test_ids(instance, "PASS_TO_PASS"):
@@ -92,9 +93,7 @@ class SweTask(AgentTask):
         eval_report.check_eval_timeout(instance)
 
     def repo_dir(self, instance: dict, workdir: str = "/workspace") -> str:
-        # A folder under the workdir, not the workdir itself: the workdir is also $HOME,
-        # where tools leave dot-files that must not end up in the diff.
-        return str(PurePosixPath(workdir) / instance["repo"].split("/")[1])
+        return swe_env.repo_dir(swe_records.normalize(instance), workdir)
 
     def mirror(self, instance: dict) -> Path:
         return Path(instance["repo_mirror"]) if instance.get("repo_mirror") else swe_repos.default_mirror()
@@ -102,18 +101,26 @@ class SweTask(AgentTask):
     def sandbox_spec(self, instance: dict) -> Any:
         from rollstream.sandboxes import SandboxSpec
 
-        # Plugin autoloading imports every pytest plugin of the host interpreter (seconds
-        # each run); an instance whose tests need one sets "env": {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": ""}.
-        return SandboxSpec(env={**DEFAULT_ENV, **instance.get("env", {})})
+        inst = swe_records.normalize(instance)
+        if swe_env.recipe_fields(inst) is not None:
+            from rollstream.sandboxes.env_images import ENV_PYTHON, env_variables
+
+            return SandboxSpec(image=swe_env.sandbox_image(inst), python=ENV_PYTHON,
+                               env={**env_variables(), **DEFAULT_ENV, **inst.get("env", {})})
+        return SandboxSpec(image=inst.get("image") or None, env={**DEFAULT_ENV, **inst.get("env", {})})
 
     def prompt_messages(self, instance: dict) -> list[dict]:
+        instance = swe_records.normalize(instance)
         system = instance.get("system_prompt", SYSTEM_PROMPT).format(repo_dir=self.repo_dir(instance))
         return [{"role": "system", "content": system}, {"role": "user", "content": instance["problem_statement"]}]
 
     # -- init --------------------------------------------------------------------------
     async def prepare(self, env: Envelope, sandbox: Any) -> None:
-        inst = env.job.instance
-        bundle = await asyncio.to_thread(swe_repos.bundle, inst["repo"], inst["base_commit"], self.mirror(inst))
+        inst = swe_records.normalize(env.job.instance)
+        if inst.get("repo_dir"):
+            return await self._use_image_checkout(inst, sandbox)
+        bundle = await asyncio.to_thread(swe_repos.bundle, inst["repo"], inst["base_commit"], self.mirror(inst),
+                                         inst.get("repo_path"))
         inner = f"/tmp/.rs-swe-{inst['base_commit'][:12]}.bundle"
         await sandbox.write_file(inner, bundle.read_bytes())
         repo = self.repo_dir(inst, env.sandbox["workdir"])
@@ -128,6 +135,19 @@ class SweTask(AgentTask):
             raise swe_repos.MirrorError(f"could not check out {inst['repo']}@{inst['base_commit']} in the "
                                         f"sandbox: {result.output[-800:]}")
 
+    async def _use_image_checkout(self, inst: dict, sandbox: Any) -> None:
+        """A published image (SWE-bench's /testbed) already holds the repository: check
+        base_commit out there instead of cloning."""
+        q = shlex.quote
+        repo = inst["repo_dir"]
+        result = await sandbox.bash(
+            f"cd {q(repo)} && git -c advice.detachedHead=false checkout -q --detach {q(inst['base_commit'])} && "
+            "git config user.name agent && git config user.email agent@sandbox.invalid && "
+            f"printf %s {q(_LOCAL_IGNORES)} >> .git/info/exclude && git rev-parse HEAD", timeout_s=120)
+        if result.exit_code != 0 or inst["base_commit"] not in result.output:
+            raise swe_repos.MirrorError(f"the image's checkout {repo} cannot be put at {inst['base_commit']}: "
+                                        f"{result.output[-800:]}")
+
     # -- eval --------------------------------------------------------------------------
     async def reward(self, env: Envelope, sandbox: Any) -> float:
         limit_s = eval_report.eval_timeout_s(env.job.instance, default=120.0)
@@ -137,13 +157,14 @@ class SweTask(AgentTask):
         return await sandbox.bash(command, timeout_s=timeout_s, no_output_timeout_s=0, session="rs-eval")
 
     async def _evaluate(self, env: Envelope, sandbox: Any, limit_s: float) -> float:
-        inst = env.job.instance
+        inst = swe_records.normalize(env.job.instance)
         q = shlex.quote
         repo, base = self.repo_dir(inst, env.sandbox["workdir"]), inst["base_commit"]
         excludes = [f":(exclude){p}" for p in patch_paths(inst["test_patch"])]
         excludes += [f":(exclude,glob){g}" for g in _TEST_GLOBS]
         diff = await self._sh(sandbox, (
-            f"mkdir -p {_EVAL_DIR} && cd {q(repo)} && git add -A && "
+            f"mkdir -p {_EVAL_DIR} && cd {q(repo)} && printf %s {q(_LOCAL_IGNORES)} >> .git/info/exclude && "
+            "git add -A && "
             f"git diff --cached --binary {q(base)} -- . {' '.join(q(e) for e in excludes)} > {_EVAL_DIR}/model.patch"
             f" && wc -c < {_EVAL_DIR}/model.patch"))
         if diff.exit_code != 0:
@@ -162,35 +183,57 @@ class SweTask(AgentTask):
             if applied.exit_code != 0:
                 return eval_report.record(env, 0.0, "the agent's diff does not apply to base_commit",
                                           output=applied.output)
-        applied = await self._sh(sandbox, f"cd {q(repo)} && git apply --whitespace=nowarn {_EVAL_DIR}/test.patch")
-        if applied.exit_code != 0:
-            return eval_report.record(env, 0.0, "the instance's test_patch does not apply after the agent's diff "
-                                      "(did the agent edit the tests?)", output=applied.output)
+        if inst["test_patch"].strip():
+            applied = await self._sh(sandbox, f"cd {q(repo)} && git apply --whitespace=nowarn {_EVAL_DIR}/test.patch")
+            if applied.exit_code != 0:
+                return eval_report.record(env, 0.0, "the instance's test_patch does not apply after the agent's diff "
+                                          "(did the agent edit the tests?)", output=applied.output)
         return await self._run_tests(env, sandbox, repo, limit_s)
 
-    async def _run_tests(self, env: Envelope, sandbox: Any, repo: str, limit_s: float) -> float:
-        inst = env.job.instance
+    async def _pytest(self, sandbox: Any, inst: dict, repo: str, limit_s: float, tests: list[str],
+                      prefix: str = "") -> tuple[Any, dict | None]:
+        """One pytest run of `tests`; returns the bash result and the plugin's report (None if none)."""
         q = shlex.quote
-        fail_to_pass, pass_to_pass = test_ids(inst, "FAIL_TO_PASS"), test_ids(inst, "PASS_TO_PASS")
         report = f"{_EVAL_DIR}/report.json"
         test_command = inst.get("test_command", "python -m pytest")
-        command = (f"cd {q(repo)} && rm -f {report} && RS_SWE_REPORT={report} PYTHONPATH={_EVAL_DIR}${{PYTHONPATH:+:$PYTHONPATH}} "
+        command = (f"cd {q(repo)} && rm -f {report} && {prefix}RS_SWE_REPORT={report} "
+                   f"PYTHONPATH={_EVAL_DIR}${{PYTHONPATH:+:$PYTHONPATH}} "
                    f"timeout -k 2 {limit_s:g} {test_command} -p rs_swe_report -p no:cacheprovider -q "
-                   f"{' '.join(q(t) for t in dict.fromkeys(fail_to_pass + pass_to_pass))} 2>&1 "
+                   f"{' '.join(q(t) for t in tests)} 2>&1 "
                    f"| tail -c {OUTPUT_TAIL_BYTES}; echo \"tests exit ${{PIPESTATUS[0]}}\"")
         result = await self._sh(sandbox, command, timeout_s=limit_s + 10)
         try:
-            outcomes = json.loads(await sandbox.read_file(report))["outcomes"]
+            return result, json.loads(await sandbox.read_file(report))
         except Exception:  # no report: pytest was killed, crashed or never started
+            return result, None
+
+    async def _run_tests(self, env: Envelope, sandbox: Any, repo: str, limit_s: float) -> float:
+        inst = swe_records.normalize(env.job.instance)
+        fail_to_pass, pass_to_pass = test_ids(inst, "FAIL_TO_PASS"), test_ids(inst, "PASS_TO_PASS")
+        tests = list(dict.fromkeys(fail_to_pass + pass_to_pass))
+        result, report = await self._pytest(sandbox, inst, repo, limit_s, tests)
+        fallback = ""
+        usage_error = f"tests exit {PYTEST_USAGE_ERROR}" in result.output or (
+            report is not None and report.get("exitstatus") == PYTEST_USAGE_ERROR)
+        if usage_error and inst.get("env", {}).get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
+            # The instance turned plugin autoload off, and the project's configuration needs a
+            # plugin (setup.cfg's --cov...): run as the project configures it.
+            fallback = ("; pytest stopped with a usage error with PYTEST_DISABLE_PLUGIN_AUTOLOAD set, "
+                        "so the tests ran again with plugin autoload on")
+            result, report = await self._pytest(sandbox, inst, repo, limit_s, tests,
+                                                prefix="env -u PYTEST_DISABLE_PLUGIN_AUTOLOAD ")
+        if report is None:
             why = "timed out" if result.timed_out or "tests exit 124" in result.output else "crashed"
-            return eval_report.record(env, 0.0, f"the test run {why} without a report (limit {limit_s:g} s)",
+            return eval_report.record(env, 0.0, f"the test run {why} without a report (limit {limit_s:g} s){fallback}",
                                       output=result.output)
+        outcomes = report["outcomes"]
+        tests_outcome = {t: outcomes.get(t, "not run") for t in tests}
         failed = {t: outcomes.get(t, "not run") for t in fail_to_pass + pass_to_pass if outcomes.get(t) != "passed"}
         f2p_ok = sum(outcomes.get(t) == "passed" for t in fail_to_pass)
         p2p_ok = sum(outcomes.get(t) == "passed" for t in pass_to_pass)
         summary = f"FAIL_TO_PASS {f2p_ok}/{len(fail_to_pass)}, PASS_TO_PASS {p2p_ok}/{len(pass_to_pass)}"
         if failed:
             first = next(iter(failed.items()))
-            return eval_report.record(env, 0.0, f"{summary}; {first[0]} {first[1]}", failed=dict(list(failed.items())[:50]),
-                                      output=result.output)
-        return eval_report.record(env, 1.0, f"{summary}: resolved", output=result.output)
+            return eval_report.record(env, 0.0, f"{summary}; {first[0]} {first[1]}{fallback}",
+                                      failed=dict(list(failed.items())[:50]), tests=tests_outcome, output=result.output)
+        return eval_report.record(env, 1.0, f"{summary}: resolved{fallback}", tests=tests_outcome, output=result.output)

@@ -20,6 +20,8 @@ from pathlib import Path
 from rollstream.errors import InvalidJob
 
 SHIPPED_REPOS = Path(__file__).resolve().parent.parent / "data" / "swe" / "repos"
+# Real projects' repositories (scripts/build_swe_pypi_instances.py), one bundle each.
+SHIPPED_BUNDLES = Path(__file__).resolve().parent.parent / "data" / "swe" / "bundles"
 SHIPPED_OWNER = "rollstream"
 # Fixed identity and dates make the shipped repositories' commit ids reproducible.
 _BUILD_ENV = {
@@ -87,12 +89,18 @@ def shipped_repo_names() -> list[str]:
     return sorted(p.name for p in SHIPPED_REPOS.iterdir() if p.is_dir()) if SHIPPED_REPOS.is_dir() else []
 
 
-def locate(repo: str, mirror: Path) -> Path:
-    """The mirror entry for ``repo``, building it first if it is a shipped repository."""
+def locate(repo: str, mirror: Path, local_path: str | None = None) -> Path:
+    """The mirror entry for ``repo`` (``local_path`` itself when the record named a local
+    clone or bundle), building it first if it is a shipped repository."""
+    if local_path:
+        return Path(local_path)
     base = mirror_name(repo)
     for candidate in (mirror / base, mirror / f"{base}.git", mirror / f"{base}.bundle"):
         if candidate.exists():
             return candidate
+    shipped_bundle = SHIPPED_BUNDLES / f"{base}.bundle"
+    if shipped_bundle.exists():
+        return shipped_bundle
     owner, name = repo.split("/")
     if owner == SHIPPED_OWNER and name in shipped_repo_names():
         with _locked(mirror):
@@ -104,9 +112,9 @@ def locate(repo: str, mirror: Path) -> Path:
                       f"{mirror / base} (git clone --mirror URL {mirror / base}.git) or set repo_mirror")
 
 
-def bundle(repo: str, commit: str, mirror: Path) -> Path:
+def bundle(repo: str, commit: str, mirror: Path, local_path: str | None = None) -> Path:
     """A git bundle of ``repo`` holding ``commit`` (made once, cached in the mirror)."""
-    entry = locate(repo, mirror)
+    entry = locate(repo, mirror, local_path)
     if entry.suffix == ".bundle":
         return entry
     if not all(c in "0123456789abcdef" for c in commit.lower()) or not 7 <= len(commit) <= 64:

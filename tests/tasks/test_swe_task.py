@@ -81,7 +81,7 @@ def test_swe_bench_json_string_lists_are_accepted():
 
 
 @pytest.mark.parametrize("change", [{"repo": "no-slash"}, {"base_commit": "main"}, {"FAIL_TO_PASS": "not json"},
-                                    {"FAIL_TO_PASS": [], "PASS_TO_PASS": []}, {"test_patch": None}])
+                                    {"FAIL_TO_PASS": [], "PASS_TO_PASS": []}, {"test_patch": 5}])
 def test_malformed_swe_instances_are_rejected_at_submit(change):
     with pytest.raises(InvalidJob):
         SweTask().validate({**CALC, **change})

@@ -129,6 +129,10 @@ def deployment(arith_model_dir):
         dep.wait_for("the three worker pools", f"test $(redis-cli -s {sock} ZCARD rs:workers) -ge 3")
         if "serve-model" in lines:  # it registers once it serves
             dep.wait_for("the model server", f"test $(redis-cli -s {sock} ZCARD rs:backends) -ge 1")
+            # What it tells the user: where it serves, and that it joined the balancer.
+            log = home / "serve-model.log"
+            dep.wait_for("serve-model's 'registered' line", f"grep -q 'registered http://127.0.0.1:8000' {log}", 30)
+            assert "on http://127.0.0.1:8000" in log.read_text()
         if "api" in lines:
             dep.wait_for("the API", "curl -sf http://127.0.0.1:8321/health")
         yield dep

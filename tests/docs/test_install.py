@@ -50,7 +50,7 @@ def test_scripts_install_makes_a_venv_with_the_system_python_and_a_second_run_in
 
     base = Path(tempfile.mkdtemp(prefix="rsi-", dir="/tmp"))
     try:
-        repo = base / "rollstream"
+        repo = base / "checkout"
         _clean_copy(repo)
         first = subprocess.run(["bash", "scripts/install", "dev"], cwd=repo, env=_system_env(),
                                capture_output=True, text=True, timeout=540)
@@ -58,7 +58,7 @@ def test_scripts_install_makes_a_venv_with_the_system_python_and_a_second_run_in
         assert "creating the project virtual environment .venv (from /usr/bin/python3)" in first.stderr
         venv_python = repo / ".venv" / "bin" / "python"
         where = subprocess.run([str(venv_python), "-c", "import sys, rollstream; print(sys.prefix, rollstream.__file__)"],
-                               capture_output=True, text=True, env=_system_env(), check=True).stdout.split()
+                               cwd=base, capture_output=True, text=True, env=_system_env(), check=True).stdout.split()
         assert where == [str(repo / ".venv"), str(repo / "rollstream" / "__init__.py")]  # editable, in the venv
         assert (repo / ".venv" / "bin" / "rollstream").exists()
         site = next((repo / ".venv" / "lib").glob("python3*/site-packages"))

@@ -93,3 +93,13 @@ def test_what_the_docs_tests_do_not_run_is_listed_and_still_in_the_docs():
     for command in every_command:
         if not_run_reason(command) or service_kind(command):
             _check_rollstream_line(command)
+
+
+def test_every_example_program_is_run_by_a_docs_block():
+    """An example program is documented by a block that runs it (so it runs here too)."""
+    from .blocks import ROOT
+
+    texts = "\n".join(b.text for b in BLOCKS)
+    programs = [p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "examples").rglob("*.py"))]
+    unrun = [p for p in programs if p not in texts]
+    assert not unrun, f"example programs no README block runs: {unrun}; show how to run each in a README block"

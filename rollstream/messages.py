@@ -58,10 +58,37 @@ def _where(path: tuple) -> str:
     return text if len(text) <= 120 else text[:60] + "…" + text[-50:]
 
 
+_LOW, _HIGH = INT_RANGE
+
+
+def _plainly_fine(value: dict | list, depth: int) -> bool:
+    """The fast check of a JSON-like container: True when every value is a str, bool, None,
+    an int in range, a finite float, or such a dict or list within the nesting bound. False
+    sends the value to the walk that finds (and names) the problem, if there is one."""
+    for item in value.values() if type(value) is dict else value:
+        kind = type(item)
+        if kind is str or kind is bool or item is None:
+            continue
+        if kind is int:
+            if _LOW <= item <= _HIGH:
+                continue
+            return False
+        if kind is float:
+            if item - item == 0.0:  # NaN and ±inf give NaN
+                continue
+            return False
+        if (kind is dict or kind is list) and depth < MAX_NESTING and _plainly_fine(item, depth + 1):
+            continue
+        return False
+    return True
+
+
 def payload_problem(value: object, field: str) -> str | None:
     """Why ``value`` (a free-form part of a job) cannot travel, naming where; None if it can.
     Nesting deeper than ``MAX_NESTING``, integers outside 64 bits and NaN or infinite numbers
     are refused: each would fail later, at a stage or in the submitter's results."""
+    if type(value) in (dict, list) and _plainly_fine(value, 1):
+        return None
     stack: list[tuple[object, tuple, int]] = [(value, (None, field), 0)]
     while stack:
         item, path, depth = stack.pop()

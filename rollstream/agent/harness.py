@@ -123,6 +123,7 @@ async def _gateway(services: dict) -> Gateway:
 async def run_harness(harness: str, messages: list[dict], tools: list[dict], env: Any, ctx: Any) -> Trajectory:
     """The run stage of a harness job (``env``: the job's Envelope, ``ctx``: its TaskContext)."""
     from rollstream.sandboxes import SandboxClient
+    from rollstream.sandboxes.lifecycle import checked_handle
 
     fn = get_harness(harness)
     job = env.job
@@ -133,7 +134,9 @@ async def run_harness(harness: str, messages: list[dict], tools: list[dict], env
     session = llm.session(job.job_id, job.group_id, max_backend_attempts=settings.max_backend_attempts,
                           request_timeout_s=settings.request_timeout_s, backend_wait_s=settings.backend_wait_s)
     door = gateway.open(job.job_id, session, llm.tokenizer, settings)
-    sandbox = SandboxClient(env.sandbox["socket_path"]) if env.sandbox else None
+    # Paths rebuilt from the id: a handle read from a stream is not trusted (sandboxes/lifecycle.py).
+    sandbox = SandboxClient(checked_handle(env.sandbox, ctx.services.get("sandbox_root")).socket_path) \
+        if env.sandbox else None
     hctx = HarnessContext(job_id=job.job_id, instance=job.instance, messages=messages, tools=tools,
                           base_url=gateway.base_url, api_key=door.key, settings=settings, sandbox=sandbox,
                           loop=asyncio.get_running_loop())

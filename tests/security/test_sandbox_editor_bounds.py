@@ -10,7 +10,8 @@ import asyncio
 import psutil
 import pytest
 
-from rollstream.sandboxes import ToolError
+from rollstream.agent.tools import CallToolAdapter, call_with_timeout
+from rollstream.sandboxes import SandboxClient, ToolError, tool_schemas
 from rollstream.sandboxes.runtime.editor import EDIT_MAX_BYTES, LIST_MAX_ENTRIES
 
 from sandboxes.conftest import needs_bwrap, root_dir, sandbox, sb  # noqa: F401  (fixtures)
@@ -60,8 +61,6 @@ async def test_fifos_sockets_and_folders_get_a_clear_error_and_never_wedge_the_e
             await call(attempt())
     # Still serving, on this connection and a new one.
     assert (await call(sb.edit("view", "ok.txt"))).output == "     1\tok"
-    from rollstream.sandboxes import SandboxClient
-
     async with SandboxClient(sandbox.socket_path) as fresh:
         assert (await call(fresh.edit("view", "ok.txt"))).output == "     1\tok"
 
@@ -77,3 +76,10 @@ async def test_listings_are_bounded_and_never_follow_a_symlink_out(sb):
     for path in ("etc_link/passwd", "up_link", "../../../../etc/passwd", "/etc/passwd", "many/../../x"):
         with pytest.raises(ToolError, match="outside"):
             await call(sb.edit("view", path))
+
+
+async def test_the_agent_loop_bounds_each_tool_call_by_tool_timeout_s(sb, sandbox):
+    tools = CallToolAdapter(sb, tool_schemas(["bash"]))
+    output = await call(call_with_timeout(tools, "bash", {"command": "sleep 60"}, 1.0))
+    assert not output.ok and output.error == "timeout" and "timed out" in output.text
+    assert (await call(sb.info()))["pid"] == sandbox.supervisor_pid  # and the sandbox serves on

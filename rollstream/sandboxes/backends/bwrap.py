@@ -107,7 +107,7 @@ def listening_unix_sockets() -> list[str]:
 MAX_REBUILT_ENTRIES = 256
 
 
-def _folder_without_sockets(folder: str) -> list[str]:
+def _folder_without_sockets(folder: str, sockets: list[str]) -> list[str]:
     """Mask the sockets of `folder` so that one recreated later (a restarted Redis) stays hidden.
 
     A mask bound over a socket covers that inode only: a server that restarts unlinks it and
@@ -117,8 +117,8 @@ def _folder_without_sockets(folder: str) -> list[str]:
     """
     try:
         names = sorted(os.listdir(folder))
-    except OSError:
-        return []
+    except OSError:  # a folder we may search but not list: mask the sockets themselves
+        return [arg for path in sockets for arg in ("--ro-bind", "/dev/null", path)]
     args = ["--tmpfs", folder]
     if len(names) > MAX_REBUILT_ENTRIES:
         return args
@@ -196,7 +196,7 @@ class BwrapBackend:
             else:
                 args += ["--ro-bind", "/dev/null", path]
         hidden_dirs = [path.rstrip("/") + "/" for path in hidden if os.path.isdir(path)]
-        socket_folders: set[str] = set()
+        socket_folders: dict[str, list[str]] = {}
         for path in sorted(set(listening_unix_sockets())):
             top = path.strip("/").split("/")[0]
             if top in _NOT_BOUND or path.startswith(tuple(hidden_dirs)) or not os.path.exists(path):
@@ -205,9 +205,9 @@ class BwrapBackend:
                 # The supervisor drops the mask of a socket gone by the time it spawns a shell.
                 args += ["--ro-bind", "/dev/null", path]
             else:
-                socket_folders.add(os.path.dirname(path))
+                socket_folders.setdefault(os.path.dirname(path), []).append(path)
         for folder in sorted(socket_folders, key=len):  # a parent before the folders inside it
-            args += _folder_without_sockets(folder)
+            args += _folder_without_sockets(folder, socket_folders[folder])
         # The host interpreter (for the kernel) may live under a home folder we just hid.
         for prefix in {sys.base_prefix, sys.prefix}:
             if prefix.strip("/").split("/")[0] in ("root", "home", "run"):

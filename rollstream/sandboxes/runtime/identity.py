@@ -151,14 +151,15 @@ def hand_over(plan: dict, uid: int) -> None:
     (only) into its sandbox folder, and nobody else but root gets in."""
     directory = plan["dir"]
     root_dir = os.path.dirname(directory)
+    for folder in (os.path.dirname(root_dir), root_dir):  # our own folders: search only, names stay unlisted
+        info = os.stat(folder)
+        if info.st_uid == 0 and (folder == root_dir or os.path.basename(folder).startswith("rollstream-sb-")):
+            os.chmod(folder, stat.S_IMODE(info.st_mode) | stat.S_IXOTH)
     if not searchable_by_others(root_dir):
         raise RuntimeError(
             f"the sandbox root {root_dir} is below a folder that other users cannot search (o+x); the "
             "sandbox runs under an unprivileged uid and could not reach its workdir: choose a sandbox "
             "root such as /tmp/rollstream-sb-0 (ROLLSTREAM_SANDBOX_ROOT)")
-    info = os.stat(root_dir)
-    if not info.st_mode & stat.S_IXOTH:
-        os.chmod(root_dir, stat.S_IMODE(info.st_mode) | stat.S_IXOTH)  # search only: names stay unlisted
     data_dir = plan.get("data_dir") or os.path.join(directory, "data")
     os.makedirs(os.path.join(directory, "stage"), exist_ok=True)  # see HostIdentity.wrap
     for path in (directory, data_dir, os.path.join(directory, "stage")):

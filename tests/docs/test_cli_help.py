@@ -49,3 +49,18 @@ def test_only_commands_that_start_a_redis_say_they_do():
 def test_the_old_redis_url_spelling_still_works_for_images():
     result = CliRunner().invoke(app, ["images", "pull", "docker://x", "--redis-url", "redis://127.0.0.1:1/0"])
     assert "no such option" not in result.output.lower()
+
+
+def test_sandboxes_commands_look_in_the_folder_of_their_namespace(monkeypatch):
+    """Workers of namespace NS put sandboxes (and the fork server) in <root>/NS; the
+    operator's commands look there, not in the bare root."""
+    monkeypatch.delenv("ROLLSTREAM_SANDBOX_ROOT", raising=False)
+    monkeypatch.setenv("ROLLSTREAM_NAMESPACE", "docsns")
+    from rollstream.config import load_settings
+    from rollstream.sandboxes.spec import default_root_dir
+    from rollstream.workers.process import sandbox_root
+
+    expected = f"{default_root_dir()}/docsns"
+    assert sandbox_root(load_settings()) == expected  # where the workers put them
+    text = " ".join(CliRunner().invoke(app, ["sandboxes", "forkserver"], terminal_width=300).output.split())
+    assert f"in {expected}" in text

@@ -186,9 +186,10 @@ class PathMap:
         return fd
 
     def read_bytes(self, host: str, max_bytes: int = -1, limit: int = READ_MAX_BYTES) -> bytes:
-        """At most `max_bytes`; without it the whole file, refused past `limit` bytes (never read)."""
+        """At most `max_bytes`; without it (or past `limit`) the whole file, refused past `limit`
+        bytes (never read)."""
         with os.fdopen(self.open(host, os.O_RDONLY), "rb") as handle:
-            if max_bytes is None or max_bytes < 0:
+            if max_bytes is None or max_bytes < 0 or max_bytes > limit:
                 size = os.fstat(handle.fileno()).st_size
                 if size > limit:
                     raise EditorError(f"{os.path.basename(host)} is {size:,} bytes, more than the {limit:,} "

@@ -64,3 +64,21 @@ def test_sandboxes_commands_look_in_the_folder_of_their_namespace(monkeypatch):
     assert sandbox_root(load_settings()) == expected  # where the workers put them
     text = " ".join(CliRunner().invoke(app, ["sandboxes", "forkserver"], terminal_width=300).output.split())
     assert f"in {expected}" in text
+
+
+def test_status_view_shows_whole_worker_names_at_80_columns():
+    """An operator copies worker names from `status --watch` into redis-cli: never cut."""
+    from rich.console import Console
+
+    from rollstream.cli.status_view import render
+    from rollstream.pipeline.status import PipelineStatus, StreamStatus, WorkerStatus
+
+    name = "run-gpu-node-0042.cluster.example.org-123456-7f3a9c"
+    status = PipelineStatus(streams=[StreamStatus(stream="rs:jobs:run:gpu-node-0042", stage="run", node="gpu-node-0042")],
+                            workers=[WorkerStatus(worker=name, stage="run", node="gpu-node-0042.cluster.example.org")])
+    console = Console(width=80, record=True, file=open("/dev/null", "w"))
+    console.print(render(status, 1.0))
+    text = console.export_text()
+    assert "…" not in text  # rich's mark of a cut cell
+    first_column = "".join(line.split("│")[1].strip() for line in text.splitlines() if line.count("│") > 2)
+    assert name in first_column

@@ -336,7 +336,8 @@ class Confinement:
             owner = next((p for p in self.record["cgroups"] if _has_file(p, key)), "")
             return f"cgroup v{versions.get(owner, '?')} {text} ({owner})"
 
-        root = os.geteuid() == 0
+        # Root ignores RLIMIT_NPROC, but a root supervisor's bwrap runs under a uid of its own.
+        root = os.geteuid() == 0 and not plan.get("unprivileged_via")
         processes = cgroup("pids", f"pids.max={limits.get('pids') or 'max'}") or (
             f"RLIMIT_NPROC={rlimits['RLIMIT_NPROC']}" + (" (NOT enforced: root ignores it)" if root else "")
             if "RLIMIT_NPROC" in rlimits else "none"

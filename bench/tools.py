@@ -5,6 +5,16 @@ Run: python bench/tools.py [--calls 300] [--live 64]. Prints a table, then a las
 subprocess_echo_p50_ms, ipython_p50_ms (and raw kernels': ipython_raw_kernel_p50_ms with ipykernel's
 defaults, ipython_raw_tuned_kernel_p50_ms with the sandbox's KERNEL_ARGS),
 sandbox_create_destroy_p50_ms, live_sandboxes.
+
+A/B of the bash `echo` round trip between two commits, side by side in one run (a busy
+machine changes speed from one minute to the next more than most changes do):
+
+    python bench/tools.py --ab BASE_REV [--new REV_OR_DIR] [--pairs 30] [--window 100]
+
+Each side runs its own code in its own process with its own sandbox; the two take turns
+in windows of N calls, in alternating order. Last line: `RESULT {json}` with
+``bash_echo_p50_ms_base``, ``bash_echo_p50_ms_new``, ``median_diff_ms`` (new - base, per
+pair of windows), ``new_faster_pairs``, ``pairs``, ``load_average``.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from pathlib import Path
 
 from rollstream.sandboxes import SandboxClient, SandboxSpec, create_sandbox, destroy_sandbox
 from rollstream.sandboxes.backends.base import KERNEL_ARGS
@@ -144,14 +155,105 @@ async def bench_live(root_dir: str, count: int) -> int:
     return answering
 
 
+# Runs in each A/B side's process, on that side's code: makes a sandbox, then reads a
+# window size from stdin, runs that many `echo hi` calls and prints their median in ms.
+AB_SIDE = r"""
+import asyncio, shutil, statistics, sys, tempfile, time
+from rollstream.sandboxes import SandboxClient, SandboxSpec, create_sandbox, destroy_sandbox
+from rollstream.sandboxes.forkserver import stop_fork_server
+
+async def main():
+    root = tempfile.mkdtemp(prefix="rsab-", dir="/tmp")
+    handle = await create_sandbox(SandboxSpec(backend="bwrap"), sandbox_id="ab", root_dir=root)
+    try:
+        async with SandboxClient(handle.socket_path) as sb:
+            for _ in range(50):
+                await sb.bash("echo hi")
+            print("ready", flush=True)
+            loop = asyncio.get_running_loop()
+            while (line := await loop.run_in_executor(None, sys.stdin.readline)):
+                times = []
+                for _ in range(int(line)):
+                    started = time.perf_counter()
+                    result = await sb.bash("echo hi")
+                    times.append((time.perf_counter() - started) * 1000)
+                    assert result.output == "hi\n", result
+                print(statistics.median(times), flush=True)
+    finally:
+        await destroy_sandbox(handle)
+        await stop_fork_server(root)
+        shutil.rmtree(root, ignore_errors=True)
+
+asyncio.run(main())
+"""
+
+
+def bash_ab(base: str, new: str, pairs: int, window: int) -> None:
+    """Bash `echo` p50 of two commits (or folders), alternating windows, one table."""
+    import sys
+
+    from pipeline_ab import REPO, checkout  # bench/pipeline_ab.py, beside this file
+
+    worktrees: list = []
+    sides = {}
+    try:
+        for name, rev in (("base", base), ("new", new)):
+            tree = checkout(rev, worktrees)
+            process = subprocess.Popen(
+                [sys.executable, "-c", AB_SIDE], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            )
+            assert process.stdout.readline().strip() == "ready", f"the {name} side did not start"
+            sides[name] = process
+
+        def window_p50(name: str) -> float:
+            sides[name].stdin.write(f"{window}\n")
+            sides[name].stdin.flush()
+            return float(sides[name].stdout.readline())
+
+        medians: dict[str, list[float]] = {"base": [], "new": []}
+        for index in range(pairs):
+            for name in ("base", "new") if index % 2 == 0 else ("new", "base"):
+                medians[name].append(window_p50(name))
+    finally:
+        for process in sides.values():
+            process.stdin.close()
+            process.wait(timeout=60)
+        for where in worktrees:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(where)], capture_output=True)
+    diffs = [new_ms - base_ms for base_ms, new_ms in zip(medians["base"], medians["new"])]
+    load = os.getloadavg()
+    print(f"bash `echo hi` round trip, {pairs} pairs of {window}-call windows; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(f"{'side':6} {'revision':40} {'p50 of window medians ms':>26}")
+    for name, rev in (("base", base), ("new", new)):
+        print(f"{name:6} {rev:40} {statistics.median(medians[name]):26.3f}")
+    print(f"median per-pair difference (new - base): {statistics.median(diffs):+.3f} ms; new faster in {sum(d < 0 for d in diffs)} of {pairs} pairs")
+    print("RESULT " + json.dumps({
+        "bash_echo_p50_ms_base": round(statistics.median(medians["base"]), 3),
+        "bash_echo_p50_ms_new": round(statistics.median(medians["new"]), 3),
+        "median_diff_ms": round(statistics.median(diffs), 3),
+        "new_faster_pairs": sum(d < 0 for d in diffs),
+        "pairs": pairs,
+        "load_average": [round(value, 2) for value in load],
+    }))
+
+
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ab", metavar="BASE_REV", help="compare bash echo with this commit (or folder) instead")
+    parser.add_argument("--new", default=".", help="with --ab: the other side, a commit or folder (default: this checkout)")
+    parser.add_argument("--pairs", type=int, default=30)
+    parser.add_argument("--window", type=int, default=100)
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--ipython-calls", type=int, default=200)
     parser.add_argument("--baseline-calls", type=int, default=100)
     parser.add_argument("--create-rounds", type=int, default=30)
     parser.add_argument("--live", type=int, default=64)
     args = parser.parse_args()
+    if args.ab:
+        new = str(Path(__file__).resolve().parent.parent) if args.new == "." else args.new
+        bash_ab(args.ab, new, args.pairs, args.window)
+        return
     root_dir = tempfile.mkdtemp(prefix="rsb-", dir="/tmp")
     rows: list[tuple[str, list[float]]] = []
     try:

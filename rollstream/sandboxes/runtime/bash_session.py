@@ -1,17 +1,27 @@
 """A persistent bash on a pty, the supervisor's implementation of the bash tool.
 
-Commands are sent as one `eval $'...'` line, so any text (unclosed quotes, heredocs,
-non-UTF-8 bytes) is one command; completion is a per-session marker that PROMPT_COMMAND
-prints with the exit code. Timeouts interrupt with Ctrl-C, then kill, then restart.
+Each command is sent as one `eval` of ANSI-C-quoted text, so any text (unclosed quotes,
+heredocs, non-UTF-8 bytes) is one command; completion is a per-session marker that
+PROMPT_COMMAND writes to the terminal with the exit code. The framing is invisible whatever
+the agent does to the terminal: after each command the supervisor puts back the tool's
+termios and window size on the pty (so `stty echo`, `stty sane`, raw mode or `stty cols 20`
+never show the framing or reach the next command), the wrapper hands `$?` and `$_` of the
+previous command to the next one, and interrupts signal the pty's foreground process group
+(SIGINT, then SIGKILL, then a new shell) rather than type a Ctrl-C byte that `stty -isig`
+or raw mode would turn into input. Behind a pty the supervisor does not own (`docker exec
+-t` makes its own inside the container) the shell restores the modes itself with `stty`
+before each prompt, and Ctrl-C is typed.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import resource
 import select
 import signal
+import struct
 import termios
 import threading
 import time
@@ -23,37 +33,92 @@ import ptyprocess
 _CHUNK_CHARS = 1000
 _SAFE = re.compile(rb"[^\x20-\x26\x28-\x5b\x5d-\x7e]")
 _STARTUP_TIMEOUT_S = 15.0
+_DIMENSIONS = (50, 250)
+_WINSIZE = struct.pack("HHHH", *_DIMENSIONS, 0, 0)  # struct winsize
+# Control characters of a fresh Linux tty (INIT_C_CC): an agent's `stty eol x` must not turn
+# a byte of the next command into a line end.
+_DEFAULT_CC = {
+    termios.VINTR: 0x03, termios.VQUIT: 0x1C, termios.VERASE: 0x7F, termios.VKILL: 0x15,
+    termios.VEOF: 0x04, termios.VTIME: 0, termios.VMIN: 1, termios.VSTART: 0x11,
+    termios.VSTOP: 0x13, termios.VSUSP: 0x1A, termios.VEOL: 0, termios.VREPRINT: 0x12,
+    termios.VDISCARD: 0x0F, termios.VWERASE: 0x17, termios.VLNEXT: 0x16, termios.VEOL2: 0,
+}
 
 
-def ansi_c_tokens(command: bytes) -> list[str]:
-    """Escape bytes for bash's $'...' quoting, one token per source byte run."""
+def tool_modes(attributes: list) -> list:
+    """The termios the framing needs, from a tty's current ones: canonical input, no echo,
+    signals on, no flow control, output bytes unchanged ("\\n" stays "\\n")."""
+    iflag, oflag, cflag, lflag, ispeed, ospeed, cc = attributes
+    iflag = (iflag | termios.ICRNL) & ~(termios.IXON | termios.IXOFF | termios.INLCR | termios.IGNCR | termios.ISTRIP)
+    oflag = (oflag | termios.OPOST) & ~(termios.ONLCR | termios.OCRNL | termios.ONOCR | termios.ONLRET)
+    cflag = (cflag | termios.CS8 | termios.CREAD) & ~termios.PARENB
+    lflag = (lflag | termios.ICANON | termios.ISIG | termios.IEXTEN) & ~(
+        termios.ECHO | termios.ECHONL | termios.ECHOE | termios.ECHOK | termios.TOSTOP | termios.NOFLSH
+    )
+    cc = list(cc)
+    for index, value in _DEFAULT_CC.items():
+        cc[index] = value if isinstance(cc[index], int) else bytes([value])
+    return [iflag, oflag, cflag, lflag, ispeed, ospeed, cc]
 
-    def escape(match: re.Match[bytes]) -> bytes:
-        byte = match.group(0)[0]
-        if byte == 0:
-            return b""  # bash strings end at NUL; a NUL in a command is never meaningful
-        return b"\\x%02x" % byte
 
-    escaped = _SAFE.sub(escape, command).decode("ascii")
-    # Split only between escapes so that a chunk never ends inside "\xHH".
-    return re.findall(r"\\x[0-9a-f]{2}|[^\\]{1,256}", escaped)
+def ansi_c_quote(text: bytes) -> str:
+    """`text` as one bash $'...' word."""
+    return "$'" + ansi_c_escape(text) + "'"
 
 
-def encode_command(command: bytes, number: int) -> bytes:
-    """The input line(s) that run `command` as command `number` in the session."""
+def _escape(match: re.Match[bytes]) -> bytes:
+    byte = match.group(0)[0]
+    if byte == 0:
+        return b""  # bash strings end at NUL; a NUL in a command is never meaningful
+    return b"\\x%02x" % byte
+
+
+def ansi_c_escape(command: bytes) -> str:
+    """The body of a bash $'...' word for `command`."""
+    return _SAFE.sub(_escape, command).decode("ascii")
+
+
+# The agent's code runs inside one eval between a prologue and an epilogue. The prologue
+# hands the previous command's `$?` and `$_` on through `__rs_pre STATUS LASTARG` (a readonly
+# function) in an `&&` list, so that a non-zero status trips neither errexit nor an ERR trap.
+# The epilogue records the code's status, `$_` and options (the eval's own status is then 0:
+# an ERR trap or errexit does not fire twice), turns xtrace off and clears an agent's prompts
+# (a venv's activate prepends to PS1), which would print before the next command's output;
+# its traces go nowhere (stderr closed), so that no framing is traced. Where the agent had
+# xtrace on, the prologue turns it back on, its own traces sent to /dev/null. The epilogue is
+# left off where the code has a heredoc, which an unterminated one would swallow it into; its
+# blank line ends a trailing backslash continuation.
+_PROLOGUE = b'\\__rs_pre "$__rs_s" "${__rs_la-}" && \\builtin : "${__rs_la-}"; '
+_PROLOGUE_XTRACE = b"{ \\builtin set -x; " + _PROLOGUE + b"} 2>/dev/null; "
+_EPILOGUE = b'\n\n{ \\__rs_post $? "$_" %d "$-"; } 2>&-'
+_HEREDOC = re.compile(rb"<<(?!<)")
+_PROLOGUE_ESCAPED = {False: ansi_c_escape(_PROLOGUE), True: ansi_c_escape(_PROLOGUE_XTRACE)}
+_EPILOGUE_ESCAPED = ansi_c_escape(_EPILOGUE)
+
+
+def encode_command(command: bytes, number: int, xtrace: bool = False) -> bytes:
+    """The input line(s) that run `command` as command `number` in the session; `xtrace`:
+    the agent had `set -x` on after its last command."""
+    text = _PROLOGUE_ESCAPED[xtrace] + ansi_c_escape(command)
+    if not _HEREDOC.search(command):
+        text += _EPILOGUE_ESCAPED % number  # the number again: the code may have set __rs_n
+    # Assignments: `$?` is read before they reset it; __rs_st (set by the epilogue) is
+    # cleared so that code that never reaches the epilogue reports the eval's status.
+    framing = f"__rs_s=${{__rs_st:-$?}} __rs_st= __rs_n={number}"
+    if len(text) <= _CHUNK_CHARS:
+        return f"{framing}; \\builtin eval $'{text}'\n".encode()
     chunks: list[str] = []
     current = ""
-    for token in ansi_c_tokens(command):
+    # Split only between escapes so that a chunk never ends inside "\xHH".
+    for token in re.findall(r"\\x[0-9a-f]{2}|[^\\]{1,256}", text):
         if len(current) + len(token) > _CHUNK_CHARS and current:
             chunks.append(current)
             current = ""
         current += token
     chunks.append(current)
-    if len(chunks) == 1:
-        return f"__rs_n={number}; eval $'{chunks[0]}'\n".encode()
-    lines = [f"{{ __rs_n={number}; __rs_c=$'{chunks[0]}'"]
+    lines = [f"{{ {framing} __rs_c=$'{chunks[0]}'"]
     lines += [f"__rs_c+=$'{chunk}'" for chunk in chunks[1:]]
-    lines.append('eval "$__rs_c"; }')
+    lines.append('\\builtin eval "$__rs_c"; }')
     return ("\n".join(lines) + "\n").encode()
 
 
@@ -185,7 +250,14 @@ class BashSession:
         self.process: ptyprocess.PtyProcess | None = None
         self.number = 0
         self.token = os.urandom(6).hex().encode()
-        self.marker = re.compile(rb"\x1eRS" + self.token + rb":(\d+):(\d+)\x1e")
+        # ":r": the shell is being replaced by a new bash (errexit, see _setup_line).
+        self.marker = re.compile(rb"\x1eRS" + self.token + rb":(\d+):(\d+):(x?)(:r)?\x1e")
+        # The termios restored before each command; None behind a pty of someone else's
+        # (docker exec -t), where the shell restores its modes itself.
+        self.modes: list | None = None
+        self.foreign: bool | None = None
+        self.replaced = False
+        self.xtrace = False
 
     # -- lifecycle -------------------------------------------------------------------
     def _preexec(self) -> None:
@@ -199,6 +271,44 @@ class BashSession:
             limit = getattr(resource, name)
             resource.setrlimit(limit, (value, value))
 
+    def _marker_printf(self, status: str, output: str, suffix: str = "") -> str:
+        """A printf of the marker (one simple command: a DEBUG trap sees each), with the
+        exit status and whether xtrace was on, to `output`."""
+        return (
+            f"\\builtin printf '\\036RS%s:%s:%s:%s{suffix}\\036' {self.token.decode()} \"${{__rs_n-}}\" "
+            f"\"{status}\" \"${{__rs_t//[!x]/}}\" {output}"
+        )
+
+    def _setup_line(self, output: str) -> str:
+        """Prompt, helpers and traps of a new shell (`__rs_pre`/`__rs_post`: encode_command).
+
+        The marker goes to bash's own descriptor of the terminal (255, close-on-exec) or
+        /dev/tty, so that an agent's `exec >file` does not swallow it. Behind a pty of
+        someone else's the prompt command first restores the modes with stty (a fork per
+        command: docker exec costs far more anyway). On an exit that errexit (`set -e`) causes, the EXIT trap reports the failed command
+        and replaces the shell by a new bash in the same directory with the exported
+        variables and the functions, rather than leave the agent with a fresh shell (as does
+        an `exit` with a non-zero status while errexit is on: the trap cannot tell them apart).
+        """
+        if self.foreign:
+            rows, cols = _DIMENSIONS
+            prompt = (
+                f"__rs_x=$?; \\command stty sane -echo -onlcr -ixon rows {rows} cols {cols} 2>/dev/null; "
+                + self._marker_printf("${__rs_st:-$__rs_x}", output)
+            )
+        else:
+            prompt = self._marker_printf("${__rs_st:-$?}", output)  # bash restores `$?` after
+        on_exit = (
+            "__rs_x=$?; if [[ $- == *e* ]]; then "
+            + self._marker_printf("${__rs_st:-$__rs_x}", output, ":r")
+            + "; \\builtin declare -fx $(\\builtin compgen -A function) 2>/dev/null; "
+            '\\builtin exec "${BASH:-bash}" --noediting --noprofile --norc -i; fi'
+        )
+        return (
+            f"PROMPT_COMMAND={ansi_c_quote(prompt.encode())}; readonly PROMPT_COMMAND; "
+            f"trap -- {ansi_c_quote(on_exit.encode())} EXIT"
+        )
+
     def start(self) -> None:
         self.process = self.spawner(
             lambda: ptyprocess.PtyProcess.spawn(
@@ -207,19 +317,46 @@ class BashSession:
                 env=self.env,
                 echo=False,
                 preexec_fn=self._preexec,
-                dimensions=(50, 250),
+                dimensions=_DIMENSIONS,
             )
         )
+        self.modes = None
+        self.foreign = None
+        self._setup_shell()
+
+    def _setup_shell(self) -> None:
+        """Set up the bash now reading the pty: a new one, or one that replaced the shell."""
+        assert self.process is not None
         self.number = 0
-        setup = (
-            "PS1=''; PS2=''; PS4=''; set +H; set +o history; "
-            "unset HISTFILE; __rs_n=0; "
-            f"PROMPT_COMMAND='__rs_ec=$?; printf \"\\036RS%s:%s:%s\\036\" {self.token.decode()} "
-            "\"$__rs_n\" \"$__rs_ec\"'; readonly PROMPT_COMMAND\n"
+        self.replaced = False
+        self.xtrace = False
+        fd = self.process.fd
+        wanted = tool_modes(termios.tcgetattr(fd))
+        first = (
+            "PS1=''; PS2=''; PS4=''; set +H; set +o history; unset HISTFILE; "
+            "__rs_n=0; __rs_st=; __rs_la=; "
+            '__rs_pre() { return "$1"; }; '
+            "__rs_post() { __rs_st=$1; __rs_la=$2; __rs_n=$3; __rs_t=$4; builtin set +x; PS0= PS1= PS2=; }; readonly -f __rs_pre __rs_post; "
+            f"PROMPT_COMMAND={ansi_c_quote(self._marker_printf('$?', '').encode())}\n"
         )
-        os.write(self.process.fd, setup.encode())
-        collector = OutputCollector(4096)
+        os.write(fd, first.encode())
+        collector = OutputCollector(1 << 16)
         status = self._read_until_marker(collector, 0, time.monotonic() + _STARTUP_TIMEOUT_S, None)
+        if status[0] == "done":
+            if self.foreign is None:
+                # A pty that echoed our setup line is not ours: `docker exec -t` made its
+                # own (echo and CRLF on) and reads our pty raw.
+                self.foreign = b"__rs_pre" in collector.render()
+                self.modes = None if self.foreign else wanted
+            self._restore_terminal()
+            finish = (
+                f"if [[ -t 255 ]]; then {self._setup_line('>&255')}; "
+                f"elif {{ : >/dev/tty; }} 2>/dev/null; then {self._setup_line('2>/dev/null >/dev/tty')}; "
+                f"else {self._setup_line('')}; fi\n"
+            )
+            os.write(fd, finish.encode())
+            collector = OutputCollector(1 << 16)
+            status = self._read_until_marker(collector, 0, time.monotonic() + _STARTUP_TIMEOUT_S, None)
         if status[0] != "done":
             output = collector.render().decode("utf-8", "replace")
             self.close()
@@ -258,6 +395,40 @@ class BashSession:
             process.close(force=True)
         except OSError:
             pass
+
+    # -- the terminal ----------------------------------------------------------------
+    def _restore_terminal(self) -> bool:
+        """Put back the tool's termios and window size if a command changed them (stty,
+        a program killed in raw mode), dropping input typed into a changed terminal.
+        Returns whether the tty was turning newlines into CRLF (`stty sane`, onlcr)."""
+        if self.modes is None or self.process is None:
+            return False
+        fd = self.process.fd
+        crlf = False
+        try:
+            current = termios.tcgetattr(fd)
+            if current != self.modes:
+                crlf = bool(current[1] & termios.OPOST and current[1] & termios.ONLCR)
+                termios.tcflush(fd, termios.TCIFLUSH)
+                termios.tcsetattr(fd, termios.TCSANOW, self.modes)
+            if fcntl.ioctl(fd, termios.TIOCGWINSZ, _WINSIZE) != _WINSIZE:
+                self.process.setwinsize(*_DIMENSIONS)
+        except (termios.error, OSError):
+            pass
+        return crlf
+
+    def _signal_foreground(self, signum: int) -> bool:
+        """Signal the pty's foreground process group, as the tty does for Ctrl-C when its
+        ISIG is on; works whatever the agent set. False where there is none to signal."""
+        assert self.process is not None
+        try:
+            group = os.tcgetpgrp(self.process.fd)
+            if group <= 0:
+                return False
+            os.killpg(group, signum)
+            return True
+        except OSError:
+            return False
 
     # -- reading ---------------------------------------------------------------------
     def _read_until_marker(
@@ -302,6 +473,8 @@ class BashSession:
                 collector.add(data[start : match.start()])
                 start = match.end()
                 if int(match.group(1)) == number:
+                    self.xtrace = match.group(3) == b"x"
+                    self.replaced = match.group(4) is not None
                     return "done", int(match.group(2))
                 # A marker of an earlier, interrupted command: its output is stale.
             data = data[start:]
@@ -339,7 +512,7 @@ class BashSession:
         self.number += 1
         number = self.number
         collector = OutputCollector(self.output_bytes)
-        os.write(self.process.fd, encode_command(command, number))
+        os.write(self.process.fd, encode_command(command, number, self.xtrace))
         status, exit_code = self._read_until_marker(
             collector, number, started + timeout_s, no_output_timeout_s
         )
@@ -357,8 +530,18 @@ class BashSession:
                     f"command produced no output for {no_output_timeout_s:g} s and was interrupted"
                 )
             exit_code = self._interrupt(collector, number, notes)
+        if self.replaced and self.process is not None:
+            self._setup_shell()
+            notes.append(
+                "the shell exited with errexit (set -e) on; a new bash carries on in the same directory with "
+                "the exported variables and the functions (set -e is off)"
+            )
+        output = collector.render()
+        if self._restore_terminal():
+            # The command turned on "\n" -> "\r\n" (stty sane); a terminal shows both alike.
+            output = output.replace(b"\r\n", b"\n")
         return {
-            "output": collector.render(),
+            "output": output,
             "exit_code": exit_code,
             "timed_out": timed_out,
             "interrupted": interrupted,
@@ -377,21 +560,23 @@ class BashSession:
         return self.process.exitstatus
 
     def _interrupt(self, collector: OutputCollector, number: int, notes: list[str]) -> int | None:
-        """Ctrl-C, then SIGKILL of the foreground job, then a new shell; returns the exit code."""
+        """SIGINT to the foreground job, then SIGKILL, then a new shell; returns the exit code.
+
+        A signal, not a typed Ctrl-C: with `stty -isig` or raw mode the byte would be input,
+        glued to the next command. Behind a pty we do not own, Ctrl-C is typed (the shell
+        turned ISIG back on before this command).
+        """
         assert self.process is not None
         fd = self.process.fd
-        os.write(fd, b"\x03")
+        if self.modes is None or not self._signal_foreground(signal.SIGINT):
+            os.write(fd, b"\x03")
         grace = time.monotonic() + self.interrupt_grace_s
         status, exit_code = self._read_until_marker(collector, number, grace, None)
         if status == "done":
             return exit_code
         if status != "eof":
-            try:
-                foreground = os.tcgetpgrp(fd)
-                os.killpg(foreground, signal.SIGKILL)
+            if self._signal_foreground(signal.SIGKILL):
                 notes.append("Ctrl-C was ignored, the foreground job was killed")
-            except OSError:
-                pass
             grace = time.monotonic() + self.interrupt_grace_s
             status, exit_code = self._read_until_marker(collector, number, grace, None)
             if status == "done":

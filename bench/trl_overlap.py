@@ -1,24 +1,31 @@
 """Wall time per TRL GRPO step: rollouts through rollstream versus TRL generating in-process,
-same model, same batch, same tool time.
+same model, same batch, same tool time, swept over tool time and rollouts per step, to show
+where the door wins and where it does not.
 
 Both sides train the warmed-up arith model with TRL 1.16's GRPOTrainer on the CPU, PROMPTS x
 G rollouts per step, two model turns per rollout (a bash call, then submit), and every bash
-call costs a fixed TOOL_MS on top of running the command:
+call costs a fixed tool time on top of running the command:
 
 - rollstream: ``rollout_func=RolloutFunc(...)`` + ``WeightSyncCallback`` (weights published
   to the built-in server after every step). Init/run/eval worker processes (started by this
-  program, with a run stage whose bash tool first sleeps TOOL_MS), bubblewrap sandboxes.
+  program, with a run stage whose bash tool first sleeps the tool time), bubblewrap sandboxes.
+  Tools of different rollouts run at once.
 - in-process: TRL's default generation (``model.generate`` in the trainer) with TRL's own
   tool loop (``tools=[bash, submit]``, ``max_tool_calling_iterations=1``): the ``bash``
-  function sleeps TOOL_MS and runs the command with ``bash -c``. Its tokenizer renders the
-  same tool block rollstream's agent shows the model, so both see identical prompts.
+  function sleeps the tool time and runs the command with ``bash -c``, one call after another.
+  Its tokenizer renders the same tool block rollstream's agent shows the model, so both see
+  identical prompts.
 
-Step time = time between consecutive ``on_step_end`` events (generation, tools, loss,
-optimizer step and, on the rollstream side, the weight sync), after WARMUP steps.
+One trainer run per side and rollouts-per-step setting; within a run the tool time steps
+through --tool-ms, STEPS steps each, after WARMUP steps. Step time = time between consecutive
+``on_step_end`` events (generation, tools, loss, optimizer step and, on the rollstream side,
+the weight sync). The defaults are an agent workload: tools of 50 ms to 2 s (a SWE test run
+takes seconds) and 8 or 32 rollouts a step; about 7 minutes on a quiet 2-core machine.
 
-    python bench/trl_overlap.py [--steps 4] [--warmup 1] [--prompts 4] [--group 4] [--tool-ms 50]
+    python bench/trl_overlap.py [--tool-ms 50,500,2000] [--prompts 2,8] [--group 4] [--steps 2]
 
-Last line: RESULT {"step_s_rollstream", "step_s_inprocess", "speedup", ...}.
+Prints s/step of each side per point, the ratio, and where the ratio crosses 1 (the crossover);
+last line: RESULT {"points": [...], "crossover_tool_ms": {...}, ...}.
 """
 
 from __future__ import annotations
@@ -35,21 +42,22 @@ import time
 import uuid
 from pathlib import Path
 
-TOOL_MS_ENV = "ROLLSTREAM_BENCH_TOOL_MS"
+TOOL_MS_FILE_ENV = "ROLLSTREAM_BENCH_TOOL_MS_FILE"  # the file holding the current tool time, in ms
 
 
 # -- the worker side: `python bench/trl_overlap.py --worker STAGE` ----------------------------
 def serve_worker(stage: str, concurrency: int) -> None:
-    """A normal rollstream worker whose sandbox tools (not the finish tool) take TOOL_MS more."""
+    """A normal rollstream worker whose sandbox tools (not the finish tool) take the tool time
+    more; the trainer side changes that time between steps (the file it names)."""
     import rollstream.agent.tools as agent_tools
     from rollstream.config import load_settings
     from rollstream.workers.process import run_worker
 
-    delay_s = float(os.environ.get(TOOL_MS_ENV, "50")) / 1000
+    tool_ms_file = Path(os.environ[TOOL_MS_FILE_ENV])
 
     class SlowToolAdapter(agent_tools.CallToolAdapter):
         async def call(self, name: str, arguments: dict):
-            await asyncio.sleep(delay_s)
+            await asyncio.sleep(float(tool_ms_file.read_text()) / 1000)
             return await super().call(name, arguments)
 
     # AgentTask.rollout imports the adapter when it runs, so this reaches every tool call
@@ -73,20 +81,60 @@ def step_timer():
         def on_step_end(self, args, state, control, **kwargs):
             self.marks.append(time.perf_counter())
 
-        def step_s(self, warmup: int) -> list[float]:
-            return [b - a for a, b in zip(self.marks, self.marks[1:])][warmup:]
+        def step_s(self) -> list[float]:
+            return [b - a for a, b in zip(self.marks, self.marks[1:])]
 
     return StepTimer()
 
 
-def grpo_config(args, out_dir: Path, **extra):
+def write_tool_ms(path: Path, ms: float) -> None:
+    """Replace the file in one step: workers read it at every tool call."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(str(ms))
+    os.replace(tmp, path)
+
+
+def tool_time_schedule(plan: list[float], set_tool_ms):
+    """Sets the tool time of each step: plan[k] for step k (0-based), before its rollouts."""
+    from transformers import TrainerCallback
+
+    class ToolTimeSchedule(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            set_tool_ms(plan[0])
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step < len(plan):
+                set_tool_ms(plan[state.global_step])
+
+    return ToolTimeSchedule()
+
+
+def step_plan(args) -> list[float]:
+    """The tool time of every step of a run: warm-up steps at the first, then STEPS at each."""
+    return [args.tool_ms[0]] * args.warmup + [t for t in args.tool_ms for _ in range(args.steps)]
+
+
+def per_tool_ms(args, step_s: list[float]) -> dict[float, float]:
+    """Mean step time at each tool time, warm-up steps left out."""
+    plan = step_plan(args)
+    return {t: statistics.fmean(s for s, p in list(zip(step_s, plan))[args.warmup:] if p == t) for t in args.tool_ms}
+
+
+def grpo_config(args, prompts: int, out_dir: Path, **extra):
     import trl
 
     return trl.GRPOConfig(
-        output_dir=str(out_dir), max_steps=args.steps + args.warmup, per_device_train_batch_size=args.prompts * args.group,
+        output_dir=str(out_dir), max_steps=len(step_plan(args)), per_device_train_batch_size=prompts * args.group,
         num_generations=args.group, learning_rate=1e-5, temperature=1.0, beta=0.0, bf16=False, use_cpu=True,
         gradient_checkpointing=False, logging_steps=1, report_to=[], save_strategy="no", seed=0,
         dataloader_num_workers=0, disable_tqdm=True, **extra)
+
+
+def quiet(trainer) -> None:
+    """No dict of metrics printed per step: the table at the end is the output."""
+    from transformers import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)
 
 
 def load_model(model_dir: Path):
@@ -100,7 +148,7 @@ def zero_reward(completions, **kwargs) -> list[float]:
     return [0.0] * len(completions)
 
 
-def run_rollstream(args, model_dir: Path, redis_url: str, work: Path, instances: list[dict]) -> dict:
+def run_rollstream(args, prompts: int, model_dir: Path, redis_url: str, work: Path, instances: list[dict]) -> dict:
     import trl
     from datasets import Dataset
 
@@ -112,13 +160,16 @@ def run_rollstream(args, model_dir: Path, redis_url: str, work: Path, instances:
     from rollstream.workers.pool import WorkerPool
 
     namespace = f"trl{uuid.uuid4().hex[:6]}"
+    work.mkdir(parents=True, exist_ok=True)
+    tool_ms_file = work / "tool_ms"
+    write_tool_ms(tool_ms_file, args.tool_ms[0])
     settings = Settings(redis_url=redis_url, namespace=namespace, data_dir=work / "data", node="bench")
     pool = WorkerPool(redis_url=redis_url, namespace=namespace, node="bench", data_dir=work / "data",
-                      env={"ROLLSTREAM_MODEL_DIR": str(model_dir), "ROLLSTREAM_SANDBOX_ROOT": str(work / "sb"),
-                           "ROLLSTREAM_READ_BLOCK_MS": "100", TOOL_MS_ENV: str(args.tool_ms)},
+                      env={"ROLLSTREAM_MODEL_DIR": str(model_dir), "OMP_NUM_THREADS": "1",
+                           "ROLLSTREAM_READ_BLOCK_MS": "100", TOOL_MS_FILE_ENV: str(tool_ms_file)},
                       log_dir=work / "logs", program=[sys.executable, __file__, "--worker"])
     server, url = start_server_process(model_dir, device="cpu")
-    pool.start_all(concurrency=max(16, 2 * args.prompts * args.group))
+    pool.start_all(concurrency=max(16, 2 * prompts * args.group))
     rollout = RolloutFunc("arith", settings=settings, instances=instances,
                           sampling={"temperature": 1.0, "max_tokens": args.max_tokens},
                           agent={"max_turns": 2, "max_tokens_per_turn": args.max_tokens, "max_context_tokens": 1024},
@@ -129,14 +180,17 @@ def run_rollstream(args, model_dir: Path, redis_url: str, work: Path, instances:
         timer = step_timer()
         trainer = trl.GRPOTrainer(
             model=model, processing_class=tokenizer, reward_funcs=[rollstream_reward],
-            args=grpo_config(args, work / "trl-rollstream"),
+            args=grpo_config(args, prompts, work / "trl-rollstream"),
             train_dataset=Dataset.from_list(rollout.dataset_rows(instances)), rollout_func=rollout,
-            callbacks=[sync := WeightSyncCallback(work / "weights", rollout_func=rollout), timer])
+            callbacks=[sync := WeightSyncCallback(work / "weights", rollout_func=rollout),
+                       tool_time_schedule(step_plan(args), lambda ms: write_tool_ms(tool_ms_file, ms)), timer])
+        quiet(trainer)
         trainer.train()
         reports = list(rollout.reports)[args.warmup:]
-        return {"step_s": timer.step_s(args.warmup), "wait_s": [r.wait_s for r in reports],
+        return {"step_s": per_tool_ms(args, timer.step_s()),
+                "wait_s": statistics.fmean(r.wait_s for r in reports),
                 "failed": sum(r.failed for r in rollout.reports),
-                "sync_s": [r.total_s for r in sync.reports[1 + args.warmup:]],
+                "sync_s": statistics.fmean(r.total_s for r in sync.reports[1 + args.warmup:]),
                 "versions": [sorted(set(r.policy_versions)) for r in rollout.reports]}
     finally:
         rollout.close()
@@ -161,13 +215,13 @@ def same_tool_block(tokenizer) -> None:
     tokenizer.response_template = qwen3_template  # Hermes <tool_call> parsing, as for Qwen
 
 
-def run_inprocess(args, model_dir: Path, work: Path, instances: list[dict]) -> dict:
+def run_inprocess(args, prompts: int, model_dir: Path, work: Path, instances: list[dict]) -> dict:
     import trl
     from datasets import Dataset
 
     from rollstream.tasks import arith
 
-    delay_s = args.tool_ms / 1000
+    delay_s = [args.tool_ms[0] / 1000]
     tool_calls = [0]
 
     def bash(command: str) -> str:
@@ -180,7 +234,7 @@ def run_inprocess(args, model_dir: Path, work: Path, instances: list[dict]) -> d
             What the command printed.
         """
         tool_calls[0] += 1
-        time.sleep(delay_s)
+        time.sleep(delay_s[0])
         done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=10)
         return done.stdout + done.stderr
 
@@ -199,27 +253,49 @@ def run_inprocess(args, model_dir: Path, work: Path, instances: list[dict]) -> d
     same_tool_block(tokenizer)
     timer = step_timer()
     # per-turn token cap as rollstream's max_tokens; the whole completion may hold both turns
-    config = grpo_config(args, work / "trl-inprocess", max_tool_calling_iterations=1,
+    config = grpo_config(args, prompts, work / "trl-inprocess", max_tool_calling_iterations=1,
                          max_completion_length=4 * args.max_tokens,
                          generation_kwargs={"max_new_tokens": args.max_tokens})
     trainer = trl.GRPOTrainer(
         model=model, processing_class=tokenizer, reward_funcs=[zero_reward], args=config,
         train_dataset=Dataset.from_list([{"prompt": arith.prompt(inst)} for inst in instances]),
-        tools=[bash, submit], callbacks=[timer])
+        tools=[bash, submit],
+        callbacks=[tool_time_schedule(step_plan(args), lambda ms: delay_s.__setitem__(0, ms / 1000)), timer])
+    quiet(trainer)
     trainer.train()
     frequency = [row["tools/call_frequency"] for row in trainer.state.log_history if "tools/call_frequency" in row]
-    return {"step_s": timer.step_s(args.warmup), "tool_calls": tool_calls[0],
+    return {"step_s": per_tool_ms(args, timer.step_s()), "tool_calls": tool_calls[0],
             "call_frequency": statistics.mean(frequency) if frequency else 0.0}
+
+
+def crossover_ms(points: list[dict]) -> float | None | str:
+    """The tool time where in-process/rollstream crosses 1 (linear between measured points):
+    a number, "never" (in-process faster at every point) or "always" (rollstream faster)."""
+    for a, b in zip(points, points[1:]):
+        if (a["speedup"] - 1) * (b["speedup"] - 1) <= 0 and a["speedup"] != b["speedup"]:
+            return round(a["tool_ms"] + (1 - a["speedup"]) * (b["tool_ms"] - a["tool_ms"]) / (b["speedup"] - a["speedup"]))
+    if all(p["speedup"] > 1 for p in points):
+        return "always"
+    return "never"
+
+
+def numbers(text: str, kind=float) -> list:
+    return [kind(x) for x in text.split(",") if x.strip()]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=4, help="measured steps per side")
-    ap.add_argument("--warmup", type=int, default=1, help="steps run first and not measured")
-    ap.add_argument("--prompts", type=int, default=4, help="distinct prompts per step")
+    ap.add_argument("--tool-ms", type=numbers, default=[50.0, 500.0, 2000.0],
+                    help="tool times to sweep, comma-separated (ms each bash call takes)")
+    ap.add_argument("--prompts", type=lambda t: numbers(t, int), default=[2, 8],
+                    help="distinct prompts per step to sweep, comma-separated (rollouts = prompts x group)")
     ap.add_argument("--group", type=int, default=4, help="rollouts per prompt (num_generations)")
-    ap.add_argument("--tool-ms", type=float, default=50.0, help="fixed time each bash call takes")
+    ap.add_argument("--steps", type=int, default=2, help="measured steps per tool time")
+    ap.add_argument("--warmup", type=int, default=1, help="steps run first and not measured")
     ap.add_argument("--max-tokens", type=int, default=48, help="tokens per model turn")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads of the trainer process, both sides (two spin-waiting threads on a busy "
+                         "2-core machine made in-process generation several times slower)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--concurrency", type=int, default=64, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -229,41 +305,67 @@ def main() -> None:
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import logging
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' renames, once per step
 
     logging.basicConfig(level=logging.WARNING)
-    from rollstream.llm.format_pretrain import build_arith_model
+    from transformers.utils import logging as hf_logging
+
+    from rollstream.llm.format_pretrain import FORMAT_RECIPE, cached_arith_model
     from rollstream.pipeline.embedded import EmbeddedRedis
     from rollstream.tasks import arith
 
-    cache = Path(os.environ.get("ROLLSTREAM_TEST_CACHE", Path.home() / ".cache" / "rollstream" / "tests"))
-    model_dir = build_arith_model(cache / "arith-model")
-    instances = arith.make_instances(args.prompts * (args.steps + args.warmup), seed=5)
-    work = Path(tempfile.mkdtemp(prefix="rs-trl-overlap-"))
-    with EmbeddedRedis(work / "redis", appendonly=False) as redis_server:
-        rollstream_side = run_rollstream(args, model_dir, redis_server.url, work / "rs", instances)
-    inprocess_side = run_inprocess(args, model_dir, work / "inproc", instances)
+    hf_logging.disable_progress_bar()
+    import torch
 
-    rs_s = statistics.mean(rollstream_side["step_s"])
-    ip_s = statistics.mean(inprocess_side["step_s"])
-    rollouts = args.prompts * args.group
-    serial_tool_s = inprocess_side["call_frequency"] * rollouts * args.tool_ms / 1000
-    print(f"TRL GRPO, arith model on CPU, {args.prompts} prompts x G={args.group} = {rollouts} rollouts/step, "
-          f"2 model turns, bash call +{args.tool_ms:.0f} ms, {args.steps} steps after {args.warmup} warm-up")
-    print(f"{'side':<12} {'step s mean':>12} {'step s min':>11} {'step s max':>11}  notes")
-    print(f"{'rollstream':<12} {rs_s:>12.2f} {min(rollstream_side['step_s']):>11.2f} "
-          f"{max(rollstream_side['step_s']):>11.2f}  rollout wait {statistics.mean(rollstream_side['wait_s']):.2f} s/step,"
-          f" weight sync {statistics.mean(rollstream_side['sync_s']):.2f} s/step, {rollstream_side['failed']} failed,"
-          f" policy versions per step {rollstream_side['versions']}")
-    print(f"{'in-process':<12} {ip_s:>12.2f} {min(inprocess_side['step_s']):>11.2f} "
-          f"{max(inprocess_side['step_s']):>11.2f}  {inprocess_side['call_frequency']:.2f} bash calls/rollout: "
-          f"~{serial_tool_s:.2f} s/step of serial tool time")
-    print(f"speedup (in-process step / rollstream step): {ip_s / rs_s:.2f}x")
+    torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()
+    started = time.monotonic()
+    cache = Path(os.environ.get("ROLLSTREAM_TEST_CACHE") or Path.home() / ".cache" / "rollstream" / "tests")
+    model_dir = cached_arith_model(FORMAT_RECIPE, cache=cache, prefix="arith-model")  # the tests' model
+    work = Path(tempfile.mkdtemp(prefix="rs-trl-overlap-"))
+    points, notes = [], {}
+    for prompts in args.prompts:
+        instances = arith.make_instances(prompts * len(step_plan(args)), seed=5)
+        with EmbeddedRedis(work / f"redis-{prompts}", appendonly=False) as redis_server:
+            door = run_rollstream(args, prompts, model_dir, redis_server.url, work / f"rs-{prompts}", instances)
+        inproc = run_inprocess(args, prompts, model_dir, work / f"inproc-{prompts}", instances)
+        notes[prompts * args.group] = {"rollout_wait_s": round(door["wait_s"], 3), "weight_sync_s": round(door["sync_s"], 3),
+                                       "failed_rollouts": door["failed"], "policy_versions_per_step": door["versions"],
+                                       "bash_calls_per_rollout_inprocess": round(inproc["call_frequency"], 2)}
+        for t in args.tool_ms:
+            rs_s, ip_s = door["step_s"][t], inproc["step_s"][t]
+            points.append({"rollouts": prompts * args.group, "tool_ms": t, "step_s_rollstream": round(rs_s, 3),
+                           "step_s_inprocess": round(ip_s, 3), "speedup": round(ip_s / rs_s, 3)})
+
+    print(f"TRL GRPO, arith model on CPU, 2 model turns per rollout (bash, then submit), {args.steps} steps per "
+          f"point after {args.warmup} warm-up, {args.threads} trainer thread(s); load average before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f}")
+    print(f"{'rollouts/step':>13} {'tool ms':>8} {'rollstream s/step':>18} {'in-process s/step':>18} "
+          f"{'in-process/rollstream':>22}")
+    for p in points:
+        verdict = "rollstream faster" if p["speedup"] > 1 else "in-process faster"
+        print(f"{p['rollouts']:>13} {p['tool_ms']:>8.0f} {p['step_s_rollstream']:>18.2f} {p['step_s_inprocess']:>18.2f} "
+              f"{p['speedup']:>21.2f}x  {verdict}")
+    crossovers = {}
+    for rollouts, note in notes.items():
+        mine = [p for p in points if p["rollouts"] == rollouts]
+        crossovers[rollouts] = cross = crossover_ms(mine)
+        if cross == "always":
+            where = "rollstream is faster at every tool time measured"
+        elif cross == "never":
+            where = "in-process TRL is faster at every tool time measured"
+        elif mine[0]["speedup"] < 1:
+            where = f"in-process TRL is faster below ~{cross} ms per tool call, rollstream from there up"
+        else:
+            where = f"rollstream is faster below ~{cross} ms per tool call, in-process TRL above"
+        print(f"{rollouts} rollouts/step: {where} (rollstream: rollout wait {note['rollout_wait_s']:.2f} s/step, weight "
+              f"sync {note['weight_sync_s']:.2f} s/step, {note['failed_rollouts']} failed; in-process: "
+              f"{note['bash_calls_per_rollout_inprocess']:.2f} bash calls/rollout, run one after another)")
     print("RESULT " + json.dumps({
-        "step_s_rollstream": round(rs_s, 3), "step_s_inprocess": round(ip_s, 3), "speedup": round(ip_s / rs_s, 3),
-        "rollout_wait_s_rollstream": round(statistics.mean(rollstream_side["wait_s"]), 3),
-        "weight_sync_s_rollstream": round(statistics.mean(rollstream_side["sync_s"]), 3),
-        "serial_tool_s_inprocess": round(serial_tool_s, 3), "tool_ms": args.tool_ms,
-        "rollouts_per_step": rollouts, "steps": args.steps, "failed_rollouts": rollstream_side["failed"]}))
+        "points": points, "crossover_tool_ms": crossovers, "notes": notes, "group": args.group,
+        "steps_per_point": args.steps, "threads": args.threads, "seconds": round(time.monotonic() - started, 1),
+        "load_avg_before": [round(x, 2) for x in load_before], "load_avg_after": [round(x, 2) for x in os.getloadavg()]}))
 
 
 if __name__ == "__main__":

@@ -114,6 +114,7 @@ _REFUSALS = {
     "MASTERDOWN": "Redis's primary is down; wait for it or for a failover",
     "NOREPLICAS": "Redis has too few replicas to accept writes; wait for them",
     "BUSY": "Redis is running a slow script; wait",
+    "UNBLOCKED": "Redis changed role (primary to replica, or back) under a blocked read; wait",
 }
 
 
@@ -127,6 +128,11 @@ def refused_write(exc: BaseException) -> str | None:
     or None. A refused command did not run: sending it again is safe."""
     if isinstance(exc, redis.BusyLoadingError):
         return "LOADING"
+    # redis-py raises these two as their own classes, the code cut from the message.
+    if isinstance(exc, redis.exceptions.ReadOnlyError):
+        return "READONLY"
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):
+        return "OOM"
     if isinstance(exc, redis.ResponseError):
         found = _CODE.search(str(exc))
         return found.group(1) if found and found.group(1) in _REFUSALS else None
@@ -138,7 +144,8 @@ def transient_problem(exc: BaseException) -> str | None:
     refusal, a lost connection, a timeout); None for any other error."""
     code = refused_write(exc)
     if code:
-        return f"{_REFUSALS[code]} ({exc})"
+        text = str(exc)
+        return f"{_REFUSALS[code]} ({text if code in text else f'{code} {text}'})"
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, OSError)):
         return f"Redis unreachable ({type(exc).__name__}: {exc})"
     return None

@@ -109,3 +109,28 @@ async def test_a_closed_door_refuses_its_key_and_nothing_but_chat_completions_is
             assert (await http.post(path, content=json.dumps({"prompt": [1, 2]}))).status_code == 404
         gateway.close(door)
         assert (await http.get("/models")).status_code == 401
+
+
+async def test_the_doors_limits_end_the_episode_as_the_agents_and_a_dead_backend_as_the_services(
+        arith_server, arith_model_dir, gateway):
+    tokenizer = _tokenizer(arith_model_dir)
+    messages = arith.prompt({"a": 1, "op": "+", "b": 2})
+    one_call = gateway.open("job-3", LLMSession(VLLMClient(), "job-3", backend_url=arith_server), tokenizer,
+                            AgentSettings(max_turns=1, max_tokens_per_turn=16))
+    tiny_context = gateway.open("job-4", LLMSession(VLLMClient(), "job-4", backend_url=arith_server), tokenizer,
+                                AgentSettings(max_context_tokens=16))
+    dead = gateway.open("job-5", LLMSession(VLLMClient(), "job-5", backend_url="http://127.0.0.1:9",
+                                            max_backend_attempts=1), tokenizer, AgentSettings())
+
+    def client(door):
+        return AsyncOpenAI(base_url=gateway.base_url, api_key=door.key, max_retries=0)
+
+    await client(one_call).chat.completions.create(model="m", messages=messages)
+    with pytest.raises(openai.RateLimitError, match="budget of 1 model calls"):
+        await client(one_call).chat.completions.create(model="m", messages=messages)
+    with pytest.raises(openai.BadRequestError, match="context"):
+        await client(tiny_context).chat.completions.create(model="m", messages=messages)
+    with pytest.raises(openai.APIStatusError, match="no backend could serve"):
+        await client(dead).chat.completions.create(model="m", messages=messages)
+    assert (one_call.ended, tiny_context.ended, dead.ended) == ("max_turns", "context", "error")
+    assert len(one_call.recorder.calls) == 1 and not tiny_context.recorder.calls and not dead.recorder.calls

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 
-from rollstream.messages import Job
+from rollstream.errors import InvalidJob
+from rollstream.messages import ID_RULE, Job, valid_id
 from rollstream.pipeline.keys import Keys
 
 
@@ -19,6 +20,9 @@ async def cancel(r: aioredis.Redis, keys: Keys, *, job_id: str | None = None, gr
     cancel, so it stops every job of theirs submitted before it and none submitted after."""
     if not (job_id or group_id or submitter):
         raise ValueError("cancel needs a job_id, a group_id or a submitter")
+    for name, value in (("job_id", job_id), ("group_id", group_id), ("submitter", submitter)):
+        if value and not valid_id(value):  # each names a key
+            raise InvalidJob(f"cancel: {name}={value!r} is not an id ({ID_RULE})")
     now = time.time()
     async with r.pipeline(transaction=True) as pipe:  # flags and notice land together
         if job_id:

@@ -38,6 +38,9 @@ async def test_every_bad_id_is_refused_by_the_async_client(settings):
             if bad:
                 with pytest.raises(ValueError, match="submitter"):
                     AsyncClient(settings=settings, submitter=bad)
+                for field in ("job_id", "group_id"):  # cancel flags are keys named by these
+                    with pytest.raises(InvalidJob, match=field):
+                        await client.cancel(**{field: bad})
         for good in GOOD_IDS:
             await client.submit({"task": "echo", "instance": {"prompt": "x"}, "job_id": good, "group_id": good})
         assert await client.r.xlen(Keys(settings.namespace).init_stream) == len(GOOD_IDS)

@@ -20,6 +20,8 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from rollstream.pipeline.connection import Outage, transient_problem
+
 log = logging.getLogger(__name__)
 
 LUA_DIR = Path(__file__).parent / "lua"
@@ -308,13 +310,18 @@ class Balancer:
     async def keep_alive(self, interval_s: float | None = None) -> None:
         """Run forever: renew this process's leases and reclaim dead workers' ones."""
         interval_s = interval_s or self.lease_ttl_s / 3
+        outage = Outage("lease keep-alive")
         while True:
             await asyncio.sleep(interval_s)
             try:
                 await self.renew()
                 await self.reclaim_expired()
-            except Exception:  # a Redis blip must not kill the renewer; the next round retries
-                log.exception("lease keep-alive failed; retrying in %.1fs", interval_s)
+                outage.recovered()
+            except Exception as exc:  # a Redis blip must not kill the renewer; the next round retries
+                if transient_problem(exc):
+                    outage.failed(exc)  # logged once (a full disk under Redis lasts)
+                else:
+                    log.exception("lease keep-alive failed; retrying in %.1fs", interval_s)
 
 
 class HealthChecker:
@@ -358,11 +365,16 @@ class HealthChecker:
         return {row.url: ok for row, ok in zip(rows, results)}
 
     async def run(self) -> None:
+        outage = Outage("backend health checks")
         while True:
             try:
                 await self.check_once()
-            except Exception:  # keep probing through Redis blips
-                log.exception("health check round failed")
+                outage.recovered()
+            except Exception as exc:  # keep probing through Redis blips
+                if transient_problem(exc):
+                    outage.failed(exc)
+                else:
+                    log.exception("health check round failed")
             await asyncio.sleep(self.interval_s)
 
     async def aclose(self) -> None:

@@ -80,7 +80,8 @@ def ansi_c_escape(command: bytes) -> str:
 
 # The agent's code runs inside one eval between a prologue and an epilogue. The prologue
 # hands the previous command's `$?` and `$_` on through `__rs_pre STATUS LASTARG` (a readonly
-# function) in an `&&` list, so that a non-zero status trips neither errexit nor an ERR trap.
+# function) in an `&&` list, so that a non-zero status trips neither errexit nor an ERR trap
+# (after a status of 0, `:` does it alone, cheaper than a function call).
 # The epilogue records the code's status, `$_` and options (the eval's own status is then 0:
 # an ERR trap or errexit does not fire twice), turns xtrace off and clears an agent's prompts
 # (a venv's activate prepends to PS1), which would print before the next command's output;
@@ -89,17 +90,25 @@ def ansi_c_escape(command: bytes) -> str:
 # left off where the code has a heredoc, which an unterminated one would swallow it into; its
 # blank line ends a trailing backslash continuation.
 _PROLOGUE = b'\\__rs_pre "$__rs_s" "${__rs_la-}" && \\builtin : "${__rs_la-}"; '
-_PROLOGUE_XTRACE = b"{ \\builtin set -x; " + _PROLOGUE + b"} 2>/dev/null; "
-_EPILOGUE = b'\n\n{ \\__rs_post $? "$_" %d "$-"; } 2>&-'
+_PROLOGUE_AFTER_SUCCESS = b'\\builtin : "${__rs_la-}"; '  # `$?` is 0 already: no function call
+_EPILOGUE = b'\n\n{ __rs_st=$? __rs_la=$_ __rs_n=%d __rs_t=$- PS0= PS1= PS2=; \\builtin set +x; } 2>&-'
 _HEREDOC = re.compile(rb"<<(?!<)")
-_PROLOGUE_ESCAPED = {False: ansi_c_escape(_PROLOGUE), True: ansi_c_escape(_PROLOGUE_XTRACE)}
+# By (xtrace, previous status was 0).
+_PROLOGUE_ESCAPED = {
+    (xtrace, success): ansi_c_escape(
+        (b"{ \\builtin set -x; %s} 2>/dev/null; " if xtrace else b"%s")
+        % (_PROLOGUE_AFTER_SUCCESS if success else _PROLOGUE)
+    )
+    for xtrace in (False, True)
+    for success in (False, True)
+}
 _EPILOGUE_ESCAPED = ansi_c_escape(_EPILOGUE)
 
 
-def encode_command(command: bytes, number: int, xtrace: bool = False) -> bytes:
+def encode_command(command: bytes, number: int, xtrace: bool = False, after_success: bool = False) -> bytes:
     """The input line(s) that run `command` as command `number` in the session; `xtrace`:
-    the agent had `set -x` on after its last command."""
-    text = _PROLOGUE_ESCAPED[xtrace] + ansi_c_escape(command)
+    the agent had `set -x` on after its last command; `after_success`: that one exited 0."""
+    text = _PROLOGUE_ESCAPED[xtrace, after_success] + ansi_c_escape(command)
     if not _HEREDOC.search(command):
         text += _EPILOGUE_ESCAPED % number  # the number again: the code may have set __rs_n
     # Assignments: `$?` is read before they reset it; __rs_st (set by the epilogue) is
@@ -251,13 +260,14 @@ class BashSession:
         self.number = 0
         self.token = os.urandom(6).hex().encode()
         # ":r": the shell is being replaced by a new bash (errexit, see _setup_line).
-        self.marker = re.compile(rb"\x1eRS" + self.token + rb":(\d+):(\d+):(x?)(:r)?\x1e")
+        self.marker = re.compile(rb"\x1eRS" + self.token + rb":(\d+):(\d+):([a-zA-Z]*)(:r)?\x1e")
         # The termios restored before each command; None behind a pty of someone else's
         # (docker exec -t), where the shell restores its modes itself.
         self.modes: list | None = None
         self.foreign: bool | None = None
         self.replaced = False
         self.xtrace = False
+        self.last_status = 0
 
     # -- lifecycle -------------------------------------------------------------------
     def _preexec(self) -> None:
@@ -273,14 +283,14 @@ class BashSession:
 
     def _marker_printf(self, status: str, output: str, suffix: str = "") -> str:
         """A printf of the marker (one simple command: a DEBUG trap sees each), with the
-        exit status and whether xtrace was on, to `output`."""
+        exit status and the shell's options (`$-`: was xtrace on?), to `output`."""
         return (
             f"\\builtin printf '\\036RS%s:%s:%s:%s{suffix}\\036' {self.token.decode()} \"${{__rs_n-}}\" "
-            f"\"{status}\" \"${{__rs_t//[!x]/}}\" {output}"
+            f"\"{status}\" \"${{__rs_t-}}\" {output}"
         )
 
     def _setup_line(self, output: str) -> str:
-        """Prompt, helpers and traps of a new shell (`__rs_pre`/`__rs_post`: encode_command).
+        """Prompt and traps of a new shell (`__rs_pre`, `__rs_st`, `__rs_la`: encode_command).
 
         The marker goes to bash's own descriptor of the terminal (255, close-on-exec) or
         /dev/tty, so that an agent's `exec >file` does not swallow it. Behind a pty of
@@ -336,7 +346,7 @@ class BashSession:
             "PS1=''; PS2=''; PS4=''; set +H; set +o history; unset HISTFILE; "
             "__rs_n=0; __rs_st=; __rs_la=; "
             '__rs_pre() { return "$1"; }; '
-            "__rs_post() { __rs_st=$1; __rs_la=$2; __rs_n=$3; __rs_t=$4; builtin set +x; PS0= PS1= PS2=; }; readonly -f __rs_pre __rs_post; "
+            "readonly -f __rs_pre; "
             f"PROMPT_COMMAND={ansi_c_quote(self._marker_printf('$?', '').encode())}\n"
         )
         os.write(fd, first.encode())
@@ -473,7 +483,8 @@ class BashSession:
                 collector.add(data[start : match.start()])
                 start = match.end()
                 if int(match.group(1)) == number:
-                    self.xtrace = match.group(3) == b"x"
+                    self.last_status = int(match.group(2))
+                    self.xtrace = b"x" in match.group(3)  # the shell's options, $-
                     self.replaced = match.group(4) is not None
                     return "done", int(match.group(2))
                 # A marker of an earlier, interrupted command: its output is stale.
@@ -512,7 +523,7 @@ class BashSession:
         self.number += 1
         number = self.number
         collector = OutputCollector(self.output_bytes)
-        os.write(self.process.fd, encode_command(command, number, self.xtrace))
+        os.write(self.process.fd, encode_command(command, number, self.xtrace, self.last_status == 0))
         status, exit_code = self._read_until_marker(
             collector, number, started + timeout_s, no_output_timeout_s
         )

@@ -84,3 +84,20 @@ async def test_the_agent_loop_bounds_each_tool_call_by_tool_timeout_s(sb, sandbo
     output = await call(call_with_timeout(tools, "bash", {"command": "sleep 60"}, 1.0))
     assert not output.ok and output.error == "timeout" and "timed out" in output.text
     assert (await call(sb.info()))["pid"] == sandbox.supervisor_pid  # and the sandbox serves on
+
+
+async def test_bash_and_ipython_on_a_fifo_or_a_huge_file_end_in_time_with_the_supervisor_small(sb, sandbox):
+    assert (await sb.bash("mkfifo fifo && truncate -s 16M big")).exit_code == 0
+    supervisor = psutil.Process(sandbox.supervisor_pid)
+    before = supervisor.memory_info().rss
+    stuck = await call(sb.bash("cat fifo", timeout_s=2))
+    assert stuck.timed_out
+    flood = await call(sb.bash("cat big"))
+    assert flood.truncated and flood.total_bytes == 16 * 2**20 and len(flood.output_bytes) < 200_000
+    cell = await call(sb.ipython("open('fifo').read()", timeout_s=2))
+    assert cell.timed_out
+    big = await call(sb.ipython("print(open('big').read())", timeout_s=60))
+    assert big.truncated and len(big.stdout) < 200_000
+    assert (await call(sb.bash("echo still serving"))).output == "still serving\n"
+    grown = supervisor.memory_info().rss - before
+    assert grown < 100 * 2**20, f"the supervisor grew by {grown // 2**20} MiB"

@@ -166,7 +166,12 @@ class Outage:
         self.first_delay_s, self.max_delay_s = first_delay_s, max_delay_s
         self.problem: str | None = None
         self.since: float | None = None
+        self.ended_at: float | None = None
         self.delay_s = first_delay_s
+
+    def within(self, seconds: float) -> bool:
+        """True during an outage and for ``seconds`` after it ended."""
+        return self.since is not None or (self.ended_at is not None and time.monotonic() - self.ended_at < seconds)
 
     def failed(self, exc: BaseException) -> float:
         """Note a transient failure; returns how long to wait before trying again."""
@@ -186,3 +191,4 @@ class Outage:
         if self.since is not None:
             log.warning("%s: Redis answers again after %.1f s; carrying on", self.who, time.monotonic() - self.since)
             self.problem, self.since, self.delay_s = None, None, self.first_delay_s
+            self.ended_at = time.monotonic()

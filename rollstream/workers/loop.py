@@ -123,11 +123,7 @@ class ConsumerLoop:
                       asyncio.create_task(self._every(1.0, self._watch_cancellations)),
                       asyncio.create_task(self._every(histograms.FLUSH_S, self._flush_observations))]
         if self.stage.name == "init":
-            from rollstream.pipeline.rescue import rescue_dead_nodes
-
-            background.append(asyncio.create_task(self._every(
-                max(self.s.worker_ttl_s / 2, 0.5), lambda: rescue_dead_nodes(self.ctx.redis, self.ctx.keys,
-                                                                               self.ctx.handoff, self.s, self.consumer))))
+            background.append(asyncio.create_task(self._every(max(self.s.worker_ttl_s / 2, 0.5), self._rescue)))
         log.info("worker %s serving %s with %d slots", self.consumer, self.stream, self.concurrency)
         try:
             await self._read_loop()
@@ -145,6 +141,16 @@ class ConsumerLoop:
                 await self._reader.close()
             await self.marks.aclose()
             await self.ctx.handoff.aclose()
+
+    async def _rescue(self) -> None:
+        """Move jobs of dead nodes back to init. Not while Redis refuses writes, nor within
+        worker_ttl_s after: every node's heartbeat went stale with the outage, and a live node
+        needs a heartbeat to show it lives."""
+        from rollstream.pipeline.rescue import rescue_dead_nodes
+
+        if self.outage.within(self.s.worker_ttl_s):
+            return
+        await rescue_dead_nodes(self.ctx.redis, self.ctx.keys, self.ctx.handoff, self.s, self.consumer)
 
     async def _every(self, period_s: float, fn) -> None:
         while not self._stopping.is_set():

@@ -152,13 +152,16 @@ async def test_health_models_and_policy_version(model_server):
 
 async def test_too_long_prompt_is_a_context_length_error(model_server, client):
     with pytest.raises(ContextLengthError) as info:
-        await client.generate(model_server, [5] * 4000, SamplingParams(max_tokens=200))
+        await client.generate(model_server, [5] * 4100, SamplingParams(max_tokens=200))
     assert not info.value.retryable
+    # As vLLM does, max_tokens past the context is clamped to the room the prompt leaves.
+    clamped = await client.generate(model_server, [5] * 4090, SamplingParams(max_tokens=200, ignore_eos=True))
+    assert len(clamped.token_ids) == 6 and clamped.finish_reason == "length"
 
 
 async def test_unsupported_request_is_a_non_retryable_error(model_server, client):
     with pytest.raises(BackendError) as info:
-        await client.generate(model_server, [5, 6, 7], SamplingParams(max_tokens=2, n=2))
+        await client.generate(model_server, [5, 6, 7], SamplingParams(max_tokens=2, temperature=0, n=2))  # as vLLM
     assert not info.value.retryable and info.value.status_code == 400
     with pytest.raises(BackendError, match="outside the vocabulary"):
         await client.generate(model_server, [10**6], SamplingParams(max_tokens=2))

@@ -17,20 +17,11 @@ from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from rollstream.llm.server.engine import (
-    ContextTooLong,
-    Engine,
-    EngineConfig,
-    EngineError,
-    GenerateRequest,
-    GenerateResult,
-    next_request_id,
-)
+from rollstream.llm.server.completions import completion_response, stream_chunks, to_samples
+from rollstream.llm.server.engine import ContextTooLong, Engine, EngineConfig, EngineError, next_request_id
 from rollstream.llm.server.protocol import (
-    CompletionChoice,
-    CompletionLogProbs,
     CompletionRequest,
     CompletionResponse,
     ErrorBody,
@@ -39,10 +30,8 @@ from rollstream.llm.server.protocol import (
     ModelCard,
     ModelList,
     PolicyVersion,
-    UsageInfo,
 )
 from rollstream.llm.server.registration import Registration, advertise_url_for
-from rollstream.llm.server.sampling import SequenceSampling
 
 logger = logging.getLogger(__name__)
 
@@ -52,88 +41,6 @@ DISCONNECT_POLL_S = 0.25
 def _error(status: int, message: str, kind: str = "BadRequestError") -> JSONResponse:
     body = ErrorResponse(error=ErrorBody(message=message, type=kind, code=status))
     return JSONResponse(body.model_dump(), status_code=status)
-
-
-def to_generate_request(engine: Engine, body: CompletionRequest) -> GenerateRequest:
-    """Map a vLLM completion body onto the engine's request; EngineError for what the
-    built-in server does not do (streaming, n > 1, echo, several prompts)."""
-    if body.stream:
-        raise EngineError("stream=true is not supported by the built-in server; send stream=false")
-    if body.n != 1:
-        raise EngineError("n must be 1 on the built-in server; send one request per sample")
-    if body.echo:
-        raise EngineError("echo is not supported by the built-in server")
-    prompt = body.prompt
-    if isinstance(prompt, str):
-        prompt = engine.tokenizer.encode(prompt, add_special_tokens=True)
-    elif prompt and isinstance(prompt[0], list):
-        if len(prompt) != 1:
-            raise EngineError("one prompt per request on the built-in server; got a batch of prompts")
-        prompt = prompt[0]
-    top_k = body.top_k if body.top_k is not None and body.top_k > 0 else -1
-    sampling = SequenceSampling(
-        temperature=1.0 if body.temperature is None else body.temperature,
-        top_p=1.0 if body.top_p is None else body.top_p,
-        top_k=top_k,
-        min_p=body.min_p or 0.0,
-        repetition_penalty=body.repetition_penalty or 1.0,
-        presence_penalty=body.presence_penalty or 0.0,
-        frequency_penalty=body.frequency_penalty or 0.0,
-        min_tokens=body.min_tokens,
-        num_top_logprobs=body.logprobs or 0,
-        seed=body.seed,
-    )
-    sampling.make_generator(engine.device)
-    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    return GenerateRequest(
-        prompt_ids=[int(t) for t in prompt],
-        max_tokens=body.max_tokens or 16,
-        sampling=sampling,
-        stop=stop,
-        stop_token_ids=list(body.stop_token_ids or []),
-        ignore_eos=body.ignore_eos,
-        skip_special_tokens=body.skip_special_tokens,
-        include_stop_str_in_output=body.include_stop_str_in_output,
-    )
-
-
-def to_completion_response(engine: Engine, body: CompletionRequest, req: GenerateRequest, out: GenerateResult) -> CompletionResponse:
-    logprobs = None
-    if body.logprobs is not None:
-        as_ids = bool(body.return_tokens_as_token_ids)
-
-        def name(token_id: int) -> str:
-            return f"token_id:{token_id}" if as_ids else engine.tokenizer.decode([token_id])
-
-        tokens = [name(t) for t in out.token_ids]
-        offsets, offset = [], len("")
-        for token in tokens:
-            offsets.append(offset)
-            offset += len(token)
-        top = []
-        for token_id, lp, alternatives in zip(out.token_ids, out.logprobs, out.top_logprobs):
-            entry = {name(i): v for i, v in alternatives}
-            entry[name(token_id)] = lp  # vLLM always lists the sampled token
-            top.append(entry)
-        logprobs = CompletionLogProbs(text_offset=offsets, token_logprobs=out.logprobs, tokens=tokens, top_logprobs=top)
-    with_ids = bool(body.return_token_ids)
-    choice = CompletionChoice(
-        text=out.text,
-        logprobs=logprobs,
-        finish_reason=out.finish_reason,
-        stop_reason=out.stop_reason,
-        token_ids=out.token_ids if with_ids else None,
-        prompt_token_ids=req.prompt_ids if with_ids else None,
-    )
-    usage = UsageInfo(
-        prompt_tokens=out.prompt_tokens,
-        completion_tokens=len(out.token_ids),
-        total_tokens=out.prompt_tokens + len(out.token_ids),
-        prompt_tokens_details={"cached_tokens": out.cached_tokens},
-    )
-    return CompletionResponse(
-        id=next_request_id(), model=engine.model_name, choices=[choice], usage=usage, policy_version=out.policy_version
-    )
 
 
 def create_app(engine: Engine, registration: Registration | None = None) -> FastAPI:
@@ -171,20 +78,28 @@ def create_app(engine: Engine, registration: Registration | None = None) -> Fast
     async def completions(body: CompletionRequest, request: Request):
         if body.model is not None and body.model != engine.model_name:
             return _error(404, f"The model `{body.model}` does not exist; this server serves `{engine.model_name}`", "NotFoundError")
-        req = to_generate_request(engine, body)
-        task = asyncio.ensure_future(engine.generate(req))
-        # A client that gave up (timeout, cancelled job) frees its batch slot at once, as
+        samples = to_samples(engine, body)
+        for sample in samples:
+            engine.validate(sample.request)
+        tasks = [asyncio.ensure_future(engine.generate(s.request)) for s in samples]
+        everything = asyncio.gather(*tasks)
+        # A client that gave up (timeout, cancelled job) frees its batch slots at once, as
         # vLLM aborts a request whose connection closed.
-        while not task.done():
-            await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-            if not task.done() and await request.is_disconnected():
-                task.cancel()
+        while not everything.done():
+            await asyncio.wait({everything}, timeout=DISCONNECT_POLL_S)
+            if not everything.done() and await request.is_disconnected():
+                for task in tasks:
+                    task.cancel()
                 return Response(status_code=499)
         try:
-            out = task.result()
+            results = everything.result()
         except ContextTooLong as exc:
             return _error(400, str(exc))
-        return to_completion_response(engine, body, req, out)
+        request_id = next_request_id()
+        if body.stream:
+            return StreamingResponse(stream_chunks(engine, body, request_id, samples, results),
+                                     media_type="text/event-stream")
+        return completion_response(engine, body, request_id, samples, results)
 
     @app.post("/v1/load_weights", response_model=PolicyVersion, responses={400: {"model": ErrorResponse}})
     async def load_weights(body: LoadWeightsRequest) -> PolicyVersion:

@@ -366,9 +366,11 @@ class Engine:
             finish, stop_reason = "stop", last
         elif not req.ignore_eos and last in self.eos_ids:
             finish = "stop"
-        if finish is None and req.stop:
-            text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=req.skip_special_tokens)
-            hits = [(text.find(s), s) for s in req.stop if s and text.find(s) >= 0]
+        if finish is None and req.stop and len(seq.output_ids) > req.sampling.min_tokens:
+            text = self._text(seq.output_ids, req)
+            # As in vLLM, stop strings count only once min_tokens have been generated.
+            floor = len(self._text(seq.output_ids[: req.sampling.min_tokens], req)) if req.sampling.min_tokens else 0
+            hits = [(at, s) for s in req.stop if s for at in [text.find(s, max(0, floor - len(s) + 1))] if at >= 0]
             if hits:
                 at, matched = min(hits)
                 finish, stop_reason = "stop", matched
@@ -378,7 +380,9 @@ class Engine:
         if finish is None:
             return False
         if text is None:
-            text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=req.skip_special_tokens)
+            # vLLM leaves the stop token (EOS or a stop_token_id) out of the text unless asked.
+            stopped_by_token = finish == "stop" and not req.include_stop_str_in_output
+            text = self._text(seq.output_ids[:-1] if stopped_by_token else seq.output_ids, req)
         if seq.kv is not None:
             self.prefix_cache.insert(seq.kv_ids(), seq.kv)
         result = GenerateResult(
@@ -395,6 +399,11 @@ class Engine:
         seq.kv = None
         _resolve(seq.future, seq.loop, result=result)
         return True
+
+    def _text(self, ids: list[int], req: GenerateRequest) -> str:
+        """The text of `ids` as vLLM's incremental detokenizer leaves it: a character whose
+        bytes are not all generated yet is not in it."""
+        return self.tokenizer.decode(ids, skip_special_tokens=req.skip_special_tokens).rstrip("\ufffd")
 
     def _apply_swaps(self) -> None:
         swaps, self._swaps = self._swaps, []

@@ -15,7 +15,8 @@ class CompletionRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
-    prompt: list[int] | str | list[list[int]] = Field(..., description="token ids (preferred) or text")
+    prompt: list[int] | str | list[list[int]] | list[str] = Field(
+        ..., description="token ids (preferred) or text; or a batch of either (one choice per prompt and sample)")
     max_tokens: int | None = Field(16, ge=1, description="vLLM's default is 16")
     temperature: float | None = Field(None, ge=0.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
@@ -31,8 +32,9 @@ class CompletionRequest(BaseModel):
     frequency_penalty: float | None = None
     logprobs: int | None = Field(None, ge=0, description="number of top logprobs per token; 0 = the sampled one only")
     echo: bool = False
-    n: int = 1
+    n: int = Field(1, description="samples per prompt (n > 1 needs temperature > 0, as in vLLM)")
     stream: bool = False
+    stream_options: dict | None = Field(None, description='{"include_usage": true} adds a last chunk with usage')
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     return_tokens_as_token_ids: bool | None = None

@@ -6,6 +6,7 @@ the disk has room again every job in flight ends with exactly one result, by its
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 
 import httpx
@@ -65,6 +66,11 @@ async def test_workers_outlive_a_full_redis_disk_and_every_job_gets_one_result(
                 status = (await http.get("/v1/status", headers={"Authorization": "Bearer t"})).json()
             assert "MISCONF" in status["redis_problem"]
             assert "MISCONF" in (await snapshot(client.r, keys)).redis_problem
+            cli = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "rollstream", "status", "--redis", url, "--namespace", settings.namespace,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+            shown = (await cli.communicate())[0].decode()
+            assert cli.returncode == 0 and "MISCONF" in shown, shown  # what an operator sees
             await asyncio.sleep(3.0)  # every worker meets refusals: reads, heartbeats, hand-offs
             assert alive(tasks) == []
             disk.free()

@@ -59,9 +59,10 @@ def _check_ids(job: Job) -> None:
 
 class AsyncClient:
     """Submit and collect rollouts. One client is one submitter: its results arrive on
-    ``{ns}:results:{submitter}`` and each result is yielded once (acknowledged with the
-    next submission or read, or at ``close``, so a crashed consumer sees an unacknowledged
-    result again)."""
+    ``{ns}:results:{submitter}`` and each result is yielded once: it counts as done when the
+    caller's loop comes back for the next one, and is acknowledged with the next submission
+    or read, or at ``close``. One the caller did not finish (its loop raised or broke out, or
+    it crashed) is delivered again."""
 
     def __init__(self, redis_url: str | None = None, *, submitter: str | None = None,
                  settings: Settings | None = None, validate_tasks: bool = True):

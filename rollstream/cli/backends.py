@@ -54,9 +54,13 @@ def list_(redis: Optional[str] = redis_option(), namespace: Optional[str] = name
     if as_json:
         print(json.dumps([row.model_dump() for row in rows]))
         return
-    table = Table("backend", "in flight", "healthy")
+    table = Table("backend", "in flight", "healthy", "policy")
     for row in rows:
-        table.add_row(row.url, str(row.in_flight), "yes" if row.healthy else "[red]no[/red]")
+        # the version the trainer's last weight sync left it serving (weight_sync.record_served_versions)
+        policy = str(row.info.get("policy_version", "-"))
+        if row.info.get("policy_sync_error"):
+            policy += " [red](last sync failed)[/red]"
+        table.add_row(row.url, str(row.in_flight), "yes" if row.healthy else "[red]no[/red]", policy)
     console.print(table)
 
 

@@ -129,7 +129,7 @@ def create_app(settings: Settings, *, token: str | None = None) -> FastAPI:
         """200 while Redis answers and takes writes; 503 saying what is wrong otherwise (a
         full disk under its AOF, a read-only replica, its memory limit, no answer)."""
         try:
-            problem = await asyncio.wait_for(redis_problem(r(), keys), 2.0)
+            problem = await asyncio.wait_for(redis_problem(r(), keys, terse=True), 2.0)
         except asyncio.TimeoutError:
             problem = "Redis did not answer within 2 s"
         if problem:

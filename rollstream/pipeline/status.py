@@ -10,7 +10,7 @@ import redis
 import redis.asyncio as aioredis
 from pydantic import BaseModel, Field
 
-from rollstream.pipeline.connection import transient_problem
+from rollstream.pipeline.connection import refused_write, transient_problem
 from rollstream.pipeline.keys import STAGES, Keys
 
 # Workers whose heartbeat is older than this are left out (and dropped from the workers set)
@@ -64,13 +64,17 @@ async def _stream_status(r: aioredis.Redis, stream: str, stage: str, node: str |
     return st
 
 
-async def redis_problem(r: aioredis.Redis, keys: Keys) -> str | None:
+async def redis_problem(r: aioredis.Redis, keys: Keys, *, terse: bool = False) -> str | None:
     """What is wrong with Redis, in words, or None: a write probe (a key that expires), since
-    a Redis with a full disk still answers PING and reads but refuses every write."""
+    a Redis with a full disk still answers PING and reads but refuses every write. ``terse``:
+    an unreachable Redis is named by the error's type only (for the unauthenticated /health:
+    no socket paths or hosts)."""
     try:
         await r.set(keys.health_probe, time.time(), px=60_000)
     except (redis.RedisError, OSError) as exc:
-        return transient_problem(exc) or f"{type(exc).__name__}: {exc}"
+        if refused_write(exc) or not terse:
+            return transient_problem(exc) or f"{type(exc).__name__}: {exc}"
+        return f"Redis unreachable: {type(exc).__name__}"
     return None
 
 

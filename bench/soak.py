@@ -85,8 +85,8 @@ async def main() -> None:
                             redis_disk_mb=args.redis_disk_mb if "full-disk" in faults else None)
         cluster = LocalCluster(cfg)
         t0 = time.monotonic()
-        await cluster.start()
-        try:
+        try:  # a cluster that failed to start is stopped too (its processes, the tmpfs under Redis)
+            await cluster.start()
             report = await run_soak(cluster, faults, echo_total=args.echo, llm_total=args.llm, seed=args.seed)
         finally:
             await cluster.stop()

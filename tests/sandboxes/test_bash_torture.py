@@ -206,6 +206,11 @@ CASES: dict[str, list[Call]] = {
         Call("unset -f printf eval __rs_n; __rs_n=junk __rs_st=junk __rs_la=junk; echo set", "set\n", 0),
         Call("echo ok", "ok\n", 0),
     ],
+    "exec_bash_replaces_the_shell_and_the_tool_carries_on": [
+        Call("export -f torture_fn; exec bash --norc", exit_code=0, note="replaced by a new bash"),
+        Call("false", "", 1),
+        Call('echo "prev=$?"', "prev=1\n", 0),
+    ],
     "exec_redirecting_stdout_keeps_the_framing": [
         Call("exec 3>&1 >/dev/null; echo hidden", "", 0),
         Call("exec >&3 3>&-; echo shown", "shown\n", 0),

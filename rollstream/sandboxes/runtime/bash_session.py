@@ -33,6 +33,9 @@ import ptyprocess
 _CHUNK_CHARS = 1000
 _SAFE = re.compile(rb"[^\x20-\x26\x28-\x5b\x5d-\x7e]")
 _STARTUP_TIMEOUT_S = 15.0
+# While a command that may `exec` runs quiet: how often to look whether a new bash, which
+# prints no marker, has replaced the shell.
+_EXEC_POLL_S = 0.2
 _DIMENSIONS = (50, 250)
 _WINSIZE = struct.pack("HHHH", *_DIMENSIONS, 0, 0)  # struct winsize
 # Control characters of a fresh Linux tty (INIT_C_CC): an agent's `stty eol x` must not turn
@@ -264,6 +267,7 @@ class BashSession:
         # The termios restored before each command; None behind a pty of someone else's
         # (docker exec -t), where the shell restores its modes itself.
         self.modes: list | None = None
+        self.shell: tuple[int, bytes] | None = None  # its process group and command line
         self.foreign: bool | None = None
         self.replaced = False
         self.xtrace = False
@@ -343,7 +347,7 @@ class BashSession:
         fd = self.process.fd
         wanted = tool_modes(termios.tcgetattr(fd))
         first = (
-            "PS1=''; PS2=''; PS4=''; set +H; set +o history; unset HISTFILE; "
+            "PS1=''; PS2=''; PS4=''; set +H +o history +o emacs +o vi; unset HISTFILE; "
             "__rs_n=0; __rs_st=; __rs_la=; "
             '__rs_pre() { return "$1"; }; '
             "readonly -f __rs_pre; "
@@ -359,6 +363,7 @@ class BashSession:
                 self.foreign = b"__rs_pre" in collector.render()
                 self.modes = None if self.foreign else wanted
             self._restore_terminal()
+            self.shell = self._foreground()
             finish = (
                 f"if [[ -t 255 ]]; then {self._setup_line('>&255')}; "
                 f"elif {{ : >/dev/tty; }} 2>/dev/null; then {self._setup_line('2>/dev/null >/dev/tty')}; "
@@ -427,6 +432,24 @@ class BashSession:
             pass
         return crlf
 
+    def _foreground(self) -> tuple[int, bytes] | None:
+        """The pty's foreground process group and its leader's command line."""
+        assert self.process is not None
+        try:
+            group = os.tcgetpgrp(self.process.fd)
+            with open(f"/proc/{group}/cmdline", "rb") as handle:
+                return group, handle.read()
+        except OSError:
+            return None
+
+    def _shell_replaced_by_bash(self) -> bool:
+        """Whether the shell, in the foreground again, now runs another command line, a
+        bash's: `exec bash` (a terminal's way to start afresh) left a shell without our setup."""
+        now = self._foreground()
+        if self.shell is None or now is None or now[0] != self.shell[0] or now[1] == self.shell[1]:
+            return False
+        return os.path.basename(now[1].split(b"\0", 1)[0]) == b"bash"
+
     def _signal_foreground(self, signum: int) -> bool:
         """Signal the pty's foreground process group, as the tty does for Ctrl-C when its
         ISIG is on; works whatever the agent set. False where there is none to signal."""
@@ -447,10 +470,12 @@ class BashSession:
         number: int,
         deadline: float,
         no_output_s: float | None,
+        watch_exec: bool = False,
     ) -> tuple[str, int | None]:
         """Read output into `collector` until the marker of command `number`.
 
-        Returns ("done", exit_code), ("timeout", None), ("no_output", None) or ("eof", None).
+        Returns ("done", exit_code), ("timeout", None), ("no_output", None), ("eof", None),
+        or with `watch_exec` ("exec", None) once the shell has exec'd a new bash.
         """
         assert self.process is not None
         fd = self.process.fd
@@ -466,8 +491,11 @@ class BashSession:
             if wait <= 0:
                 collector.add(pending)
                 return reason, None
-            ready, _, _ = select.select([fd], [], [], wait)
+            ready, _, _ = select.select([fd], [], [], min(wait, _EXEC_POLL_S) if watch_exec else wait)
             if not ready:
+                if watch_exec and self._shell_replaced_by_bash():
+                    collector.add(pending)
+                    return "exec", None
                 continue
             try:
                 chunk = os.read(fd, 1 << 16)
@@ -525,8 +553,15 @@ class BashSession:
         collector = OutputCollector(self.output_bytes)
         os.write(self.process.fd, encode_command(command, number, self.xtrace, self.last_status == 0))
         status, exit_code = self._read_until_marker(
-            collector, number, started + timeout_s, no_output_timeout_s
+            collector, number, started + timeout_s, no_output_timeout_s, b"exec" in command and not self.foreign
         )
+        if status == "exec":
+            self._setup_shell()
+            status, exit_code = "done", 0
+            notes.append(
+                "the shell was replaced by a new bash (exec); it carries on in the same directory "
+                "with the exported variables"
+            )
         timed_out = status in ("timeout", "no_output")
         interrupted = False
         if status == "eof":

@@ -531,6 +531,7 @@ class ConsumerLoop:
                 "event_loop": type(asyncio.get_running_loop()).__module__.split(".")[0]})
             pipe.expire(keys.worker(self.consumer), int(self.s.worker_ttl_s * 3) + 1)
             await pipe.execute()
+        self.outage.recovered()  # Redis took these writes (a read loop held by back-pressure may not tell)
 
     async def _reclaim(self) -> None:
         free = self.concurrency - len(self.inflight)

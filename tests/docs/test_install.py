@@ -52,7 +52,7 @@ def test_scripts_install_makes_a_venv_with_the_system_python_and_a_second_run_in
     try:
         repo = base / "checkout"
         _clean_copy(repo)
-        first = subprocess.run(["bash", "scripts/install", "dev"], cwd=repo, env=_system_env(),
+        first = subprocess.run(["bash", "scripts/install", ""], cwd=repo, env=_system_env(),
                                capture_output=True, text=True, timeout=540)
         assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-5000:]
         assert "creating the project virtual environment .venv (from /usr/bin/python3)" in first.stderr
@@ -64,7 +64,7 @@ def test_scripts_install_makes_a_venv_with_the_system_python_and_a_second_run_in
         site = next((repo / ".venv" / "lib").glob("python3*/site-packages"))
         before = sorted(p.name for p in site.iterdir())
 
-        second = subprocess.run(["bash", "scripts/install", "dev"], cwd=repo, env=_system_env(),
+        second = subprocess.run(["bash", "scripts/install", ""], cwd=repo, env=_system_env(),
                                 capture_output=True, text=True, timeout=120)
         assert second.returncode == 0, second.stderr[-3000:]
         assert "install" not in second.stderr and not second.stdout, second.stderr

@@ -52,7 +52,7 @@ def test_submit_runs_a_shipped_task_set_by_name_and_exits_1_when_a_job_failed(se
     assert "done 1  failed 1" in failed.stderr and "1 of 2 jobs did not complete" in failed.stderr
 
 
-def test_timeout_s_is_a_deadline_and_cancel_ends_the_rest(settings, worker_pool, tmp_path):
+def test_timeout_s_is_a_deadline_and_cancel_ends_the_rest_by_submitter_or_all(settings, worker_pool, tmp_path):
     worker_pool().start_all(concurrency=8)
     slow = tmp_path / "slow.jsonl"
     slow.write_text('{"task": "echo", "instance": {"prompt": "quick"}}\n'
@@ -68,3 +68,11 @@ def test_timeout_s_is_a_deadline_and_cancel_ends_the_rest(settings, worker_pool,
         (result,) = client.collect(1, timeout_s=60)
     assert result.status == "cancelled"
     assert _one_line_error(_cli(settings, "cancel")).startswith("error: say what to cancel")
+
+    # --all reaches every submitter of the namespace.
+    with Client(settings=settings, submitter="a") as a, Client(settings=settings, submitter="b") as b:
+        for client in (a, b):
+            client.submit({"task": "echo", "instance": {"prompt": "slow", "run_s": 60}})
+        everything = _cli(settings, "cancel", "--all")
+        assert everything.returncode == 0 and "submitter a" in everything.stderr and "submitter b" in everything.stderr
+        assert [r.status for r in a.collect(1, timeout_s=60) + b.collect(1, timeout_s=60)] == ["cancelled"] * 2

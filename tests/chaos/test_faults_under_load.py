@@ -13,6 +13,7 @@ import random
 import pytest
 
 from rollstream.chaos.cluster import ClusterConfig, LocalCluster
+from rollstream.chaos.diskfull import cannot_mount
 from rollstream.chaos.faults import FAULTS
 from rollstream.chaos.soak import run_phase
 
@@ -23,7 +24,9 @@ ECHO_PER_PHASE, LLM_PER_PHASE = 300, 6
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, arith_model_dir):
     """Processes only (nothing bound to an event loop), so each test's loop can drive it."""
-    cfg = ClusterConfig(data_dir=tmp_path_factory.mktemp("chaos"), concurrency=32, model_dir=arith_model_dir)
+    # Redis on a small tmpfs where one can be mounted (root), so the full-disk phase fills it for real.
+    cfg = ClusterConfig(data_dir=tmp_path_factory.mktemp("chaos"), concurrency=32, model_dir=arith_model_dir,
+                        redis_disk_mb=64 if cannot_mount() is None else None)
     deployment = LocalCluster(cfg)
     asyncio.run(deployment.start())
     yield deployment
@@ -46,3 +49,4 @@ async def test_nothing_lost_doubled_or_leaked_under_fault(cluster, rng, fault):
     assert not v.dead_letters_unexplained and not v.dead_letters_early, \
         f"{fault}: dead letters before retries ran out: {v.dead_letters_early[:5]}"
     assert phase.leaks.ok, f"{fault}: left behind {phase.leaks}"
+    assert phase.workers_lost == 0, f"{fault} ({phase.action})"

@@ -35,7 +35,6 @@ NOT_RUN: dict[str, str] = {
                                              "tests/integrations/verl runs verl's AgentLoopWorker against a live "
                                              "rollstream instead",
     r"^pip install\b": "changes the environment; scripts/install installs the same (tests/docs/test_install.py)",
-    r"^export REDIS_URL=redis://head:": "names another machine ('head'); the deployment here is the embedded one",
 }
 
 # Sizes a block states that the docs tests turn down (the literal must stay in the block).

@@ -264,7 +264,7 @@ class BashSession:
         self.token = os.urandom(6).hex().encode()
         # ":r": the shell is being replaced by a new bash (errexit, see _setup_line).
         self.marker = re.compile(rb"\x1eRS" + self.token + rb":(\d+):(\d+):([a-zA-Z]*)(:r)?\x1e")
-        # The termios restored before each command; None behind a pty of someone else's
+        # The termios put back after each command; None behind a pty of someone else's
         # (docker exec -t), where the shell restores its modes itself.
         self.modes: list | None = None
         self.shell: tuple[int, bytes] | None = None  # its process group and command line
@@ -299,10 +299,11 @@ class BashSession:
         The marker goes to bash's own descriptor of the terminal (255, close-on-exec) or
         /dev/tty, so that an agent's `exec >file` does not swallow it. Behind a pty of
         someone else's the prompt command first restores the modes with stty (a fork per
-        command: docker exec costs far more anyway). On an exit that errexit (`set -e`) causes, the EXIT trap reports the failed command
-        and replaces the shell by a new bash in the same directory with the exported
-        variables and the functions, rather than leave the agent with a fresh shell (as does
-        an `exit` with a non-zero status while errexit is on: the trap cannot tell them apart).
+        command: docker exec costs far more anyway). On an exit that errexit (`set -e`)
+        causes, the EXIT trap reports the failed command and replaces the shell by a new
+        bash in the same directory with the exported variables and the functions, rather
+        than leave the agent with a fresh shell (as does an `exit` with a non-zero status
+        while errexit is on: the trap cannot tell them apart).
         """
         if self.foreign:
             rows, cols = _DIMENSIONS

@@ -107,3 +107,28 @@ def test_backend_specs_build_their_strategy():
     assert isinstance(BackendSpec(type="vllm_reload", url="http://b:2", served_model_dir="/m").build(), VllmReloadBackend)
     with pytest.raises(ValueError, match="served_model_dir"):
         BackendSpec(type="vllm_reload", url="http://b:2").build()
+
+
+async def test_vllm_strategy_keeps_file_modes_and_restores_the_served_files_when_the_reload_fails(
+        tiny_model_dir, tmp_path):
+    """Runs everywhere; tests/real_vllm checks the same against a real vLLM."""
+    from rollstream.trainer.weight_sync import PREVIOUS_WEIGHTS_DIR, served_version
+
+    served = tmp_path / "served"
+    served.mkdir()
+    old = served / "model.safetensors"
+    old.write_bytes(b"the weights vLLM serves")
+    old.chmod(0o644)
+    weights = tmp_path / "v1"
+    AutoModelForCausalLM.from_pretrained(tiny_model_dir).save_pretrained(weights)
+    backend = VllmReloadBackend("http://vllm:8000", served)
+    failing = httpx.MockTransport(lambda request: httpx.Response(500, text="reload failed"))
+    async with httpx.AsyncClient(transport=failing) as client:
+        with pytest.raises(WeightSyncError, match="reload failed"):
+            await backend.load(client, weights, 1)
+    assert old.read_bytes() == b"the weights vLLM serves" and (old.stat().st_mode & 0o777) == 0o644
+    assert not (served / PREVIOUS_WEIGHTS_DIR).exists() and served_version(served) is None
+    async with httpx.AsyncClient(transport=httpx.MockTransport(lambda request: httpx.Response(200))) as client:
+        await backend.load(client, weights, 1)
+    assert old.read_bytes() == (weights / "model.safetensors").read_bytes()
+    assert (old.stat().st_mode & 0o777) == 0o644 and served_version(served) == 1

@@ -46,7 +46,7 @@ def _root(root_dir: str | None, namespace: str | None) -> str:
 def pull(
     source: str = typer.Argument(..., help="docker://IMAGE, a .sif file or a rootfs tarball"),
     backend: str = typer.Option("singularity", help="singularity (makes a SIF) or bwrap (unpacks a rootfs folder)"),
-    images_dir: str = typer.Option(None, help="where images go; default $ROLLSTREAM_IMAGES_DIR or ~/.cache/rollstream/images"),
+    images_dir: str = typer.Option(None, help="where images go; default $ROLLSTREAM_IMAGES_DIR, else ~/.cache/rollstream/images (as root /var/cache/rollstream/images)"),
     now: bool = typer.Option(False, "--now", help="run here and wait instead of queueing an rq job"),
     redis: Optional[str] = redis_option(REDIS_HELP),
     redis_url: Optional[str] = redis_url_alias(),
@@ -71,7 +71,7 @@ def build(
                                       "make: docker (the engine's image), bwrap (an unpacked rootfs), singularity (a SIF)"),
     mirror: Optional[str] = typer.Option(None, help="repository mirror; default $ROLLSTREAM_SWE_MIRROR"),
     force: bool = typer.Option(False, "--force", help="rebuild even when cached"),
-    images_dir: str = typer.Option(None, help="where images go; default $ROLLSTREAM_IMAGES_DIR or ~/.cache/rollstream/images"),
+    images_dir: str = typer.Option(None, help="where images go; default $ROLLSTREAM_IMAGES_DIR, else ~/.cache/rollstream/images (as root /var/cache/rollstream/images)"),
     now: bool = typer.Option(False, "--now", help="run here and wait instead of queueing an rq job"),
     as_json: bool = typer.Option(False, "--json", help="with --now: print what was built as JSON"),
     redis: Optional[str] = redis_option(REDIS_HELP),
@@ -124,7 +124,7 @@ def _build_environments(source: str, backends: tuple[str, ...], mirror: str | No
 
 @app.command("list")
 def list_(
-    images_dir: str = typer.Option(None, help="where images are; default $ROLLSTREAM_IMAGES_DIR or ~/.cache/rollstream/images"),
+    images_dir: str = typer.Option(None, help="where images are; default $ROLLSTREAM_IMAGES_DIR, else ~/.cache/rollstream/images (as root /var/cache/rollstream/images)"),
     as_json: bool = typer.Option(False, "--json", help="print JSON for scripts"),
 ) -> None:
     """List prepared images."""

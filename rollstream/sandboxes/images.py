@@ -23,7 +23,11 @@ ImageBackend = Literal["bwrap", "singularity"]
 
 
 def default_images_dir() -> str:
-    return os.environ.get("ROLLSTREAM_IMAGES_DIR") or os.path.expanduser("~/.cache/rollstream/images")
+    """$ROLLSTREAM_IMAGES_DIR, else /var/cache/rollstream/images as root (bwrap runs sandboxes under
+    an unprivileged uid, which could not reach a rootfs inside /root), else ~/.cache/rollstream/images."""
+    if os.environ.get("ROLLSTREAM_IMAGES_DIR"):
+        return os.environ["ROLLSTREAM_IMAGES_DIR"]
+    return "/var/cache/rollstream/images" if os.geteuid() == 0 else os.path.expanduser("~/.cache/rollstream/images")
 
 
 def image_name(source: str) -> str:

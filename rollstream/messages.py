@@ -155,7 +155,7 @@ class Envelope(BaseModel):
     stage streams carry."""
 
     job: Job
-    attempt: int = Field(0, description="Times the job was restarted from init.")
+    attempt: int = Field(0, ge=0, le=1_000_000, description="Times the job was restarted from init.")
     node: str | None = None
     sandbox: dict[str, Any] | None = Field(default=None, description="Handle of the sandbox init made.")
     state: dict[str, Any] = Field(default_factory=dict, description="Task state handed from init to run and eval.")

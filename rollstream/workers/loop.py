@@ -273,11 +273,11 @@ class ConsumerLoop:
                 if stage == "init" and (problem := job_problem(env.job)):
                     raise InvalidJob(f"job {env.job.job_id}: {problem}")
             except (DecodeError, ValidationError, InvalidJob) as exc:
-                self._track(msg_id, None, self._guard(None, self._undecodable(src, fields, exc)))
+                self._track(msg_id, None, self._guard(src, None, self._undecodable(src, fields, exc)))
                 continue
             marks[msg_id] = (env.job.job_id, msg_id, {"stage": stage, "status": "running", "worker": self.consumer,
                                                       "node": self.ctx.node, f"{stage}_started_at": started})
-            self._track(msg_id, env, self._guard(env, self._run_job(src, env, deliveries)))
+            self._track(msg_id, env, self._guard(src, env, self._run_job(src, env, deliveries)))
         if marks and self._mark_timer is None:
             self._mark_timer = asyncio.get_running_loop().call_later(MARK_RUNNING_AFTER_S, self._send_marks)
 
@@ -318,7 +318,7 @@ class ConsumerLoop:
         self._slot_freed.set()
 
     # -- one job -----------------------------------------------------------------------
-    async def _guard(self, env: Envelope | None, coro) -> None:
+    async def _guard(self, src: Source, env: Envelope | None, coro) -> None:
         try:
             await coro
         except (redis.RedisError, OSError) as exc:
@@ -327,6 +327,18 @@ class ConsumerLoop:
             # The job stays pending; after the visibility timeout a worker reclaims it.
             log.error("job %s: Redis failed during %s (%s); left pending for reclaim",
                       env.job.job_id if env else "?", self.stage.name, exc)
+        except (ValueError, TypeError, OverflowError) as exc:
+            if env is None:
+                raise
+            # What no codec can carry on (a hand-added message's 2**70, say) would fail the
+            # same way at every delivery: it ends now, as a dead letter and a failed result
+            # that carry only the ids, never as a message pending forever.
+            log.exception("job %s cannot go on from %s", env.job.job_id, self.stage.name)
+            job, error = env.job, f"job cannot be carried on from {self.stage.name}: {type(exc).__name__}: {exc}"
+            letter = DeadLetter(job_id=job.job_id, submitter=job.submitter, stage=self.stage.name, error=error)
+            result = Result(job_id=job.job_id, group_id=job.group_id, submitter=job.submitter, task=job.task,
+                            status="failed", error=error, error_stage=self.stage.name, failure="job")
+            await self.ctx.handoff.dead_letter(src, letter, result, count=await self._release(env))
 
     async def _wait_out(self, exc: BaseException) -> bool:
         """A hand-off that Redis refused (it did not run): wait, and say whether to send it

@@ -83,19 +83,25 @@ async def test_raw_messages_over_the_bounds_are_dead_lettered_and_workers_live_o
         await client.r.xadd(keys.init_stream, {"data": msgpack.packb(
             {"task": "echo", "instance": {"prompt": "x"}, "job_id": "deep-msgpack", "submitter": "alice",
              "metadata": nested(200)})})
+        # An envelope (not a bare job) whose own fields no codec can carry on to the next stage.
+        for name, field in (("huge-attempt", "attempt"), ("huge-state", "state")):
+            job = json.dumps({"task": "echo", "instance": {"prompt": "x"}, "job_id": name, "submitter": "alice"})
+            value = 2**70 if field == "attempt" else '{"n": %d}' % 2**70
+            await client.r.xadd(keys.init_stream, {"json": '{"%s": %s, "job": %s}' % (field, value, job)})
         await client.r.xadd(keys.init_stream, {"json": json.dumps(
             {"task": "echo", "instance": {"prompt": "hi"}, "job_id": "good", "submitter": "alice"})})
         async with stage_tasks(settings) as tasks:
-            results = {r.job_id: r for r in await client.collect(len(texts) + 1, timeout_s=30)}
+            results = {r.job_id: r for r in await client.collect(len(texts) + 3, timeout_s=30)}
             assert alive(tasks) == []
         dead = [unpack(DeadLetter, f[b"data"]) for _id, f in await client.r.xrange(keys.dead)]
     assert results.pop("good").status == "completed"
     # The one that JSON itself cannot parse has no readable submitter: a dead letter only.
-    assert set(results) == set(texts) - {"deeper-than-json"} | {"deep-msgpack"}
+    assert set(results) == set(texts) - {"deeper-than-json"} | {"deep-msgpack", "huge-attempt", "huge-state"}
     assert all(r.status == "failed" and r.failure == "job" for r in results.values()), results
     assert "nests deeper" in results["deep"].error and "64-bit" in results["huge-int"].error
-    assert "not a finite number" in results["nan"].error
-    assert len(dead) == len(texts) + 1
+    assert "not a finite number" in results["nan"].error and "attempt" in results["huge-attempt"].error
+    assert "cannot be carried on" in results["huge-state"].error
+    assert len(dead) == len(texts) + 3
 
 
 async def poison_results(r, keys: Keys, submitter: str, *, for_json: bool = False) -> list[str]:

@@ -110,9 +110,10 @@ async def run(args) -> dict:
     from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
     from rollstream.agent import AgentSettings, LLMSession
+    from rollstream.agent.backend_link import PooledVLLMClient
     from rollstream.agent.gateway import Gateway
     from rollstream.agent.harnesses.openai_chat import SUBMIT
-    from rollstream.llm.client import SamplingParams, VLLMClient
+    from rollstream.llm.client import SamplingParams
     from rollstream.llm.format_pretrain import build_arith_model
     from rollstream.pipeline.balancer import Balancer, add_backend
     from rollstream.pipeline.connection import async_redis
@@ -128,7 +129,7 @@ async def run(args) -> dict:
     settings = AgentSettings(max_turns=10**6, max_tokens_per_turn=64, max_context_tokens=32768,
                              sampling=SamplingParams(temperature=1.0, max_tokens=64))
     tmp = Path(tempfile.mkdtemp(prefix="rs-proxy-"))
-    backend = VLLMClient()
+    backend = PooledVLLMClient()  # the door's link to the backends (as run_harness uses)
     gateway = await Gateway().start()
     try:
         with EmbeddedRedis(tmp / "redis", appendonly=False) as server:

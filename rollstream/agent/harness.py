@@ -120,6 +120,23 @@ async def _gateway(services: dict) -> Gateway:
     return await gateway.start()
 
 
+def _session(llm: Any, services: dict, job: Any, settings: AgentSettings) -> Any:
+    """The job's LLM session (the run worker's balancer, so job and group affinity hold),
+    speaking to vLLM-API backends through the door's pooled link (agent/backend_link.py)."""
+    from rollstream.agent.backend_link import PooledVLLMClient
+    from rollstream.agent.session import LLMSession
+    from rollstream.llm.client import VLLMClient
+
+    options = dict(max_backend_attempts=settings.max_backend_attempts, request_timeout_s=settings.request_timeout_s,
+                   backend_wait_s=settings.backend_wait_s)
+    if type(llm.client) is not VLLMClient:  # another API (SGLang): its own client
+        return llm.session(job.job_id, job.group_id, **options)
+    link = services.get("backend_link")
+    if link is None:
+        link = services["backend_link"] = PooledVLLMClient(model=llm.client.model)
+    return LLMSession(link, job.job_id, job.group_id, balancer=llm.balancer, **options)
+
+
 async def run_harness(harness: str, messages: list[dict], tools: list[dict], env: Any, ctx: Any) -> Trajectory:
     """The run stage of a harness job (``env``: the job's Envelope, ``ctx``: its TaskContext)."""
     from rollstream.sandboxes import SandboxClient
@@ -131,8 +148,7 @@ async def run_harness(harness: str, messages: list[dict], tools: list[dict], env
     settings = AgentSettings.model_validate({**job.agent, "sampling": job.sampling})
     version_at_start = await llm.policy_version()
     gateway = await _gateway(ctx.services)
-    session = llm.session(job.job_id, job.group_id, max_backend_attempts=settings.max_backend_attempts,
-                          request_timeout_s=settings.request_timeout_s, backend_wait_s=settings.backend_wait_s)
+    session = _session(llm, ctx.services, job, settings)
     door = gateway.open(job.job_id, session, llm.tokenizer, settings)
     # Paths rebuilt from the id: a handle read from a stream is not trusted (sandboxes/lifecycle.py).
     sandbox = SandboxClient(checked_handle(env.sandbox, ctx.services.get("sandbox_root")).socket_path) \

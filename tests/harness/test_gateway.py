@@ -12,14 +12,15 @@ import pytest
 from openai import AsyncOpenAI
 
 from rollstream.agent import AgentSettings, LLMSession
+from rollstream.agent.backend_link import PooledVLLMClient
 from rollstream.agent.gateway import Gateway
 from rollstream.agent.harnesses.openai_chat import SUBMIT
 from rollstream.llm.client import SamplingParams, VLLMClient
 from rollstream.tasks import arith
 
 
-class RecordingClient(VLLMClient):
-    """The real client; it also keeps what each request sent and got back."""
+class RecordingClient(PooledVLLMClient):
+    """The door's real link to backends; it also keeps what each request sent and got back."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -119,7 +120,7 @@ async def test_the_doors_limits_end_the_episode_as_the_agents_and_a_dead_backend
                             AgentSettings(max_turns=1, max_tokens_per_turn=16))
     tiny_context = gateway.open("job-4", LLMSession(VLLMClient(), "job-4", backend_url=arith_server), tokenizer,
                                 AgentSettings(max_context_tokens=16))
-    dead = gateway.open("job-5", LLMSession(VLLMClient(), "job-5", backend_url="http://127.0.0.1:9",
+    dead = gateway.open("job-5", LLMSession(PooledVLLMClient(), "job-5", backend_url="http://127.0.0.1:9",
                                             max_backend_attempts=1), tokenizer, AgentSettings())
 
     def client(door):

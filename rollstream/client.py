@@ -176,10 +176,15 @@ class AsyncClient:
     async def _ack_pending(self) -> None:
         if self._to_ack:
             ids, self._to_ack = self._to_ack, []
-            async with self.r.pipeline(transaction=True) as pipe:
-                pipe.xack(self._results_stream, RESULTS_GROUP, *ids)
-                pipe.xdel(self._results_stream, *ids)
-                await pipe.execute()
+            try:
+                async with self.r.pipeline(transaction=True) as pipe:
+                    pipe.xack(self._results_stream, RESULTS_GROUP, *ids)
+                    pipe.xdel(self._results_stream, *ids)
+                    await pipe.execute()
+            except BaseException as exc:
+                self._to_ack = ids + self._to_ack  # not known to be acknowledged: owe them still
+                raise_refusal(exc, self.url)
+                raise
 
     async def _read(self, last_id: str, count: int, block_ms: int | None):
         """XREADGROUP on the results stream; acknowledgements still owed ride in the same

@@ -64,6 +64,11 @@ async def test_workers_outlive_a_full_redis_disk_and_every_job_gets_one_result(
                 health = await http.get("/health")
                 assert health.status_code == 503 and "MISCONF" in health.text and "disk" in health.text
                 status = (await http.get("/v1/status", headers={"Authorization": "Bearer t"})).json()
+                refused = await http.post("/v1/jobs", headers={"Authorization": "Bearer t"},
+                                          json={"task": "echo", "instance": {"prompt": "late"}})
+                assert refused.status_code == 503 and "MISCONF" in refused.text and refused.headers["retry-after"]
+                page = await http.get("/v1/results/full", headers={"Authorization": "Bearer t"}, params={"wait_s": 0})
+                assert page.status_code == 503 and "MISCONF" in page.text
             assert "MISCONF" in status["redis_problem"]
             assert "MISCONF" in (await snapshot(client.r, keys)).redis_problem
             cli = await asyncio.create_subprocess_exec(

@@ -68,7 +68,9 @@ def build_batch(
     """Pad trajectories into one PaddedBatch.
 
     Sequences longer than `max_seq_len` lose the end of their response (mask and logprobs
-    with it): the prompt is never cut, since the response is conditioned on all of it.
+    with it): the prompt is never cut, since the response is conditioned on all of it. A
+    trajectory of several exact segments (a harness that rewrote its history) gives one row
+    per segment, each with the trajectory's advantage.
     """
     if len(trajectories) == 0:
         raise ValueError("build_batch needs at least one trajectory")
@@ -77,7 +79,9 @@ def build_batch(
         raise ValueError(f"need one advantage per trajectory: {len(trajectories)} vs {tuple(advantages.shape)}")
 
     rows: list[tuple[list[int], list[int], list[float]]] = []
-    for traj in trajectories:
+    sequences = [(seq, adv) for traj, adv in zip(trajectories, advantages.tolist()) for seq in (traj.segments or [traj])]
+    advantages = torch.tensor([adv for _seq, adv in sequences], dtype=torch.float32)
+    for traj, _adv in sequences:
         prompt, response = list(traj.prompt_ids), list(traj.response_ids)
         mask, logprobs = list(traj.loss_mask), list(traj.logprobs)
         if max_seq_len is not None and len(prompt) + len(response) > max_seq_len:

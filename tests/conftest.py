@@ -157,6 +157,8 @@ def asgi_server():
 def pytest_collection_finish(session):
     """Build the models the selected tests need and the cache lacks, before the first test:
     outside every per-test timeout (scripts/test builds them all before pytest starts)."""
+    if session.config.option.collectonly:
+        return
     needed = {name for item in session.items for name in getattr(item, "fixturenames", ())}
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     model_cache.build_missing(needed, say=reporter.write_line if reporter else print)

@@ -52,8 +52,9 @@ class JobDoor:
     settings: AgentSettings
     key: str = field(default_factory=lambda: "rs-" + secrets.token_urlsafe(32))
     recorder: CallRecorder = field(init=False)
-    # Why the episode ended, where the door decided it: "context", "max_turns", or "error"
-    # (the backends failed the call: the service's failure, not the agent's).
+    # Why the episode ended, where the door refused the last call: "context", "max_turns", or
+    # "error" (the backends failed it: the service's failure, not the agent's). Cleared by a
+    # call that succeeds after it.
     ended: str | None = None
     ended_detail: str | None = None
     llm_s: float = 0.0
@@ -73,7 +74,7 @@ class JobDoor:
             if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
                 raise DoorError(400, "tools must be a list of tool objects", "invalid_tools")
             tools = [_template_tool(t) for t in tools]
-        if request.get("n", 1) != 1:
+        if (request.get("n") or 1) != 1:
             raise DoorError(400, "this endpoint serves n=1 (each call is one recorded sample)", "unsupported_n")
         # One call at a time per job: a trajectory is one sequence of calls.
         async with self._lock:
@@ -96,7 +97,9 @@ class JobDoor:
             raise DoorError(400, f"the prompt has {len(prompt_ids)} tokens; this model's context for the job is "
                             f"{s.max_context_tokens}", "context_length_exceeded")
         asked = request.get("max_completion_tokens") or request.get("max_tokens") or s.max_tokens_per_turn
-        max_tokens = max(1, min(int(asked), s.max_tokens_per_turn, budget))
+        if not isinstance(asked, int) or isinstance(asked, bool):
+            raise DoorError(400, "max_tokens must be an integer", "invalid_max_tokens")
+        max_tokens = max(1, min(asked, s.max_tokens_per_turn, budget))
         stop_ids = sorted(set(s.sampling.stop_token_ids or []) | {renderer.end_of_turn_id})
         # The job's sampling rules (the trainer's, e.g. temperature 1.0): the harness's own
         # temperature or top_p would make the recorded logprobs off-policy.
@@ -120,6 +123,7 @@ class JobDoor:
         text = self.tokenizer.decode(gen.token_ids[:-1] if ended_turn else gen.token_ids, skip_special_tokens=False)
         reply, finish = _reply(text, ended_turn, gen.finish_reason)
         self.recorder.record(messages, tools, prompt_ids, extended, gen, reply)
+        self.ended = self.ended_detail = None  # a harness that got past a refusal (e.g. summarised) goes on
         # Once this answer is on its way (the next turn of the loop), get the next call's
         # rendering ready while the harness works.
         asyncio.get_running_loop().call_soon(self.recorder.prepare)
@@ -130,8 +134,7 @@ class JobDoor:
                           "total_tokens": len(prompt_ids) + len(gen.token_ids)}}
 
     def _end(self, reason: str, detail: str) -> None:
-        if self.ended is None:
-            self.ended, self.ended_detail = reason, detail
+        self.ended, self.ended_detail = reason, detail
 
 
 def _template_tool(tool: dict) -> dict:

@@ -1,7 +1,8 @@
 """A short supervised warm-up of a small model on worked agent episodes, so that RL starts
 with rewards above zero. Episodes are tokenized the way the agent loop will see them:
 the prompt through the chat template once, each assistant turn as its own tokens (loss on),
-each observation as the template's delta (loss off)."""
+each observation as the template's delta (loss off). Built models are kept in a cache folder
+named after their recipe (``cached_arith_model``), one builder at a time across processes."""
 
 from __future__ import annotations
 

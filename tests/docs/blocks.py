@@ -40,6 +40,7 @@ NOT_RUN: dict[str, str] = {
 # Sizes a block states that the docs tests turn down (the literal must stay in the block).
 SMALLER = {
     "max_steps=20": "max_steps=1",
+    "per_device_train_batch_size=8": "per_device_train_batch_size=4",  # one prompt's 4 generations
 }
 
 

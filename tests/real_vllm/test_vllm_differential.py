@@ -19,6 +19,9 @@ from .vllm_process import MAX_MODEL_LEN
 
 LOGPROB_TOLERANCE = 1e-4
 SHORT = [5, 17, 42, 99, 7]
+# With the arith model, greedy output from here has a byte token that completes no character
+# (text '\ufffd', logprob token name ''): where vLLM's text and token names are subtle.
+PARTIAL_CHARACTER = [427, 23, 1067, 1507, 74, 323]
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +91,7 @@ GREEDY_CASES = {
 
 @pytest.mark.parametrize("case", list(GREEDY_CASES))
 def test_greedy_requests_answer_as_vllm(case, vllm_url, builtin_url, chat):
-    for prompt in (chat, SHORT):
+    for prompt in (chat, SHORT, PARTIAL_CHARACTER):
         assert_same_completion(*both(vllm_url, builtin_url, {"prompt": prompt, **GREEDY_CASES[case]}))
 
 
@@ -167,13 +170,13 @@ def joined(events: list, index: int) -> dict:
 
 def test_streamed_completions_add_up_to_what_vllm_streams(vllm_url, builtin_url, chat):
     body = {**GREEDY_CASES["client_body"], "prompt": chat, "stream": True, "stream_options": {"include_usage": True}}
-    for extra in ({}, {"stop": ["echo"]}, {"prompt": [chat, SHORT], "max_tokens": 6}):
+    for extra in ({}, {"stop": ["echo"]}, {"prompt": PARTIAL_CHARACTER}, {"prompt": [chat, SHORT], "max_tokens": 6}):
         vllm, builtin = stream(vllm_url, {**body, **extra}), stream(builtin_url, {**body, **extra})
         assert vllm[-1] == builtin[-1] == "[DONE]"
         assert vllm[-2]["choices"] == builtin[-2]["choices"] == []
         assert {k: vllm[-2]["usage"][k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")} == {
             k: builtin[-2]["usage"][k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
-        for index in range(len(extra.get("prompt", [chat])) if "prompt" in extra else 1):
+        for index in range(2 if isinstance(extra.get("prompt", [0])[0], list) else 1):
             a, b = joined(vllm, index), joined(builtin, index)
             assert max_abs_diff(a.pop("logprobs"), b.pop("logprobs")) < LOGPROB_TOLERANCE
             assert a == b

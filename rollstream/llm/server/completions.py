@@ -19,12 +19,10 @@ from rollstream.llm.server.protocol import (
     CompletionResponse,
     UsageInfo,
 )
-from rollstream.llm.server.sampling import SequenceSampling
+from rollstream.llm.server.sampling import GREEDY_EPS, SequenceSampling
 
 # vLLM's --max-logprobs default.
 MAX_LOGPROBS = 20
-# vLLM treats temperatures this small as greedy (and then refuses n > 1).
-_GREEDY_EPS = 1e-5
 
 
 @dataclass
@@ -56,7 +54,7 @@ def _check(body: CompletionRequest, max_model_len: int) -> None:
         raise EngineError("echo is not supported by the built-in server (rollstream never sends it)")
     if body.n < 1:
         raise EngineError(f"n must be at least 1, got {body.n}.")
-    if body.n > 1 and body.temperature is not None and body.temperature < _GREEDY_EPS:
+    if body.n > 1 and body.temperature is not None and body.temperature < GREEDY_EPS:
         raise EngineError(f"n must be 1 when using greedy sampling, got {body.n}.")
     if body.logprobs is not None and body.logprobs > MAX_LOGPROBS:
         raise EngineError(f"Requested sample logprobs of {body.logprobs}, which is greater than max allowed: {MAX_LOGPROBS}")
@@ -147,9 +145,9 @@ class TokenNames:
         return ""
 
 
-def _logprobs(names: TokenNames, out: GenerateResult, start_offset: int = 0) -> CompletionLogProbs:
+def _logprobs(names: TokenNames, out: GenerateResult) -> CompletionLogProbs:
     tokens, offsets, top = [], [], []
-    offset = start_offset
+    offset = 0
     for i, (token_id, lp, alternatives) in enumerate(zip(out.token_ids, out.logprobs, out.top_logprobs)):
         before = out.token_ids[:i]
         name = names(token_id, before)

@@ -11,8 +11,8 @@ import torch
 
 LogprobsMode = Literal["raw_logprobs", "processed_logprobs"]
 
-# vLLM treats temperatures this small as greedy.
-_GREEDY_EPS = 1e-5
+# vLLM treats temperatures this small as greedy (and refuses n > 1 for them).
+GREEDY_EPS = 1e-5
 
 
 @dataclass
@@ -44,7 +44,7 @@ class SequenceSampling:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature < _GREEDY_EPS
+        return self.temperature < GREEDY_EPS
 
     @property
     def needs_history(self) -> bool:

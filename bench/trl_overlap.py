@@ -20,7 +20,7 @@ One trainer run per side and rollouts-per-step setting; within a run the tool ti
 through --tool-ms, STEPS steps each, after WARMUP steps. Step time = time between consecutive
 ``on_step_end`` events (generation, tools, loss, optimizer step and, on the rollstream side,
 the weight sync). The defaults are an agent workload: tools of 50 ms to 2 s (a SWE test run
-takes seconds) and 8 or 32 rollouts a step; about 7 minutes on a quiet 2-core machine.
+takes seconds) and 8 or 32 rollouts a step; 8 to 10 minutes on a busy 2-core machine.
 
     python bench/trl_overlap.py [--tool-ms 50,500,2000] [--prompts 2,8] [--group 4] [--steps 2]
 

@@ -81,6 +81,9 @@ def create_app(engine: Engine, registration: Registration | None = None) -> Fast
         samples = to_samples(engine, body)
         for sample in samples:
             engine.validate(sample.request)
+        if body.stream:
+            return StreamingResponse(stream_chunks(engine, body, next_request_id(), samples),
+                                     media_type="text/event-stream")
         tasks = [asyncio.ensure_future(engine.generate(s.request)) for s in samples]
         everything = asyncio.gather(*tasks)
         # A client that gave up (timeout, cancelled job) frees its batch slots at once, as
@@ -95,11 +98,7 @@ def create_app(engine: Engine, registration: Registration | None = None) -> Fast
             results = everything.result()
         except ContextTooLong as exc:
             return _error(400, str(exc))
-        request_id = next_request_id()
-        if body.stream:
-            return StreamingResponse(stream_chunks(engine, body, request_id, samples, results),
-                                     media_type="text/event-stream")
-        return completion_response(engine, body, request_id, samples, results)
+        return completion_response(engine, body, next_request_id(), samples, results)
 
     @app.post("/v1/load_weights", response_model=PolicyVersion, responses={400: {"model": ErrorResponse}})
     async def load_weights(body: LoadWeightsRequest) -> PolicyVersion:

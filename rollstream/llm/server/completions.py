@@ -2,13 +2,14 @@
 differential test (tests/real_vllm/test_vllm_differential.py): request checks with vLLM's
 status codes and messages, max_tokens clamped to the room the prompt leaves, several prompts
 and n samples per prompt (child seeds seed+i), logprob token names, and the response either
-as one body or as server-sent-event chunks."""
+as one body or as server-sent-event chunks sent while the tokens are generated."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from rollstream.llm.server.engine import ContextTooLong, Engine, EngineError, GenerateRequest, GenerateResult
@@ -185,57 +186,85 @@ def completion_response(engine: Engine, body: CompletionRequest, request_id: str
                               policy_version=min(r.policy_version for r in results))
 
 
-def _pieces(engine: Engine, out: GenerateResult, skip_special_tokens: bool) -> list[str]:
-    """The final text cut into one piece per token, holding back incomplete characters, so
-    that the stream's pieces add up to the text the whole response would carry."""
-    pieces, emitted = [], ""
-    for i in range(len(out.token_ids)):
-        text = engine.tokenizer.decode(out.token_ids[: i + 1], skip_special_tokens=skip_special_tokens)
-        if text.endswith("\ufffd"):
-            text = text[:-1]
-        common = 0
-        for a, b in zip(text, out.text):
-            if a != b:
-                break
-            common += 1
-        upto = max(common, len(emitted))
-        pieces.append(out.text[len(emitted):upto])
-        emitted = out.text[:upto]
-    if pieces:
-        pieces[-1] += out.text[len(emitted):]
-    return pieces
+class _StreamedChoice:
+    """One choice while it streams: the ids so far, the text already sent, and the token held
+    back until the next event says whether it was the last."""
+
+    def __init__(self, engine: Engine, sample: Sample, names: TokenNames):
+        self.engine, self.sample, self.names = engine, sample, names
+        self.ids: list[int] = []
+        self.sent_text = ""
+        self.offset = 0
+        self.pending: tuple[int, float, list[tuple[int, float]]] | None = None
+        # Text that may yet turn out to start a stop string is held back, as vLLM does.
+        self.holdback = max((len(x) for x in sample.request.stop), default=1) - 1
+
+    def chunk(self, body: CompletionRequest, final: GenerateResult | None) -> dict | None:
+        if self.pending is None:
+            return None
+        token_id, logprob, alternatives = self.pending
+        self.pending = None
+        before = self.ids[:-1]
+        if final is None:
+            text = self.engine.text_of(self.ids, self.sample.request)
+            text = text[: max(len(self.sent_text), len(text) - self.holdback)]
+            piece = text[len(self.sent_text):] if text.startswith(self.sent_text) else ""
+        else:
+            piece = final.text[len(self.sent_text):]
+        self.sent_text += piece
+        choice = {"index": self.sample.index, "text": piece, "logprobs": None,
+                  "finish_reason": final.finish_reason if final else None,
+                  "stop_reason": final.stop_reason if final else None}
+        if body.logprobs is not None:
+            name = self.names(token_id, before)
+            top = {self.names(alt, before): v for alt, v in alternatives}
+            top[name] = logprob
+            choice["logprobs"] = {"text_offset": [self.offset], "token_logprobs": [logprob], "tokens": [name],
+                                  "top_logprobs": [top]}
+            self.offset += len(name)
+        if body.return_token_ids:
+            choice["prompt_token_ids"] = self.sample.prompt_ids if len(self.ids) == 1 else None
+            choice["token_ids"] = [token_id]
+        return choice
 
 
-def stream_chunks(engine: Engine, body: CompletionRequest, request_id: str, samples: list[Sample],
-                  results: list[GenerateResult]) -> Iterator[str]:
-    """Server-sent events as vLLM streams a completion: a chunk per token of each choice (the
-    first naming the prompt ids), the last with the finish reason, then usage if asked for
-    (stream_options.include_usage), then [DONE]. The built-in server sends them once the
-    completion is done, not token by token."""
+async def stream_chunks(engine: Engine, body: CompletionRequest, request_id: str,
+                        samples: list[Sample]) -> AsyncIterator[str]:
+    """Server-sent events as vLLM streams a completion, sent as the tokens are generated: a
+    chunk per token of each choice (the first naming the prompt ids, the last with the finish
+    reason), then usage if asked for (stream_options.include_usage), then [DONE]."""
     created = int(time.time())
     names = TokenNames(engine, bool(body.return_tokens_as_token_ids))
-    with_ids = bool(body.return_token_ids)
+    events: asyncio.Queue = asyncio.Queue()
+    choices = [_StreamedChoice(engine, s, names) for s in samples]
+    for number, s in enumerate(samples):
+        s.request.on_token = lambda *token, number=number: events.put_nowait((number, token))
+    tasks = [asyncio.ensure_future(engine.generate(s.request)) for s in samples]
+    for number, task in enumerate(tasks):
+        task.add_done_callback(lambda done, number=number: events.put_nowait((number, done)))
 
-    def event(choices: list[dict], **extra) -> str:
+    def event(chunk_choices: list[dict], **extra) -> str:
         chunk = {"id": request_id, "object": "text_completion", "created": created, "model": engine.model_name,
-                 "choices": choices, **extra}
+                 "choices": chunk_choices, **extra}
         return f"data: {json.dumps(chunk)}\n\n"
 
-    for s, out in zip(samples, results):
-        logprobs = _logprobs(names, out) if body.logprobs is not None else None
-        pieces = _pieces(engine, out, body.skip_special_tokens)
-        for i, (token_id, piece) in enumerate(zip(out.token_ids, pieces)):
-            last = i == len(out.token_ids) - 1
-            choice = {"index": s.index, "text": piece, "logprobs": None, "finish_reason": out.finish_reason if last else None,
-                      "stop_reason": out.stop_reason if last else None}
-            if logprobs is not None:
-                choice["logprobs"] = {"text_offset": [logprobs.text_offset[i]], "token_logprobs": [logprobs.token_logprobs[i]],
-                                      "tokens": [logprobs.tokens[i]], "top_logprobs": [logprobs.top_logprobs[i]]}
-            if with_ids:
-                choice["prompt_token_ids"] = s.prompt_ids if i == 0 else None
-                choice["token_ids"] = [token_id]
-            yield event([choice])
-    options = body.stream_options or {}
-    if options.get("include_usage"):
+    results: list[GenerateResult | None] = [None] * len(samples)
+    try:
+        while any(r is None for r in results):
+            number, item = await events.get()
+            streamed = choices[number]
+            if isinstance(item, asyncio.Future):
+                results[number] = item.result()
+                final = streamed.chunk(body, results[number])
+            else:
+                final = streamed.chunk(body, None)  # the token before this one was not the last
+                streamed.pending = item
+                streamed.ids.append(item[0])
+            if final is not None:
+                yield event([final])
+    finally:
+        for task in tasks:
+            task.cancel()  # a client that went away frees its batch slots
+    if (body.stream_options or {}).get("include_usage"):
         yield event([], usage=usage_of(body, samples, results).model_dump())
     yield "data: [DONE]\n\n"

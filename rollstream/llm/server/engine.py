@@ -10,6 +10,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +52,9 @@ class GenerateRequest:
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # Called on the caller's loop with (token_id, logprob, top_logprobs) as each token is
+    # generated: what streams a completion while it is generated.
+    on_token: Callable[[int, float, list[tuple[int, float]]], None] | None = None
 
 
 @dataclass
@@ -354,6 +358,11 @@ class Engine:
         seq.logprobs.append(choice.logprob)
         seq.top_logprobs.append(choice.top_logprobs)
         self.generated_tokens += 1
+        if seq.request.on_token is not None:
+            try:
+                seq.loop.call_soon_threadsafe(seq.request.on_token, choice.token_id, choice.logprob, choice.top_logprobs)
+            except RuntimeError:
+                pass  # the caller's loop is closed; nobody is listening
 
     def _maybe_finish(self, seq: _Sequence) -> bool:
         """Finish `seq` if its last token ends it; True when it is done."""
@@ -367,9 +376,9 @@ class Engine:
         elif not req.ignore_eos and last in self.eos_ids:
             finish = "stop"
         if finish is None and req.stop and len(seq.output_ids) > req.sampling.min_tokens:
-            text = self._text(seq.output_ids, req)
+            text = self.text_of(seq.output_ids, req)
             # As in vLLM, stop strings count only once min_tokens have been generated.
-            floor = len(self._text(seq.output_ids[: req.sampling.min_tokens], req)) if req.sampling.min_tokens else 0
+            floor = len(self.text_of(seq.output_ids[: req.sampling.min_tokens], req)) if req.sampling.min_tokens else 0
             hits = [(at, s) for s in req.stop if s for at in [text.find(s, max(0, floor - len(s) + 1))] if at >= 0]
             if hits:
                 at, matched = min(hits)
@@ -382,7 +391,7 @@ class Engine:
         if text is None:
             # vLLM leaves the stop token (EOS or a stop_token_id) out of the text unless asked.
             stopped_by_token = finish == "stop" and not req.include_stop_str_in_output
-            text = self._text(seq.output_ids[:-1] if stopped_by_token else seq.output_ids, req)
+            text = self.text_of(seq.output_ids[:-1] if stopped_by_token else seq.output_ids, req)
         if seq.kv is not None:
             self.prefix_cache.insert(seq.kv_ids(), seq.kv)
         result = GenerateResult(
@@ -400,7 +409,7 @@ class Engine:
         _resolve(seq.future, seq.loop, result=result)
         return True
 
-    def _text(self, ids: list[int], req: GenerateRequest) -> str:
+    def text_of(self, ids: list[int], req: GenerateRequest) -> str:
         """The text of `ids` as vLLM's incremental detokenizer leaves it: a character whose
         bytes are not all generated yet is not in it."""
         return self.tokenizer.decode(ids, skip_special_tokens=req.skip_special_tokens).rstrip("\ufffd")

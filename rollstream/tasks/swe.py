@@ -211,7 +211,10 @@ class SweTask(AgentTask):
         inst = swe_records.normalize(env.job.instance)
         fail_to_pass, pass_to_pass = test_ids(inst, "FAIL_TO_PASS"), test_ids(inst, "PASS_TO_PASS")
         tests = list(dict.fromkeys(fail_to_pass + pass_to_pass))
-        result, report = await self._pytest(sandbox, inst, repo, limit_s, tests)
+        # As the harness does: run the test files, then read each listed test's outcome (a
+        # thousand ids on one command line, or ids with spaces, need not survive the shell).
+        targets = list(dict.fromkeys(t.split("::")[0] if "::" in t else t for t in tests))
+        result, report = await self._pytest(sandbox, inst, repo, limit_s, targets)
         fallback = ""
         usage_error = f"tests exit {PYTEST_USAGE_ERROR}" in result.output or (
             report is not None and report.get("exitstatus") == PYTEST_USAGE_ERROR)
@@ -220,7 +223,7 @@ class SweTask(AgentTask):
             # plugin (setup.cfg's --cov...): run as the project configures it.
             fallback = ("; pytest stopped with a usage error with PYTEST_DISABLE_PLUGIN_AUTOLOAD set, "
                         "so the tests ran again with plugin autoload on")
-            result, report = await self._pytest(sandbox, inst, repo, limit_s, tests,
+            result, report = await self._pytest(sandbox, inst, repo, limit_s, targets,
                                                 prefix="env -u PYTEST_DISABLE_PLUGIN_AUTOLOAD ")
         if report is None:
             why = "timed out" if result.timed_out or "tests exit 124" in result.output else "crashed"

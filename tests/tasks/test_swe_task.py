@@ -85,3 +85,14 @@ def test_swe_bench_json_string_lists_are_accepted():
 def test_malformed_swe_instances_are_rejected_at_submit(change):
     with pytest.raises(InvalidJob):
         SweTask().validate({**CALC, **change})
+
+
+@needs_bwrap
+async def test_build_and_install_debris_never_enters_the_model_patch(episode, instance):
+    ep = await episode(SweTask(), instance)
+    await apply_in_sandbox(ep, instance["patch"])
+    await bash(ep, "mkdir -p minicalc.egg-info build/lib .eggs dist .mypy_cache .tox && "
+                   "echo x > minicalc.egg-info/PKG-INFO && echo x > build/lib/calc.py && echo x > .eggs/README && "
+                   "echo x > dist/minicalc-0.1.tar.gz && echo x > .mypy_cache/x && echo x > .coverage")
+    assert await ep.score() == 1.0, ep.env.trajectory.extra["eval"]
+    assert patch_paths(ep.env.trajectory.extra["model_patch"]) == ["minicalc/calc.py"]

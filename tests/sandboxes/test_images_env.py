@@ -1,0 +1,78 @@
+"""Environment images: what each backend runs for an image, the build steps of a recipe,
+the Singularity commands (no Apptainer here: their construction), and the cache."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from rollstream.sandboxes import SandboxSpec, images
+from rollstream.sandboxes.backends import SandboxLayout
+from rollstream.sandboxes.backends.docker import DockerBackend
+from rollstream.sandboxes.backends.singularity import SingularityBackend
+from rollstream.sandboxes.env_images import ENV_PREFIX, EnvRecipe, containerfile, image_exists
+from rollstream.tasks import swe_env, swe_records
+from rollstream.tasks.swe import load_instances
+
+TAG = "localhost/rollstream/env:0123456789abcdef0123"
+RECIPE = EnvRecipe(python="3.11", pre_install=["apt-get install -y libxml2"], pip_packages=["pytest==8.3.3"],
+                   repo="pypi/parse", commit="a" * 40, repo_dir="/workspace/parse")
+
+
+def test_bwrap_runs_the_cached_rootfs_of_an_image_and_says_how_to_make_a_missing_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROLLSTREAM_IMAGES_DIR", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="rollstream images pull --backend bwrap"):
+        images.resolve_image(TAG, "bwrap")
+    os.makedirs(images.rootfs_path(TAG))
+    assert images.resolve_image(TAG, "bwrap") == str(tmp_path / "localhost_rollstream_env_0123456789abcdef0123.rootfs")
+    assert images.resolve_image(str(tmp_path), "bwrap") == str(tmp_path)  # a folder is a rootfs already
+
+
+def test_singularity_runs_a_cached_sif_else_the_docker_reference(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROLLSTREAM_IMAGES_DIR", str(tmp_path))
+    assert images.resolve_image("swebench/sweb.eval.x86_64.a_1776_b-1:latest", "singularity") == \
+        "docker://swebench/sweb.eval.x86_64.a_1776_b-1:latest"
+    Path(images.sif_path(TAG)).write_bytes(b"sif")
+    layout = SandboxLayout(str(tmp_path / "sb"))
+    plan = SingularityBackend("/usr/bin/apptainer").plan(SandboxSpec(backend="singularity", image=TAG), layout, "s1", "")
+    assert plan.start_argv[-2:] == [images.sif_path(TAG), "rs-s1"]
+
+
+def test_docker_refuses_a_rootfs_folder_or_sif(tmp_path):
+    with pytest.raises(ValueError, match="image reference"):
+        images.resolve_image(str(tmp_path), "docker")
+    assert images.resolve_image(TAG, "docker") == TAG
+
+
+def test_sif_from_an_engine_image_uses_an_oci_archive_or_the_docker_daemon():
+    argv = images.sif_build_argv(TAG, "/images/env.sif", "/images/env.oci.tar")
+    assert argv[1:] == ["build", "--force", "/images/env.sif", "oci-archive:///images/env.oci.tar"]
+    assert images.sif_build_argv(TAG, "/images/env.sif")[-1] == f"docker-daemon://{TAG}"
+
+
+def test_recipe_build_checks_python_installs_into_a_venv_and_drops_the_checkout():
+    steps = containerfile(RECIPE)
+    assert steps.startswith(f"FROM {RECIPE.base_image}\n")
+    assert "COPY repo /workspace/parse\n" in steps
+    assert "recipe wants Python 3.11" in steps
+    order = [steps.index(part) for part in ("apt-get install -y libxml2", f"python3 -m venv --system-site-packages {ENV_PREFIX}",
+                                            "pip install -q pytest==8.3.3", "cd /workspace/parse", RECIPE.install,
+                                            "rm -rf /workspace/parse")]
+    assert order == sorted(order)
+
+
+def test_recipe_tag_is_its_content():
+    assert RECIPE.tag == EnvRecipe(**RECIPE.model_dump()).tag
+    assert RECIPE.tag != EnvRecipe(**{**RECIPE.model_dump(), "install": "pip install ."}).tag
+
+
+@pytest.mark.skipif(not DockerBackend().available(), reason="no Docker engine answers here (scripts/install-podman)")
+def test_a_built_environment_is_reused_not_rebuilt(tmp_path):
+    shipped = Path(__file__).resolve().parents[2] / "rollstream" / "data" / "swe" / "pypi_instances.jsonl"
+    instance = load_instances(shipped)[0]
+    if not image_exists(swe_env.sandbox_image(swe_records.normalize(instance))):
+        pytest.skip("the shipped environment images are not built; run scripts/install-podman")
+    again = swe_env.build_for_instances([instance, {**instance, "instance_id": "sibling"}], tmp_path, ("docker",))
+    assert [(e["built"], e["instances"]) for e in again] == [(False, [instance["instance_id"], "sibling"])]

@@ -88,6 +88,21 @@ def settings_env(s: Settings) -> dict[str, str]:
 
 
 @pytest.fixture
+async def sandbox_root():
+    """A sandbox root for one test: in /tmp, not under pytest's 0700 tmp_path, because each
+    sandbox's processes run under a host uid of their own that must reach its folder."""
+    from rollstream.sandboxes import reaper
+    from rollstream.sandboxes.forkserver import stop_fork_server
+
+    path = tempfile.mkdtemp(prefix="rs-", dir="/tmp")
+    os.chmod(path, 0o711)
+    yield path
+    await stop_fork_server(path)  # started by the first sandbox made in this root
+    reaper.reap_finished_children()
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
 def worker_pool(settings, tmp_path):
     """Factory of real worker processes with the test's settings; all stopped at the end."""
     from rollstream.workers.pool import WorkerPool

@@ -13,6 +13,7 @@ from typing import Any
 from .errors import SandboxGone, ToolError
 from .results import BashResult, EditResult, IPythonResult, ToolOutput
 from .runtime import protocol
+from .runtime.unix_path import open_unix_connection
 
 
 class SandboxClient:
@@ -31,7 +32,7 @@ class SandboxClient:
     async def connect(self) -> "SandboxClient":
         try:
             self._reader, self._writer = await asyncio.wait_for(
-                asyncio.open_unix_connection(self.socket_path, limit=protocol.MAX_FRAME_BYTES),
+                open_unix_connection(self.socket_path, limit=protocol.MAX_FRAME_BYTES),
                 self.connect_timeout_s,
             )
         except (FileNotFoundError, ConnectionRefusedError, asyncio.TimeoutError) as error:

@@ -20,6 +20,7 @@ import ptyprocess
 from . import reaper
 from .runtime import protocol
 from .runtime.forkserver import PID_NAME, SOCKET_NAME
+from .runtime.unix_path import open_unix_connection
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +113,7 @@ async def start_fork_server(root_dir: str, idle_exit_s: float | None = None) -> 
 async def _ask(root_dir: str, op: str, timeout_s: float) -> int | None:
     """Send `op` (ping or stop) to the root's fork server; its pid, or None if none answers."""
     try:
-        reader, writer = await asyncio.open_unix_connection(socket_path(root_dir))
+        reader, writer = await open_unix_connection(socket_path(root_dir))
     except (FileNotFoundError, ConnectionRefusedError):
         return None
     try:
@@ -143,7 +144,7 @@ async def stop_fork_server(root_dir: str, timeout_s: float = 5.0) -> bool:
 async def _request_spawn(root_dir: str, request: dict, timeout_s: float) -> str | None:
     """The supervisor's ready line, or None when no fork server took the request."""
     try:
-        reader, writer = await asyncio.open_unix_connection(socket_path(root_dir))
+        reader, writer = await open_unix_connection(socket_path(root_dir))
     except (FileNotFoundError, ConnectionRefusedError):
         return None
     try:

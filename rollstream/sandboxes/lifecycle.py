@@ -23,9 +23,6 @@ from .spec import SANDBOX_ID_PATTERN, SandboxHandle, SandboxSpec, default_root_d
 
 log = logging.getLogger(__name__)
 
-_MAX_SOCKET_PATH = 107
-
-
 async def create_sandbox(
     spec: SandboxSpec,
     sandbox_id: str | None = None,
@@ -38,11 +35,6 @@ async def create_sandbox(
     if not re.match(SANDBOX_ID_PATTERN, sandbox_id):
         raise SandboxError(f"sandbox id {sandbox_id!r} must match {SANDBOX_ID_PATTERN} (e.g. the job id)")
     layout = SandboxLayout.of(root_dir or default_root_dir(), sandbox_id)
-    if len(layout.socket_path) > _MAX_SOCKET_PATH:
-        raise SandboxError(
-            f"socket path {layout.socket_path} is longer than {_MAX_SOCKET_PATH} bytes; use a shorter "
-            "root_dir (ROLLSTREAM_SANDBOX_ROOT) or sandbox id"
-        )
     backend = select_backend(spec)
     os.makedirs(os.path.dirname(layout.dir), mode=0o700, exist_ok=True)
     try:

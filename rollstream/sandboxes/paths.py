@@ -29,7 +29,7 @@ def safe_name(value: str, max_prefix: int = 24) -> str:
 
 
 def sandbox_id_for(job_id: str, attempt: int) -> str:
-    """The sandbox id of one attempt of a job (short: socket paths may not exceed 107 bytes)."""
+    """The sandbox id of one attempt of a job (kept short: it names folders, cgroups and containers)."""
     return f"{safe_name(job_id, 20)}-{int(attempt)}"
 
 

@@ -20,7 +20,7 @@ SANDBOX_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 def default_root_dir() -> str:
     """Where sandbox folders and sockets live: $ROLLSTREAM_SANDBOX_ROOT or a per-user /tmp folder.
 
-    Kept short on purpose: a Unix socket path may not exceed 107 bytes.
+    Socket paths under it may be of any length (runtime/unix_path.py reaches long ones).
     """
     return os.environ.get("ROLLSTREAM_SANDBOX_ROOT") or f"/tmp/rollstream-sb-{os.getuid()}"
 

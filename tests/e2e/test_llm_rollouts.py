@@ -14,8 +14,7 @@ from rollstream.tasks import arith
 
 
 async def test_arith_groups_roll_out_with_tools_in_sandboxes_and_token_exact_trajectories(
-        settings, worker_pool, arith_model_dir, arith_server, tmp_path):
-    sandbox_root = tmp_path / "sb"
+        settings, worker_pool, arith_model_dir, arith_server, sandbox_root, tmp_path):
     pool = worker_pool(model_dir=arith_model_dir, sandbox_root=sandbox_root)
     async with AsyncClient(settings=settings) as client:
         await add_backend(client.r, arith_server, settings.namespace)

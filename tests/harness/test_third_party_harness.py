@@ -6,8 +6,6 @@ model does not solve the tasks: the test proves the plumbing."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 
 import pytest
 
@@ -16,17 +14,8 @@ pytest.importorskip("agents", reason="the harness extra: pip install rollstream[
 from rollstream.client import AsyncClient  # noqa: E402
 from rollstream.llm.client import SamplingParams, VLLMClient  # noqa: E402
 from rollstream.pipeline.balancer import add_backend  # noqa: E402
-from rollstream.sandboxes.forkserver import stop_fork_server  # noqa: E402
 from rollstream.tasks import arith  # noqa: E402
 from rollstream.tasks.swe import load_instances  # noqa: E402
-
-
-@pytest.fixture
-async def sandbox_root():
-    path = tempfile.mkdtemp(prefix="rs-", dir="/tmp")  # Unix socket paths stay under 108 bytes
-    yield path
-    await stop_fork_server(path)
-    shutil.rmtree(path, ignore_errors=True)
 
 
 async def test_openai_agents_sdk_runs_arith_and_swe_jobs_through_the_door_end_to_end(

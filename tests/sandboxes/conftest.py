@@ -2,27 +2,19 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 
 import psutil
 import pytest
 
-from rollstream.sandboxes import SandboxClient, SandboxSpec, create_sandbox, destroy_sandbox, reaper
-from rollstream.sandboxes.forkserver import stop_fork_server
+from rollstream.sandboxes import SandboxClient, SandboxSpec, create_sandbox, destroy_sandbox
 from rollstream.sandboxes.backends.bwrap import BwrapBackend
 
 needs_bwrap = pytest.mark.skipif(not BwrapBackend().available(), reason="bubblewrap (bwrap) is not usable here")
 
 
 @pytest.fixture
-async def root_dir():
-    # Not pytest's tmp_path: Unix socket paths must stay under 108 bytes.
-    path = tempfile.mkdtemp(prefix="rs-", dir="/tmp")
-    yield path
-    await stop_fork_server(path)  # started by the first create_sandbox in this root
-    reaper.reap_finished_children()
-    shutil.rmtree(path, ignore_errors=True)
+def root_dir(sandbox_root):
+    return sandbox_root
 
 
 @pytest.fixture

@@ -164,3 +164,19 @@ async def test_local_backend_needs_an_explicit_opt_in(root_dir):
     finally:
         await destroy_sandbox(handle)
     assert_nothing_left(handle)
+
+
+@needs_bwrap
+async def test_sandbox_under_a_root_too_long_for_a_socket_address_still_serves_tools(root_dir):
+    deep_root = os.path.join(root_dir, "d" * 60, "e" * 60)  # the socket path is far past 107 bytes
+    os.makedirs(deep_root)
+    for folder in (os.path.dirname(deep_root), deep_root):
+        os.chmod(folder, 0o711)
+    handle = await create_sandbox(SandboxSpec(backend="bwrap"), sandbox_id="deep", root_dir=deep_root)
+    try:
+        assert len(handle.socket_path) > 107
+        async with SandboxClient(handle.socket_path) as sandbox:
+            assert (await sandbox.bash("echo $((40+2))")).output.strip() == "42"
+    finally:
+        await destroy_sandbox(handle)
+    assert_nothing_left(handle)

@@ -3,8 +3,6 @@ sandbox without an LLM, standing in for the run stage with a given trajectory.""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,14 +13,6 @@ from rollstream.tasks.base import Task, TaskContext
 from rollstream.trajectory import Trajectory
 
 needs_bwrap = pytest.mark.skipif(not BwrapBackend().available(), reason="bubblewrap (bwrap) is not usable here")
-
-
-@pytest.fixture
-def sandbox_root():
-    # Not pytest's tmp_path: Unix socket paths must stay under 108 bytes.
-    path = tempfile.mkdtemp(prefix="rs-t-", dir="/tmp")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

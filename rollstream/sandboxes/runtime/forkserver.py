@@ -27,9 +27,11 @@ import time
 
 if __package__:
     from . import protocol, supervisor
+    from .unix_path import bind_unix
 else:  # python -S forkserver.py: sibling modules are top-level
     import protocol
     import supervisor
+    from unix_path import bind_unix
 
 SOCKET_NAME = ".forkserver.sock"
 LOCK_NAME = ".forkserver.lock"
@@ -89,7 +91,7 @@ class ForkServer:
         if self.listener is not None:
             self.listener.close()
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(self.socket_path)
+        bind_unix(self.listener, self.socket_path)
         os.chmod(self.socket_path, 0o600)
         self.listener.listen(256)
         self.socket_inode = os.stat(self.socket_path).st_ino

@@ -20,12 +20,14 @@ import time
 
 if __package__:
     from . import confine, identity, protocol
+    from .unix_path import bind_unix
     from .bash_session import BashSession, SessionBusy, Spawner, kill_session_processes
     from .editor import Editor, EditorError, PathMap
 else:  # python -S supervisor.py: sibling modules are top-level
     import confine
     import identity
     import protocol
+    from unix_path import bind_unix
     from bash_session import BashSession, SessionBusy, Spawner, kill_session_processes
     from editor import Editor, EditorError, PathMap
 
@@ -97,7 +99,7 @@ class Supervisor:
         path = self.plan["socket_path"]
         if os.path.exists(path):
             os.unlink(path)
-        self.listener.bind(path)
+        bind_unix(self.listener, path)
         os.chmod(path, 0o600)
         self.listener.listen(128)
         self.session("main")  # start the default shell now so the first call is fast

@@ -78,8 +78,7 @@ class RecordingGRPOTrainer(trl.GRPOTrainer):
 
 
 def test_grpo_trainer_trains_on_rollstream_rollouts_with_tool_tokens_masked_and_fresh_weights(
-        settings, worker_pool, arith_model_dir, private_arith_server, tmp_path):
-    sandbox_root = tmp_path / "sb"
+        settings, worker_pool, arith_model_dir, private_arith_server, sandbox_root, tmp_path):
     pool = worker_pool(model_dir=arith_model_dir, sandbox_root=sandbox_root)
     pool.start_all(concurrency=8)
 

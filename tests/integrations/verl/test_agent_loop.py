@@ -132,8 +132,7 @@ def _instantiate_loop(worker, config, **options) -> RollstreamAgentLoop:
 
 
 async def test_verl_runs_the_registered_rollstream_loop_and_gets_token_exact_outputs(
-        settings, worker_pool, arith_model_dir, arith_server, tmp_path):
-    sandbox_root = tmp_path / "sb"
+        settings, worker_pool, arith_model_dir, arith_server, sandbox_root, tmp_path):
     pool = worker_pool(model_dir=arith_model_dir, sandbox_root=sandbox_root)
     config = _verl_config(arith_model_dir, _loop_yaml(tmp_path, settings))
     # verl's worker, built as AgentLoopManager builds it (minus the Ray actor wrapper):
@@ -201,8 +200,7 @@ def test_example_config_names_the_registered_loop():
 
 
 async def test_failed_rollstream_job_raises_or_becomes_an_empty_zero_reward_sample(
-        settings, worker_pool, arith_model_dir, arith_server, tmp_path):
-    sandbox_root = tmp_path / "sb"
+        settings, worker_pool, arith_model_dir, arith_server, sandbox_root, tmp_path):
     pool = worker_pool(model_dir=arith_model_dir, sandbox_root=sandbox_root)
     config = _verl_config(arith_model_dir, _loop_yaml(tmp_path, settings))
     worker = AgentLoopWorker(config, llm_client=None)

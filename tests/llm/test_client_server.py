@@ -142,10 +142,11 @@ async def test_response_has_vllm_shape(model_server, tokenizer):
     assert [f"token_id:{t}" for t in parsed.token_ids] == choice["logprobs"]["tokens"]
 
 
-async def test_health_models_and_policy_version(model_server):
+async def test_health_models_and_policy_version(model_server, tiny_model_dir):
     assert httpx.get(f"{model_server}/health").status_code == 200
     models = httpx.get(f"{model_server}/v1/models").json()
-    assert models["data"][0]["id"] == "tiny-model" and models["data"][0]["max_model_len"] > 0
+    # the built-in server serves a model under its folder's name
+    assert models["data"][0]["id"] == tiny_model_dir.name and models["data"][0]["max_model_len"] > 0
     assert httpx.get(f"{model_server}/v1/policy_version").json() == {"policy_version": 0}
     assert await VLLMClient().health(model_server)
 

@@ -3,7 +3,9 @@ the Singularity commands (no Apptainer here: their construction), and the cache.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -76,3 +78,27 @@ def test_a_built_environment_is_reused_not_rebuilt(tmp_path):
         pytest.skip("the shipped environment images are not built; run scripts/install-podman")
     again = swe_env.build_for_instances([instance, {**instance, "instance_id": "sibling"}], tmp_path, ("docker",))
     assert [(e["built"], e["instances"]) for e in again] == [(False, [instance["instance_id"], "sibling"])]
+
+
+@pytest.mark.skipif(not DockerBackend().available(), reason="no Docker engine answers here (scripts/install-podman)")
+def test_images_build_queues_one_rq_job_per_instance_that_a_worker_runs(tmp_path, redis_url):
+    from redis import Redis
+    from rq import SimpleWorker
+    from typer.testing import CliRunner
+
+    from rollstream.sandboxes.cli import app
+
+    shipped = Path(__file__).resolve().parents[2] / "rollstream" / "data" / "swe" / "pypi_instances.jsonl"
+    instance = load_instances(shipped)[0]
+    if not image_exists(swe_env.sandbox_image(swe_records.normalize(instance))):
+        pytest.skip("the shipped environment images are not built; run scripts/install-podman")
+    jsonl = tmp_path / "one.jsonl"
+    jsonl.write_text(json.dumps(instance) + "\n")
+    result = CliRunner().invoke(app, ["build", str(jsonl), "--backend", "docker", "--redis", redis_url,
+                                      "--mirror", str(tmp_path / "mirror")])
+    assert result.exit_code == 0, result.output
+    (job_id,) = re.findall(r"queued rq job (\S+)", result.output)
+    queue = images.images_queue(redis_url)
+    SimpleWorker([queue], connection=Redis.from_url(redis_url)).work(burst=True)
+    built = queue.fetch_job(job_id).return_value()
+    assert [(e["built"], e["instances"]) for e in built] == [(False, [instance["instance_id"]])]

@@ -131,6 +131,7 @@ class BuiltEnv:
     build_s: float
     rootfs: str | None = None
     sif: str | None = None
+    rootfs_made: bool = False  # the rootfs was (re)exported by this call
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -156,6 +157,7 @@ def build_env_image(recipe: EnvRecipe, mirror_entry: str, backends: tuple[str, .
         built = True
     result = BuiltEnv(recipe.key(), tag, built, 0.0)
     if "bwrap" in backends:
+        result.rootfs_made = built or force or not os.path.isdir(images.rootfs_path(tag, images_dir))
         result.rootfs = images.export_rootfs(tag, images_dir, force=built or force)
     if "singularity" in backends:
         result.sif = images.sif_from_engine_image(tag, images_dir, force=built or force)

@@ -94,6 +94,7 @@ def build_for_instances(instances: list[dict], mirror: Path, backends: tuple[str
     from rollstream.tasks import swe_records, swe_repos
 
     seen: dict[str, dict] = {}
+    exported = False  # a rootfs was (re)made: link its files with the others'
     for record in instances:
         inst = swe_records.normalize(record)
         recipe = env_recipe(inst)
@@ -104,4 +105,9 @@ def build_for_instances(instances: list[dict], mirror: Path, backends: tuple[str
         entry = swe_repos.locate(inst["repo"], Path(inst.get("repo_mirror") or mirror), inst.get("repo_path"))
         built = build_env_image(recipe, str(entry), backends, images_dir, force=force)
         seen[recipe.key()] = {**built.to_dict(), "instances": [inst["instance_id"]]}
+        exported = exported or built.rootfs_made
+    if exported:
+        from rollstream.sandboxes.images import deduplicate
+
+        deduplicate(images_dir)
     return list(seen.values())

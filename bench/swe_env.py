@@ -80,14 +80,19 @@ async def install_init(inst: dict, ctx: TaskContext) -> float:
         await destroy_sandbox(handle)
 
 
-def _disk_mb(path: str) -> float:
-    total = 0
-    for root, _, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_size
-            except OSError:
-                pass
+def _disk_mb(paths: list[str]) -> float:
+    """Bytes on disk of the files under `paths`, each inode once (rootfs folders share hard links)."""
+    seen, total = set(), 0
+    for path in paths:
+        for root, _, files in os.walk(path):
+            for name in files:
+                try:
+                    stat = os.lstat(os.path.join(root, name))
+                except OSError:
+                    continue
+                if (stat.st_dev, stat.st_ino) not in seen:
+                    seen.add((stat.st_dev, stat.st_ino))
+                    total += stat.st_size
     return total / 2**20
 
 
@@ -160,7 +165,7 @@ async def main() -> None:
             concurrent_init_p50_s=round(statistics.median(inits), 3) if inits else None,
             concurrent_init_p95_s=round(percentile(inits, 0.95), 3) if inits else None,
             concurrent_wall_s=round(wall, 2), cache_builds=builds, cache_hits=len(inits),
-            images_disk_mb=round(sum(_disk_mb(images.rootfs_path(t)) for t in used)),
+            images_disk_mb=round(_disk_mb([images.rootfs_path(t) for t in used])),
         )
         if inits:
             rows.append((f"bwrap, {args.concurrent} at once over {len(chosen)} instances", len(inits),

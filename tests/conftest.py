@@ -88,6 +88,12 @@ def settings_env(s: Settings) -> dict[str, str]:
 
 
 @pytest.fixture
+def cli_env(settings) -> dict[str, str]:
+    """The test's settings as the environment of a `rollstream` command."""
+    return settings_env(settings)
+
+
+@pytest.fixture
 async def sandbox_root():
     """A sandbox root for one test: in /tmp, not under pytest's 0700 tmp_path, because each
     sandbox's processes run under a host uid of their own that must reach its folder."""

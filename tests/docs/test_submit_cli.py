@@ -9,11 +9,9 @@ import os
 import subprocess
 import sys
 
-from conftest import settings_env
 
-
-def _cli(settings, *args, timeout_s=120, **kw):
-    env = {**os.environ, **settings_env(settings)}
+def _cli(cli_env, *args, timeout_s=120, **kw):
+    env = {**os.environ, **cli_env}
     return subprocess.run([sys.executable, "-m", "rollstream", *args], env=env, capture_output=True, text=True,
                           timeout=timeout_s, **kw)
 
@@ -26,19 +24,19 @@ def _one_line_error(result) -> str:
     return lines[0]
 
 
-def test_a_bad_path_or_an_unknown_task_is_one_line_without_a_traceback(settings, tmp_path):
-    assert "shipped: arith, code, echo, math, swe" in _one_line_error(_cli(settings, "submit", str(tmp_path / "no.jsonl")))
+def test_a_bad_path_or_an_unknown_task_is_one_line_without_a_traceback(cli_env, tmp_path):
+    assert "shipped: arith, code, echo, math, swe" in _one_line_error(_cli(cli_env, "submit", str(tmp_path / "no.jsonl")))
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"task": "echo", "instance": {"prompt": "ok"}}\n{"task": "nope", "instance": {}}\n')
-    line = _one_line_error(_cli(settings, "submit", str(bad)))
+    line = _one_line_error(_cli(cli_env, "submit", str(bad)))
     assert f"{bad}:2: unknown task 'nope'" in line
     bad.write_text("{not json\n")
-    assert f"{bad}:1: not JSON" in _one_line_error(_cli(settings, "submit", str(bad)))
+    assert f"{bad}:1: not JSON" in _one_line_error(_cli(cli_env, "submit", str(bad)))
 
 
-def test_submit_runs_a_shipped_task_set_by_name_and_exits_1_when_a_job_failed(settings, worker_pool, tmp_path):
+def test_submit_runs_a_shipped_task_set_by_name_and_exits_1_when_a_job_failed(cli_env, worker_pool, tmp_path):
     worker_pool().start_all(concurrency=8)
-    done = _cli(settings, "submit", "echo", "--wait", "--timeout-s", "90")
+    done = _cli(cli_env, "submit", "echo", "--wait", "--timeout-s", "90")
     assert done.returncode == 0, done.stderr
     results = [json.loads(line) for line in done.stdout.splitlines()]
     assert len(results) == 4 and {r["status"] for r in results} == {"completed"}
@@ -47,32 +45,32 @@ def test_submit_runs_a_shipped_task_set_by_name_and_exits_1_when_a_job_failed(se
     failing = tmp_path / "fail.jsonl"
     failing.write_text('{"task": "echo", "instance": {"prompt": "x", "fail_in": "run"}}\n'
                        '{"task": "echo", "instance": {"prompt": "y"}}\n')
-    failed = _cli(settings, "submit", str(failing), "--wait", "--timeout-s", "90")
+    failed = _cli(cli_env, "submit", str(failing), "--wait", "--timeout-s", "90")
     assert failed.returncode == 1, failed.stderr
     assert "done 1  failed 1" in failed.stderr and "1 of 2 jobs did not complete" in failed.stderr
 
 
-def test_timeout_s_is_a_deadline_and_cancel_ends_the_rest_by_submitter_or_all(settings, worker_pool, tmp_path):
+def test_timeout_s_is_a_deadline_and_cancel_ends_the_rest_by_submitter_or_all(settings, cli_env, worker_pool, tmp_path):
     worker_pool().start_all(concurrency=8)
     slow = tmp_path / "slow.jsonl"
     slow.write_text('{"task": "echo", "instance": {"prompt": "quick"}}\n'
                     '{"task": "echo", "instance": {"prompt": "slow", "run_s": 60}}\n')
-    late = _cli(settings, "submit", str(slow), "--wait", "--timeout-s", "4", "--submitter", "me")
+    late = _cli(cli_env, "submit", str(slow), "--wait", "--timeout-s", "4", "--submitter", "me")
     assert late.returncode == 3, late.stderr  # not 0 after the slow job's 60 s: the deadline held
     assert "with 1 of 2 results" in late.stderr and "rollstream cancel --submitter me" in late.stderr
-    cancelled = _cli(settings, "cancel", "--submitter", "me")
+    cancelled = _cli(cli_env, "cancel", "--submitter", "me")
     assert cancelled.returncode == 0 and "cancelled: submitter me" in cancelled.stderr
     from rollstream.client import Client
 
     with Client(settings=settings, submitter="me") as client:
         (result,) = client.collect(1, timeout_s=60)
     assert result.status == "cancelled"
-    assert _one_line_error(_cli(settings, "cancel")).startswith("error: say what to cancel")
+    assert _one_line_error(_cli(cli_env, "cancel")).startswith("error: say what to cancel")
 
     # --all reaches every submitter of the namespace.
     with Client(settings=settings, submitter="a") as a, Client(settings=settings, submitter="b") as b:
         for client in (a, b):
             client.submit({"task": "echo", "instance": {"prompt": "slow", "run_s": 60}})
-        everything = _cli(settings, "cancel", "--all")
+        everything = _cli(cli_env, "cancel", "--all")
         assert everything.returncode == 0 and "submitter a" in everything.stderr and "submitter b" in everything.stderr
         assert [r.status for r in a.collect(1, timeout_s=60) + b.collect(1, timeout_s=60)] == ["cancelled"] * 2

@@ -153,7 +153,7 @@ async def test_slow_tool_ends_with_timeout(model_server, client, tokenizer):
 async def test_no_backend_ends_with_error(redis_url, client, calculator, tokenizer):
     redis = Redis.from_url(redis_url)
     balancer = Balancer(redis, namespace=f"empty{os.getpid()}")
-    llm = LLMSession(client, "job-none", balancer=balancer)
+    llm = LLMSession(client, "job-none", balancer=balancer, backend_wait_s=1.0)  # the wait is tested elsewhere
     traj = await run_agent(prompt(ADD_QUESTION), calculator, llm, GREEDY, tokenizer)
     assert traj.finish_reason == "error" and "backends add" in traj.extra["finish_detail"]
     await redis.aclose()

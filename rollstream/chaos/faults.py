@@ -8,6 +8,8 @@ import random
 import signal
 from collections.abc import Awaitable, Callable
 
+import psutil
+
 from rollstream.chaos.cluster import LocalCluster
 from rollstream.chaos.diskfull import aof_write_failing
 from rollstream.pipeline.connection import async_redis
@@ -39,9 +41,14 @@ async def kill_supervisors(cluster: LocalCluster, rng: random.Random) -> str:
     else:
         return "no live sandbox supervisor to kill"
     victims = rng.sample(found, min(2, len(found)))
+    killed = 0
     for proc in victims:
-        proc.send_signal(signal.SIGKILL)
-    return f"SIGKILL {len(victims)} sandbox supervisor(s)"
+        try:
+            proc.send_signal(signal.SIGKILL)
+            killed += 1
+        except psutil.NoSuchProcess:
+            pass  # its job finished (sandbox torn down) since the listing
+    return f"SIGKILL {killed} sandbox supervisor(s)"
 
 
 async def restart_redis(cluster: LocalCluster, rng: random.Random) -> str:

@@ -37,9 +37,10 @@ def _redis_url(redis: str | None, redis_url: str | None) -> str:
 
 def _root(root_dir: str | None, namespace: str | None) -> str:
     """The folder the workers of this namespace use, unless one is named."""
-    from rollstream.workers.process import sandbox_root
+    from rollstream.sandboxes.spec import namespace_root_dir
 
-    return root_dir or sandbox_root(settings_from(namespace=namespace))
+    settings = settings_from(namespace=namespace)
+    return root_dir or namespace_root_dir(settings.namespace, settings.sandbox_root)
 
 
 @app.command()

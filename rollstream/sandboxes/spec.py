@@ -25,6 +25,12 @@ def default_root_dir() -> str:
     return os.environ.get("ROLLSTREAM_SANDBOX_ROOT") or f"/tmp/rollstream-sb-{os.getuid()}"
 
 
+def namespace_root_dir(namespace: str, sandbox_root: str | os.PathLike | None = None) -> str:
+    """A deployment's sandbox folder: `sandbox_root` where one is configured, else one per
+    namespace under the node's root, so that a reaper only ever judges sandboxes of its own jobs."""
+    return str(sandbox_root) if sandbox_root else f"{default_root_dir()}/{namespace}"
+
+
 class SandboxLimits(BaseModel):
     """Resource limits of one sandbox; None switches a limit off."""
 

@@ -75,7 +75,7 @@ def test_a_built_environment_is_reused_not_rebuilt(tmp_path):
     shipped = Path(__file__).resolve().parents[2] / "rollstream" / "data" / "swe" / "pypi_instances.jsonl"
     instance = load_instances(shipped)[0]
     if not image_exists(swe_env.sandbox_image(swe_records.normalize(instance))):
-        pytest.skip("the shipped environment images are not built; run scripts/install-podman")
+        pytest.fail("the shipped environment images are not built; run scripts/install-podman")
     again = swe_env.build_for_instances([instance, {**instance, "instance_id": "sibling"}], tmp_path, ("docker",))
     assert [(e["built"], e["instances"]) for e in again] == [(False, [instance["instance_id"], "sibling"])]
 
@@ -91,7 +91,7 @@ def test_images_build_queues_one_rq_job_per_instance_that_a_worker_runs(tmp_path
     shipped = Path(__file__).resolve().parents[2] / "rollstream" / "data" / "swe" / "pypi_instances.jsonl"
     instance = load_instances(shipped)[0]
     if not image_exists(swe_env.sandbox_image(swe_records.normalize(instance))):
-        pytest.skip("the shipped environment images are not built; run scripts/install-podman")
+        pytest.fail("the shipped environment images are not built; run scripts/install-podman")
     jsonl = tmp_path / "one.jsonl"
     jsonl.write_text(json.dumps(instance) + "\n")
     result = CliRunner().invoke(app, ["build", str(jsonl), "--backend", "docker", "--redis", redis_url,

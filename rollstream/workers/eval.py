@@ -3,14 +3,24 @@ the sandbox down, and delivers the result to the submitter's results stream."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
 from rollstream.messages import Envelope, Result
 from rollstream.tasks.base import TaskContext
 from rollstream.tasks.registry import get_task
-from rollstream.workers.stage import Stage, completed_result
+from rollstream.workers.stage import Stage, WorkerContext, completed_result
+
+log = logging.getLogger(__name__)
 
 
 class EvalStage(Stage):
     name = "eval"
+
+    async def start_services(self, worker_id: str) -> list[asyncio.Task]:
+        """The node's sandbox reaper: the eval pool tears sandboxes down, so it also reaps
+        those whose jobs timed out or were orphaned."""
+        return [asyncio.create_task(_reap_forever(self.ctx))]
 
     async def process(self, env: Envelope, tctx: TaskContext) -> Result:
         task = get_task(env.job.task)
@@ -19,3 +29,14 @@ class EvalStage(Stage):
         finally:
             await task.teardown(env, tctx)
         return completed_result(env, reward)
+
+
+async def _reap_forever(ctx: WorkerContext) -> None:
+    from rollstream.workers.reaping import reap_node
+
+    while True:
+        await asyncio.sleep(ctx.settings.reap_interval_s)
+        try:
+            await reap_node(ctx.redis, ctx.keys, ctx.node, ctx.services.get("sandbox_root"))
+        except Exception:  # a failed round is retried next interval
+            log.exception("sandbox reaping failed")

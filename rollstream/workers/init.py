@@ -3,7 +3,7 @@ sandbox on this node, and forwards the job to this node's run stream."""
 
 from __future__ import annotations
 
-from rollstream.messages import Envelope
+from rollstream.messages import Envelope, job_problem
 from rollstream.tasks.base import TaskContext
 from rollstream.tasks.registry import get_task
 from rollstream.workers.stage import Forward, Stage
@@ -11,6 +11,13 @@ from rollstream.workers.stage import Forward, Stage
 
 class InitStage(Stage):
     name = "init"
+    limits_by_node_sandboxes = True  # a node pulls init work only while it has sandbox slots
+    rescues_dead_nodes = True
+
+    def admission_problem(self, env: Envelope) -> str | None:
+        # Init is the door of a message added to its stream by hand: the bounds the client
+        # and the API check at submit are checked here once.
+        return job_problem(env.job)
 
     async def process(self, env: Envelope, tctx: TaskContext) -> Forward:
         env.node = self.ctx.node

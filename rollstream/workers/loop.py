@@ -17,7 +17,7 @@ import redis
 from pydantic import ValidationError
 
 from rollstream.errors import InvalidJob, JobCancelled, JobFailed
-from rollstream.messages import DeadLetter, Envelope, Result, job_problem, valid_id
+from rollstream.messages import DeadLetter, Envelope, Result, valid_id
 from rollstream.pipeline import cancel, histograms
 from rollstream.pipeline.codec import DecodeError, decode_envelope, fields_payload
 from rollstream.pipeline.connection import SOCKET_TIMEOUT_S, Outage, raise_if_cancelled, transient_problem
@@ -122,7 +122,7 @@ class ConsumerLoop:
                       asyncio.create_task(self._follow_cancellations()),
                       asyncio.create_task(self._every(1.0, self._watch_cancellations)),
                       asyncio.create_task(self._every(histograms.FLUSH_S, self._flush_observations))]
-        if self.stage.name == "init":
+        if self.stage.rescues_dead_nodes:
             background.append(asyncio.create_task(self._every(max(self.s.worker_ttl_s / 2, 0.5), self._rescue)))
         log.info("worker %s serving %s with %d slots", self.consumer, self.stream, self.concurrency)
         try:
@@ -170,7 +170,7 @@ class ConsumerLoop:
     # -- reading -----------------------------------------------------------------------
     async def _free_slots(self) -> int:
         free = self.concurrency - len(self.inflight)
-        if self.stage.name == "init" and free > 0:
+        if self.stage.limits_by_node_sandboxes and free > 0:
             # Back-pressure: pull only while the node has sandbox slots (those of jobs on its
             # run and eval streams, plus what this process is creating). The count comes with
             # every read (see _read), and this process's forwards since then are added to it:
@@ -239,7 +239,7 @@ class ConsumerLoop:
             return [(_id(m), f, 1) for _stream, items in resp or [] for m, f in items]
         commands = [("XREADGROUP", "GROUP", self.group, self.consumer, "COUNT", count, "BLOCK", block,
                      "STREAMS", self.stream, ">")]
-        counting = self.stage.name == "init"
+        counting = self.stage.limits_by_node_sandboxes
         if counting:  # the node's sandbox count for the next read's back-pressure, in the same write
             commands.insert(0, ("SCARD", self.ctx.keys.node_sandboxes(self.ctx.node)))
             self._forwards_since_read = 0
@@ -268,9 +268,7 @@ class ConsumerLoop:
             src = Source(self.stream, self.group, msg_id, self.consumer, started_at=started)
             try:
                 env = decode_envelope(fields)
-                # Init is the door of a message added to its stream by hand: the bounds the
-                # client and the API check at submit are checked here once.
-                if stage == "init" and (problem := job_problem(env.job)):
+                if problem := self.stage.admission_problem(env):
                     raise InvalidJob(f"job {env.job.job_id}: {problem}")
             except (DecodeError, ValidationError, InvalidJob) as exc:
                 self._track(msg_id, None, self._guard(src, None, self._undecodable(src, fields, exc)))
@@ -411,7 +409,7 @@ class ConsumerLoop:
                 moved = await self.ctx.handoff.forward(src, env, to_stream, outcome.stage, via=via)
             except JobCancelled as exc:  # cancelled while this stage worked: it goes no further
                 return await self._end(src, env, "cancelled", str(exc))
-            if moved and stage == "init" and sandbox_of(env):
+            if moved and self.stage.limits_by_node_sandboxes and sandbox_of(env):
                 self._forwards_since_read += 1  # it counts against the node now
         else:
             outcome.timings_s = env.timings_s

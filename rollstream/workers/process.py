@@ -18,7 +18,7 @@ from rollstream.workers.eval import EvalStage
 from rollstream.workers.init import InitStage
 from rollstream.workers.loop import ConsumerLoop
 from rollstream.workers.run import RunStage
-from rollstream.workers.stage import WorkerContext
+from rollstream.workers.stage import Stage, WorkerContext
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ async def serve_stage(stage: str, settings: Settings, concurrency: int, *, consu
     await _wait_for_redis(ctx, settings)
     (settings.data_dir / "work").mkdir(parents=True, exist_ok=True)
     loop = ConsumerLoop(STAGES[stage](ctx), ctx, concurrency, consumer=consumer)
-    background = await _start_services(stage, ctx, loop.consumer)
+    background = await _start_services(loop.stage, ctx, loop.consumer)
     aloop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         aloop.add_signal_handler(sig, loop.stop)
@@ -60,46 +60,23 @@ async def serve_stage(stage: str, settings: Settings, concurrency: int, *, consu
         await ctx.redis.aclose()
 
 
-async def _start_services(stage: str, ctx: WorkerContext, worker_id: str) -> list[asyncio.Task]:
-    """What the stage's tasks reach through ``ctx.service(name)``, and the node duties of
-    the stage (the eval pool reaps sandboxes)."""
+async def _start_services(stage: Stage, ctx: WorkerContext, worker_id: str) -> list[asyncio.Task]:
+    """What every stage's tasks reach through ``ctx.service(name)``, then the stage's own
+    services and node duties (Stage.start_services)."""
     settings = ctx.settings
     ctx.services["sandbox_root"] = sandbox_root(settings)
     ctx.services["sandbox_backend"] = settings.sandbox_backend
     from rollstream.sandboxes.policy import OverridePolicy
 
     ctx.services["sandbox_policy"] = OverridePolicy.from_settings(settings)
-    background: list[asyncio.Task] = []
-    if stage == "run":
-        from rollstream.workers.llm_service import LLMService
-
-        llm = LLMService(ctx.redis, settings, worker_id=worker_id)
-        await llm.start()
-        ctx.services["llm"] = llm
-    if stage == "eval":
-        background.append(asyncio.create_task(_reap_forever(ctx)))
-    return background
+    return await stage.start_services(worker_id)
 
 
 def sandbox_root(settings: Settings) -> str:
-    """This deployment's sandbox folder. By default one per namespace under the node's
-    sandbox root, so that a reaper only ever judges sandboxes of its own jobs."""
-    if settings.sandbox_root:
-        return str(settings.sandbox_root)
-    from rollstream.sandboxes import default_root_dir
+    """This deployment's sandbox folder (see namespace_root_dir)."""
+    from rollstream.sandboxes.spec import namespace_root_dir
 
-    return f"{default_root_dir()}/{settings.namespace}"
-
-
-async def _reap_forever(ctx: WorkerContext) -> None:
-    from rollstream.workers.reaping import reap_node
-
-    while True:
-        await asyncio.sleep(ctx.settings.reap_interval_s)
-        try:
-            await reap_node(ctx.redis, ctx.keys, ctx.node, ctx.services.get("sandbox_root"))
-        except Exception:  # a failed round is retried next interval
-            log.exception("sandbox reaping failed")
+    return namespace_root_dir(settings.namespace, settings.sandbox_root)
 
 
 async def _wait_for_redis(ctx: WorkerContext, settings: Settings) -> None:

@@ -3,6 +3,7 @@ outcomes a stage returns, and the per-process context (Redis, names, services)."
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 from abc import ABC, abstractmethod
@@ -98,9 +99,23 @@ class Stage(ABC):
     it goes next (a ``Forward``) or its final ``Result``."""
 
     name: str
+    # Pull work only while the node has sandbox slots free (init's back-pressure): the loop
+    # reads the node's sandbox count with every read of the stream.
+    limits_by_node_sandboxes: bool = False
+    # Move the jobs of dead nodes back to init, every worker_ttl_s / 2.
+    rescues_dead_nodes: bool = False
 
     def __init__(self, ctx: WorkerContext):
         self.ctx = ctx
+
+    async def start_services(self, worker_id: str) -> list[asyncio.Task]:
+        """Start what this stage's tasks reach through the context's services, and its node
+        duties; returns the background tasks to cancel at shutdown."""
+        return []
+
+    def admission_problem(self, env: Envelope) -> str | None:
+        """Why a message read from this stage's stream is refused before any work, or None."""
+        return None
 
     @abstractmethod
     async def process(self, env: Envelope, tctx: TaskContext) -> Forward | Result: ...

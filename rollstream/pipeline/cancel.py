@@ -65,6 +65,15 @@ async def check(r: aioredis.Redis, keys: Keys, job: Job) -> str | None:
     return is_cancelled(job, await r.mget(flag_keys(keys, job)))
 
 
+async def check_many(r: aioredis.Redis, keys: Keys, jobs: list[Job]) -> list[str | None]:
+    """`check` for many jobs in one round trip."""
+    async with r.pipeline(transaction=False) as pipe:
+        for job in jobs:
+            pipe.mget(flag_keys(keys, job))
+        all_flags = await pipe.execute()
+    return [is_cancelled(job, flags) for job, flags in zip(jobs, all_flags)]
+
+
 @dataclass
 class CancelBook:
     """What one worker knows has been cancelled, read from the notice stream. It may lag

@@ -12,6 +12,7 @@ import bisect
 import redis
 import redis.asyncio as aioredis
 
+from rollstream.messages import Result
 from rollstream.pipeline.keys import Keys
 
 # Seconds: from a fast tool call to a long agent episode.
@@ -85,3 +86,15 @@ def stage_key(keys: Keys, stage: str) -> str:
 
 def tool_key(keys: Keys, tool: str) -> str:
     return keys._k("hist", "tool", tool)
+
+
+def result_latencies(keys: Keys, result: Result) -> list[tuple[str, float]]:
+    """A result's stage durations and tool-call latencies for the shared histograms
+    (/metrics), as (histogram key, seconds)."""
+    timings = result.timings_s
+    out = [(stage_key(keys, stage), timings[f"{stage}_s"])
+           for stage in ("init", "run", "eval") if f"{stage}_s" in timings]
+    for call in result.trajectory.tool_calls if result.trajectory else []:
+        if call.duration_ms > 0:
+            out.append((tool_key(keys, call.name), call.duration_ms / 1000))
+    return out

@@ -17,14 +17,16 @@ import redis
 from pydantic import ValidationError
 
 from rollstream.errors import InvalidJob, JobCancelled, JobFailed
-from rollstream.messages import DeadLetter, Envelope, Result, valid_id
+from rollstream.messages import DeadLetter, Envelope, Result
 from rollstream.pipeline import cancel, histograms
-from rollstream.pipeline.codec import DecodeError, decode_envelope, fields_payload
+from rollstream.pipeline.codec import DecodeError, decode_envelope
 from rollstream.pipeline.connection import SOCKET_TIMEOUT_S, Outage, raise_if_cancelled, transient_problem
-from rollstream.pipeline.groups import ensure_group
+from rollstream.pipeline.groups import autoclaim, ensure_group, remove_idle_consumer
 from rollstream.pipeline.handoff import SandboxCount, Source, sandbox_of
 from rollstream.pipeline.jobstate import RunningMarks
+from rollstream.pipeline.rescue import rescue_dead_nodes
 from rollstream.pipeline.wire import FastRedis, stream_entries
+from rollstream.workers.malformed import malformed_message
 from rollstream.workers.stage import Forward, Stage, WorkerContext, active_s, ended_result, queued_s
 
 log = logging.getLogger(__name__)
@@ -40,20 +42,6 @@ _TIMED_OUT = "timed out"
 
 def _id(raw) -> str:
     return raw.decode() if isinstance(raw, bytes) else raw
-
-
-def _best_effort_ids(fields: dict) -> tuple[str | None, str | None]:
-    try:
-        payload = fields_payload(fields)
-        job = payload.get("job", payload) if isinstance(payload, dict) else {}
-        job_id, submitter = job.get("job_id"), job.get("submitter", "default")
-        # Only a submitter of the id grammar names a results stream; a job id outside it is
-        # returned (cut short) for the failed result to carry, never used in a key.
-        if not (isinstance(job_id, str) and job_id and valid_id(submitter)):
-            return None, None
-        return job_id[:200], submitter
-    except Exception:
-        return None, None
 
 
 class ConsumerLoop:
@@ -146,8 +134,6 @@ class ConsumerLoop:
         """Move jobs of dead nodes back to init. Not while Redis refuses writes, nor within
         worker_ttl_s after: every node's heartbeat went stale with the outage, and a live node
         needs a heartbeat to show it lives."""
-        from rollstream.pipeline.rescue import rescue_dead_nodes
-
         if self.outage.within(self.s.worker_ttl_s):
             return
         await rescue_dead_nodes(self.ctx.redis, self.ctx.keys, self.ctx.handoff, self.s, self.consumer)
@@ -416,7 +402,7 @@ class ConsumerLoop:
             # Eval tore the sandbox down; it stops counting in the same script.
             moved = await self.ctx.handoff.finish(src, outcome, count=self.ctx.handoff.sandbox_gone(env), via=via)
             if moved:
-                for key, seconds in self._latencies(outcome):
+                for key, seconds in histograms.result_latencies(self.ctx.keys, outcome):
                     self.observations.observe(key, seconds)
         if not moved:
             log.warning("job %s: %s finished after another worker reclaimed it; dropped this copy",
@@ -451,17 +437,6 @@ class ConsumerLoop:
     async def _cancelled(self, job) -> str | None:
         """For tasks that check between steps (the agent loop between turns)."""
         return self.book.reason(job) or await cancel.check(self.r, self.ctx.keys, job)
-
-    def _latencies(self, result: Result) -> list[tuple[str, float]]:
-        """Stage durations and tool-call latencies for the shared histograms (/metrics), as
-        (histogram key, seconds)."""
-        keys, timings = self.ctx.keys, result.timings_s
-        out = [(histograms.stage_key(keys, stage), timings[f"{stage}_s"])
-               for stage in ("init", "run", "eval") if f"{stage}_s" in timings]
-        for call in result.trajectory.tool_calls if result.trajectory else []:
-            if call.duration_ms > 0:
-                out.append((histograms.tool_key(keys, call.name), call.duration_ms / 1000))
-        return out
 
     async def _release(self, env: Envelope) -> SandboxCount | None:
         """Tear down what the job holds on this node; returns the sandbox count change for
@@ -505,14 +480,8 @@ class ConsumerLoop:
                                        f"handed back by {self.consumer} at shutdown", count=count)
 
     async def _undecodable(self, src: Source, fields: dict, exc: Exception) -> None:
-        job_id, submitter = _best_effort_ids(fields)
-        error = f"malformed job message: {exc}"
-        raw = fields.get(b"data") or fields.get(b"json") or repr(fields).encode()
-        letter = DeadLetter(job_id=job_id if valid_id(job_id) else None, submitter=submitter, stage=self.stage.name,
-                            error=error, raw=raw)
-        result = Result(job_id=job_id, submitter=submitter, status="failed", error=error, failure="job",
-                        error_stage=self.stage.name) if job_id and submitter else None
-        log.warning("message %s on %s dead-lettered: %s", src.msg_id, src.stream, error)
+        letter, result = malformed_message(fields, exc, self.stage.name)
+        log.warning("message %s on %s dead-lettered: %s", src.msg_id, src.stream, letter.error)
         await self.ctx.handoff.dead_letter(src, letter, result)
 
     # -- background duties -------------------------------------------------------------
@@ -547,7 +516,8 @@ class ConsumerLoop:
         free = self.concurrency - len(self.inflight)
         if free <= 0 or self._stopping.is_set():
             return
-        _next, claimed, deleted = await self._xautoclaim(free)
+        claimed, deleted = await autoclaim(self.r, self.stream, self.group, self.consumer,
+                                           int(self.s.visibility_timeout_s * 1000), free)
         if deleted:
             await self.r.xack(self.stream, self.group, *deleted)
         if not claimed:
@@ -564,12 +534,6 @@ class ConsumerLoop:
             log.info("%s reclaimed %s (delivery %d)", self.consumer, msg_id, deliveries)
             entries.append((msg_id, fields or {}, deliveries))
         self._admit(entries)
-
-    async def _xautoclaim(self, count: int):
-        resp = await self.r.xautoclaim(self.stream, self.group, self.consumer,
-                                       int(self.s.visibility_timeout_s * 1000), start_id="0-0", count=count)
-        deleted = resp[2] if len(resp) > 2 else []
-        return resp[0], [(m, f) for m, f in resp[1] if f], deleted
 
     async def _follow_cancellations(self) -> None:
         """Tail the cancellation notices: the book learns them within a round trip, and
@@ -602,12 +566,8 @@ class ConsumerLoop:
                 if env is not None and m in self._processing and m not in self._cancel_reasons]
         if not jobs:
             return
-        async with self.r.pipeline(transaction=False) as pipe:
-            for _m, job in jobs:
-                pipe.mget(cancel.flag_keys(self.ctx.keys, job))
-            all_flags = await pipe.execute()
-        for (msg_id, job), flags in zip(jobs, all_flags):
-            reason = cancel.is_cancelled(job, flags)
+        reasons = await cancel.check_many(self.r, self.ctx.keys, [job for _m, job in jobs])
+        for (msg_id, _job), reason in zip(jobs, reasons):
             if reason and msg_id in self._processing:
                 self._cancel_reasons[msg_id] = reason
                 self.inflight[msg_id][0].cancel()
@@ -635,8 +595,6 @@ class ConsumerLoop:
                 pipe.zrem(self.ctx.keys.workers, self.consumer)
                 pipe.delete(self.ctx.keys.worker(self.consumer))
                 await pipe.execute()
-            # Deleting a consumer drops its pending entries, so only an empty one goes.
-            if not await self.r.xpending_range(self.stream, self.group, "-", "+", 1, consumername=self.consumer):
-                await self.r.xgroup_delconsumer(self.stream, self.group, self.consumer)
+            await remove_idle_consumer(self.r, self.stream, self.group, self.consumer)
         except (redis.RedisError, OSError) as exc:
             log.warning("%s: could not deregister (%s)", self.consumer, exc)

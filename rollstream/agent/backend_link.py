@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from rollstream.llm.client import DEFAULT_TIMEOUT_S, BackendError, VLLMClient
+from rollstream.llm.client import DEFAULT_TIMEOUT_S, BackendError, VLLMClient, raise_for_error_status
 
 _MAX_IDLE = 64  # idle connections kept per backend
 
@@ -46,23 +46,12 @@ class PooledVLLMClient(VLLMClient):
             raise BackendError(base_url, f"{self.kind} request timed out after {total:.1f}s") from None
         except (OSError, asyncio.IncompleteReadError, ValueError, _Stale) as exc:
             raise BackendError(base_url, f"{self.kind} unreachable: {type(exc).__name__}: {exc}") from exc
-        if status >= 400:  # the parent maps errors, from a response as httpx would give it
-            return self._checked(base_url, httpx.Response(status, content=data))
+        if status >= 400:  # mapped as the parent maps them, from a response as httpx would give it
+            raise_for_error_status(self.kind, base_url, httpx.Response(status, content=data))
         try:
             return json.loads(data)
         except ValueError as exc:
             raise BackendError(base_url, f"{self.kind} returned non-JSON body: {data[:200]!r}") from exc
-
-    @staticmethod
-    def _checked(base_url: str, response: httpx.Response) -> dict:
-        from rollstream.llm.client import ContextLengthError, _error_message, _looks_like_context_error
-
-        message = _error_message(response)
-        if response.status_code == 400 and _looks_like_context_error(message):
-            raise ContextLengthError(base_url, message, status_code=400)
-        retryable = response.status_code >= 500 or response.status_code in (408, 429)
-        raise BackendError(base_url, f"vllm HTTP {response.status_code}: {message}", retryable=retryable,
-                           status_code=response.status_code)
 
     async def _exchange(self, target: tuple[str, int], request: bytes, reuse: bool) -> tuple[int, bytes]:
         idle = self._idle.setdefault(target, [])

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal, NoReturn, Protocol, runtime_checkable
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
@@ -147,14 +147,7 @@ class _HTTPBackend:
         except httpx.HTTPError as exc:
             raise BackendError(base_url, f"{self.kind} unreachable: {type(exc).__name__}: {exc}") from exc
         if resp.status_code >= 400:
-            message = _error_message(resp)
-            if resp.status_code == 400 and _looks_like_context_error(message):
-                raise ContextLengthError(base_url, message, status_code=resp.status_code)
-            # 408/429 and 5xx are the server's trouble; other 4xx are the request's.
-            retryable = resp.status_code >= 500 or resp.status_code in (408, 429)
-            raise BackendError(
-                base_url, f"{self.kind} HTTP {resp.status_code}: {message}", retryable=retryable, status_code=resp.status_code
-            )
+            raise_for_error_status(self.kind, base_url, resp)
         try:
             return resp.json()
         except ValueError as exc:
@@ -168,6 +161,18 @@ class _HTTPBackend:
         except httpx.HTTPError:
             return False
         return resp.status_code == 200
+
+
+def raise_for_error_status(kind: str, base_url: str, resp: httpx.Response) -> NoReturn:
+    """The BackendError of a response with an error status: a ContextLengthError for a
+    prompt the context cannot hold; retryable for 408/429 and 5xx (the server's trouble),
+    not for other 4xx (the request's)."""
+    message = _error_message(resp)
+    if resp.status_code == 400 and _looks_like_context_error(message):
+        raise ContextLengthError(base_url, message, status_code=resp.status_code)
+    retryable = resp.status_code >= 500 or resp.status_code in (408, 429)
+    raise BackendError(base_url, f"{kind} HTTP {resp.status_code}: {message}", retryable=retryable,
+                       status_code=resp.status_code)
 
 
 def _error_message(resp: httpx.Response) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -190,8 +191,13 @@ def test_every_cli_command_lives_under_cli_with_plain_imports():
 
 
 def test_wheel_ships_the_product_without_its_harness(tmp_path):
+    # Built from a copy: setuptools reuses a build/ folder, whose stale files would enter the wheel.
+    source = tmp_path / "source"
+    leftovers = shutil.ignore_patterns(".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__")
+    shutil.copytree(REPO, source, ignore=lambda folder, names: leftovers(folder, names)
+                    | ({"runs", "data"} & set(names) if Path(folder) == REPO else set()))
     isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--quiet", *isolation,
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--quiet", *isolation,
                     "-w", str(tmp_path)], check=True, timeout=600, cwd=tmp_path)
     (wheel,) = tmp_path.glob("rollstream-*.whl")
     names = zipfile.ZipFile(wheel).namelist()

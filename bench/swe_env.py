@@ -31,7 +31,7 @@ from rollstream.messages import Envelope, Job
 from rollstream.sandboxes import SandboxClient, SandboxSpec, create_sandbox, destroy_sandbox, images
 from rollstream.sandboxes.backends.docker import DockerBackend
 from rollstream.sandboxes.env_images import DEFAULT_BASE_IMAGE, image_exists
-from rollstream.sandboxes.forkserver import stop_fork_server
+from rollstream.sandboxes.supervisor_spawn import stop_fork_server
 from rollstream.tasks import swe_env, swe_records
 from rollstream.tasks.base import TaskContext
 from rollstream.tasks.swe import SweTask, load_instances

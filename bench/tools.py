@@ -9,12 +9,13 @@ sandbox_create_destroy_p50_ms, live_sandboxes.
 A/B of the bash `echo` round trip between two commits, side by side in one run (a busy
 machine changes speed from one minute to the next more than most changes do):
 
-    python bench/tools.py --ab BASE_REV [--new REV_OR_DIR] [--pairs 30] [--window 100]
+    python bench/tools.py --ab BASE_REV [--new REV_OR_DIR] [--pairs 30] [--window 100] [--in-process]
 
 Each side runs its own code in its own process with its own sandbox; the two take turns
 in windows of N calls, in alternating order. Last line: `RESULT {json}` with
 ``bash_echo_p50_ms_base``, ``bash_echo_p50_ms_new``, ``median_diff_ms`` (new - base, per
-pair of windows), ``new_faster_pairs``, ``pairs``, ``load_average``.
+pair of windows), ``new_faster_pairs``, ``pairs``, ``load_average``. With ``--in-process`` each side drives a bash
+session in its own process, without sandbox, socket or supervisor: the framing's own cost.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from pathlib import Path
 
 from rollstream.sandboxes import SandboxClient, SandboxSpec, create_sandbox, destroy_sandbox
 from rollstream.sandboxes.backends.base import KERNEL_ARGS
-from rollstream.sandboxes.forkserver import stop_fork_server
+from rollstream.sandboxes.supervisor_spawn import stop_fork_server
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -160,7 +161,7 @@ async def bench_live(root_dir: str, count: int) -> int:
 AB_SIDE = r"""
 import asyncio, shutil, statistics, sys, tempfile, time
 from rollstream.sandboxes import SandboxClient, SandboxSpec, create_sandbox, destroy_sandbox
-from rollstream.sandboxes.forkserver import stop_fork_server
+from rollstream.sandboxes.supervisor_spawn import stop_fork_server
 
 async def main():
     root = tempfile.mkdtemp(prefix="rsab-", dir="/tmp")
@@ -188,7 +189,30 @@ asyncio.run(main())
 """
 
 
-def bash_ab(base: str, new: str, pairs: int, window: int) -> None:
+# The same, with the bash session driven in this process (no sandbox, no socket, no
+# supervisor): the framing's own cost, less sensitive to the machine's load.
+AB_SIDE_IN_PROCESS = r"""
+import statistics, sys, time
+from rollstream.sandboxes.runtime.bash_session import BashSession
+
+session = BashSession(["bash", "--noediting", "--noprofile", "--norc", "-i"], {"PATH": "/usr/bin:/bin", "HOME": "/tmp"}, "/tmp", {}, 1 << 20)
+session.start()
+for _ in range(50):
+    session.run(b"echo hi", 30, None)
+print("ready", flush=True)
+for line in sys.stdin:
+    times = []
+    for _ in range(int(line)):
+        started = time.perf_counter()
+        result = session.run(b"echo hi", 30, None)
+        times.append((time.perf_counter() - started) * 1000)
+        assert result["output"] == b"hi\n", result
+    print(statistics.median(times), flush=True)
+session.close()
+"""
+
+
+def bash_ab(base: str, new: str, pairs: int, window: int, in_process: bool = False) -> None:
     """Bash `echo` p50 of two commits (or folders), alternating windows, one table."""
     import sys
 
@@ -200,7 +224,7 @@ def bash_ab(base: str, new: str, pairs: int, window: int) -> None:
         for name, rev in (("base", base), ("new", new)):
             tree = checkout(rev, worktrees)
             process = subprocess.Popen(
-                [sys.executable, "-c", AB_SIDE], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
+                [sys.executable, "-c", AB_SIDE_IN_PROCESS if in_process else AB_SIDE], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             )
             assert process.stdout.readline().strip() == "ready", f"the {name} side did not start"
@@ -223,7 +247,8 @@ def bash_ab(base: str, new: str, pairs: int, window: int) -> None:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(where)], capture_output=True)
     diffs = [new_ms - base_ms for base_ms, new_ms in zip(medians["base"], medians["new"])]
     load = os.getloadavg()
-    print(f"bash `echo hi` round trip, {pairs} pairs of {window}-call windows; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    where = "in-process session (no sandbox)" if in_process else "round trip into a bwrap sandbox"
+    print(f"bash `echo hi` {where}, {pairs} pairs of {window}-call windows; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     print(f"{'side':6} {'revision':40} {'p50 of window medians ms':>26}")
     for name, rev in (("base", base), ("new", new)):
         print(f"{name:6} {rev:40} {statistics.median(medians[name]):26.3f}")
@@ -235,6 +260,7 @@ def bash_ab(base: str, new: str, pairs: int, window: int) -> None:
         "new_faster_pairs": sum(d < 0 for d in diffs),
         "pairs": pairs,
         "load_average": [round(value, 2) for value in load],
+        "in_process": in_process,
     }))
 
 
@@ -242,6 +268,7 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ab", metavar="BASE_REV", help="compare bash echo with this commit (or folder) instead")
     parser.add_argument("--new", default=".", help="with --ab: the other side, a commit or folder (default: this checkout)")
+    parser.add_argument("--in-process", action="store_true", help="with --ab: drive the bash session in this process, no sandbox")
     parser.add_argument("--pairs", type=int, default=30)
     parser.add_argument("--window", type=int, default=100)
     parser.add_argument("--calls", type=int, default=300)
@@ -252,7 +279,7 @@ async def main() -> None:
     args = parser.parse_args()
     if args.ab:
         new = str(Path(__file__).resolve().parent.parent) if args.new == "." else args.new
-        bash_ab(args.ab, new, args.pairs, args.window)
+        bash_ab(args.ab, new, args.pairs, args.window, args.in_process)
         return
     root_dir = tempfile.mkdtemp(prefix="rsb-", dir="/tmp")
     rows: list[tuple[str, list[float]]] = []

@@ -98,7 +98,7 @@ async def sandbox_root():
     """A sandbox root for one test: in /tmp, not under pytest's 0700 tmp_path, because each
     sandbox's processes run under a host uid of their own that must reach its folder."""
     from rollstream.sandboxes import reaper
-    from rollstream.sandboxes.forkserver import stop_fork_server
+    from rollstream.sandboxes.supervisor_spawn import stop_fork_server
 
     path = tempfile.mkdtemp(prefix="rs-", dir="/tmp")
     os.chmod(path, 0o711)

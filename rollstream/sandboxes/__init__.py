@@ -15,7 +15,7 @@ _EXPORTS = {
     "SandboxLimits": "spec",
     "SandboxHandle": "spec",
     "default_root_dir": "spec",
-    "SandboxClient": "client",
+    "SandboxClient": "sandbox_client",
     "create_sandbox": "lifecycle",
     "destroy_sandbox": "lifecycle",
     "Reaper": "reaper",
@@ -46,10 +46,10 @@ def __getattr__(name: str):
 
 
 if TYPE_CHECKING:
-    from .client import SandboxClient
     from .errors import BackendUnavailable, SandboxError, SandboxGone, SandboxSetupError, SandboxStartError, ToolError
     from .lifecycle import create_sandbox, destroy_sandbox
     from .reaper import Reaper, become_subreaper
     from .results import BashResult, EditResult, IPythonResult, ToolOutput
+    from .sandbox_client import SandboxClient
     from .spec import SandboxHandle, SandboxLimits, SandboxSpec, default_root_dir
     from .tools import call_tool, tool_schemas

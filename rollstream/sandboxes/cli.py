@@ -17,7 +17,7 @@ from rich.table import Table
 
 from rollstream.cli.common import namespace_option, redis_option, redis_url_alias, require_redis, settings_from
 
-from . import forkserver, images
+from . import images, supervisor_spawn
 from .reaper import Reaper
 
 app = typer.Typer(help="Prepare sandbox images (SIF files, unpacked rootfs folders) as background jobs.",
@@ -180,10 +180,10 @@ def forkserver_command(
     if start and stop:
         raise typer.BadParameter("pass --start or --stop, not both")
     if stop:
-        stopped = asyncio.run(forkserver.stop_fork_server(root))
+        stopped = asyncio.run(supervisor_spawn.stop_fork_server(root))
         console.print("stopped" if stopped else f"no fork server answers in {root}")
         return
-    if start and asyncio.run(forkserver.ping_fork_server(root)) is None:
-        asyncio.run(forkserver.start_fork_server(root))
-    pid = asyncio.run(forkserver.ping_fork_server(root))
-    console.print(f"fork server pid {pid} at {forkserver.socket_path(root)}" if pid else f"no fork server in {root}")
+    if start and asyncio.run(supervisor_spawn.ping_fork_server(root)) is None:
+        asyncio.run(supervisor_spawn.start_fork_server(root))
+    pid = asyncio.run(supervisor_spawn.ping_fork_server(root))
+    console.print(f"fork server pid {pid} at {supervisor_spawn.socket_path(root)}" if pid else f"no fork server in {root}")

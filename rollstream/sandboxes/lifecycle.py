@@ -15,10 +15,10 @@ import os
 import re
 import time
 
-from . import forkserver, reaper
+from . import reaper, supervisor_spawn
 from .backends import SandboxLayout, select_backend
-from .client import SandboxClient
 from .errors import SandboxError, SandboxGone, SandboxSetupError, SandboxStartError
+from .sandbox_client import SandboxClient
 from .spec import SANDBOX_ID_PATTERN, SandboxHandle, SandboxSpec, default_root_dir
 
 log = logging.getLogger(__name__)
@@ -86,12 +86,12 @@ async def create_sandbox(
 
 async def _start_supervisor(layout: SandboxLayout, sandbox_id: str, ready_timeout_s: float) -> str:
     try:
-        return await forkserver.spawn_supervisor(
+        return await supervisor_spawn.spawn_supervisor(
             os.path.dirname(layout.dir), layout.plan_path, layout.log_path, layout.dir, ready_timeout_s
         )
-    except forkserver.ForkServerUnavailable as error:
+    except supervisor_spawn.ForkServerUnavailable as error:
         log.warning("%s; starting the supervisor of sandbox %s directly (slower)", error, sandbox_id)
-        return await forkserver.spawn_direct(layout.plan_path, layout.log_path, layout.dir, ready_timeout_s)
+        return await supervisor_spawn.spawn_direct(layout.plan_path, layout.log_path, layout.dir, ready_timeout_s)
 
 
 async def _discard_started(starting: asyncio.Future, directory: str) -> None:

@@ -16,7 +16,7 @@ from .errors import SandboxError, SandboxGone, ToolError
 from .results import ToolOutput
 
 if TYPE_CHECKING:
-    from .client import SandboxClient
+    from .sandbox_client import SandboxClient
 
 
 class BashArgs(BaseModel):

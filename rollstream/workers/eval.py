@@ -32,7 +32,7 @@ class EvalStage(Stage):
 
 
 async def _reap_forever(ctx: WorkerContext) -> None:
-    from rollstream.workers.reaping import reap_node
+    from rollstream.workers.node_reaper import reap_node
 
     while True:
         await asyncio.sleep(ctx.settings.reap_interval_s)

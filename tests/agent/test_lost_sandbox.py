@@ -11,8 +11,8 @@ import pytest
 
 from rollstream.agent import LLMSession, run_agent
 from rollstream.sandboxes import SandboxClient, SandboxSpec, create_sandbox, destroy_sandbox
-from rollstream.sandboxes.forkserver import stop_fork_server
 from rollstream.sandboxes.results import ToolOutput
+from rollstream.sandboxes.supervisor_spawn import stop_fork_server
 
 from .scripted_model import ADD_QUESTION, CALCULATOR, prompt
 from .test_agent_loop import GREEDY

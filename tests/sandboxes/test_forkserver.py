@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 from rollstream.sandboxes import reaper
 from rollstream.sandboxes import Reaper, SandboxClient, SandboxHandle, SandboxSpec, SandboxStartError, create_sandbox, destroy_sandbox
 from rollstream.sandboxes.cli import sandboxes_app
-from rollstream.sandboxes.forkserver import server_pid, socket_path, start_fork_server
 from rollstream.sandboxes.runtime import protocol
+from rollstream.sandboxes.supervisor_spawn import server_pid, socket_path, start_fork_server
 
 from .conftest import needs_bwrap, processes_mentioning
 

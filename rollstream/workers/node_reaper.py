@@ -1,7 +1,8 @@
-"""The node's sandbox reaper, run by eval workers: a sandbox is wanted only while its job
-is on this node's run or eval stream with that very sandbox (or still in init, briefly).
-Everything else — sandboxes of finished, failed, cancelled or restarted jobs, and what a
-killed worker or a crashed supervisor left — is torn down."""
+"""The node's reaping duty, run by eval workers: which of this node's sandboxes a job still
+wants, by the jobs' state in Redis. A sandbox is wanted only while its job is on this node's
+run or eval stream with that very sandbox (or still in init, briefly). Everything else —
+sandboxes of finished, failed, cancelled or restarted jobs, and what a killed worker or a
+crashed supervisor left — is torn down by sandboxes/reaper.py."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import logging
 import time
 
 from rollstream.pipeline.keys import Keys
+from rollstream.sandboxes.reaper import Reaper
 
 log = logging.getLogger(__name__)
 
@@ -17,8 +19,6 @@ INIT_GRACE_S = 600.0  # a sandbox whose job is still in init may be mid-creation
 
 
 async def reap_node(r, keys: Keys, node: str, root_dir: str | None) -> list[str]:
-    from rollstream.sandboxes import Reaper
-
     reaper = Reaper(root_dir)
     records = await asyncio.to_thread(reaper.sandboxes)
     async with r.pipeline(transaction=False) as pipe:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 
 from rollstream.pipeline import histograms
+from rollstream.pipeline.balancer import list_backends
 from rollstream.pipeline.keys import Keys
 from rollstream.pipeline.status import snapshot
 
@@ -43,11 +44,11 @@ async def render_metrics(r: aioredis.Redis, keys: Keys) -> str:
     out.append("# HELP rollstream_stage_duration_seconds Time a job spent in each stage's work.")
     out.append("# TYPE rollstream_stage_duration_seconds histogram")
     for stage in ("init", "run", "eval"):
-        raw = await histograms.read(r, histograms.stage_key(keys, stage))
+        raw = await histograms.read(r, keys.stage_histogram(stage))
         out.extend(histograms.prometheus_lines("rollstream_stage_duration_seconds", f'stage="{stage}",', raw))
     out.append("# HELP rollstream_tool_call_seconds Latency of the agents' tool calls, by tool.")
     out.append("# TYPE rollstream_tool_call_seconds histogram")
-    for key in sorted(k.decode() for k in await r.keys(histograms.tool_key(keys, "*"))):
+    for key in sorted(k.decode() for k in await r.keys(keys.tool_histogram("*"))):
         tool = key.rsplit(":", 1)[-1]
         out.extend(histograms.prometheus_lines("rollstream_tool_call_seconds", f'tool="{tool}",',
                                                await histograms.read(r, key)))
@@ -61,7 +62,5 @@ async def render_metrics(r: aioredis.Redis, keys: Keys) -> str:
 
 
 async def _backend_samples(r: aioredis.Redis, keys: Keys) -> list[tuple[str, float]]:
-    from rollstream.pipeline.balancer import list_backends
-
     return [(_labels(backend=b.url, healthy=str(b.healthy).lower()), b.in_flight)
             for b in await list_backends(r, keys.namespace)]

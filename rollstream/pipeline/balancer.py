@@ -21,6 +21,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from rollstream.pipeline.connection import Outage, transient_problem
+from rollstream.pipeline.keys import Keys
 
 log = logging.getLogger(__name__)
 
@@ -29,25 +30,6 @@ LUA_DIR = Path(__file__).parent / "lua"
 
 class NoBackendAvailable(RuntimeError):
     """Every registered backend is ejected, or none is registered."""
-
-
-class BalancerSettings(BaseModel):
-    """How the balancer trades prefix-cache reuse against load spread."""
-
-    namespace: str = Field("rs", description="Prefix of every Redis key the balancer uses.")
-    group_affinity_slack: int = Field(
-        2,
-        ge=0,
-        description="A group's backend is preferred while its in-flight count is at most "
-        "the least loaded backend's count plus this slack.",
-    )
-    lease_ttl_s: float = Field(
-        60.0, gt=0, description="A lease not renewed for this long is reclaimed (dead worker)."
-    )
-    affinity_ttl_s: int = Field(
-        3600, gt=0, description="How long a job or group remembers its backend after last use."
-    )
-    reclaim_batch: int = Field(16, gt=0, description="Expired leases reclaimed per acquire.")
 
 
 @dataclass(frozen=True)
@@ -67,47 +49,6 @@ class BackendStatus(BaseModel):
     in_flight: int
     healthy: bool
     info: dict = Field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class BalancerKeys:
-    """Redis key names, readable so an operator can watch them with redis-cli."""
-
-    namespace: str = "rs"
-
-    @property
-    def backends(self) -> str:
-        return f"{self.namespace}:backends"
-
-    @property
-    def backends_down(self) -> str:
-        return f"{self.namespace}:backends:down"
-
-    @property
-    def backends_info(self) -> str:
-        return f"{self.namespace}:backends:info"
-
-    @property
-    def leases(self) -> str:
-        return f"{self.namespace}:leases"
-
-    @property
-    def lease_backend(self) -> str:
-        return f"{self.namespace}:leases:backend"
-
-    @property
-    def lease_seq(self) -> str:
-        return f"{self.namespace}:leases:seq"
-
-    def job(self, job_id: str) -> str:
-        return f"{self.namespace}:affinity:job:{job_id}"
-
-    def group(self, group_id: str) -> str:
-        return f"{self.namespace}:affinity:group:{group_id}"
-
-    @property
-    def lease_keys(self) -> list[str]:
-        return [self.backends, self.backends_down, self.leases, self.lease_backend]
 
 
 def _load_script(name: str) -> str:
@@ -152,29 +93,19 @@ class Balancer:
         worker_id: str | None = None,
     ) -> None:
         self.redis = redis
-        self.keys = BalancerKeys(namespace)
+        self.keys = Keys(namespace)
         self.group_affinity_slack = group_affinity_slack
         self.lease_ttl_s = lease_ttl_s
         self.affinity_ttl_s = affinity_ttl_s
         self.reclaim_batch = reclaim_batch
         self.worker_id = worker_id or default_worker_id()
         self._held: dict[str, Lease] = {}
+        # The keys every lease script takes first, in the order the Lua scripts name them.
+        self._lease_keys = [self.keys.backends, self.keys.backends_down, self.keys.leases, self.keys.lease_backends]
         self._scripts = {
             name: redis.register_script(_load_script(name))
             for name in ("acquire", "release", "renew", "reclaim", "register", "remove", "mark")
         }
-
-    @classmethod
-    def from_settings(cls, redis: Redis, settings: BalancerSettings, **kwargs) -> "Balancer":
-        return cls(
-            redis,
-            namespace=settings.namespace,
-            group_affinity_slack=settings.group_affinity_slack,
-            lease_ttl_s=settings.lease_ttl_s,
-            affinity_ttl_s=settings.affinity_ttl_s,
-            reclaim_batch=settings.reclaim_batch,
-            **kwargs,
-        )
 
     # -- backends -------------------------------------------------------------------------
 
@@ -249,7 +180,7 @@ class Balancer:
         k = self.keys
         ttl_ms = int((lease_ttl_s or self.lease_ttl_s) * 1000)
         result = await self._scripts["acquire"](
-            keys=[*k.lease_keys, k.lease_seq, k.job(job_id), k.group(group_id) if group_id else ""],
+            keys=[*self._lease_keys, k.lease_seq, k.job_backend(job_id), k.group_backends(group_id) if group_id else ""],
             args=[
                 worker_id or self.worker_id,
                 ttl_ms,
@@ -280,7 +211,7 @@ class Balancer:
         pause, deadline = 0.1, time.monotonic() + self.lease_ttl_s / 2
         while True:
             try:
-                return int(await self._scripts["release"](keys=self.keys.lease_keys, args=ids))
+                return int(await self._scripts["release"](keys=self._lease_keys, args=ids))
             except (RedisConnectionError, RedisTimeoutError):
                 if time.monotonic() + pause > deadline:
                     raise
@@ -297,15 +228,15 @@ class Balancer:
         if not ids:
             return 0
         ttl_ms = int((lease_ttl_s or self.lease_ttl_s) * 1000)
-        return int(await self._scripts["renew"](keys=self.keys.lease_keys, args=[ttl_ms, *ids]))
+        return int(await self._scripts["renew"](keys=self._lease_keys, args=[ttl_ms, *ids]))
 
     async def reclaim_expired(self, limit: int = 10_000) -> int:
         """Give back the slots of leases whose worker died; safe to run from anywhere."""
-        return int(await self._scripts["reclaim"](keys=self.keys.lease_keys, args=[limit]))
+        return int(await self._scripts["reclaim"](keys=self._lease_keys, args=[limit]))
 
     async def forget_job(self, job_id: str) -> None:
         """Drop a finished job's stickiness so its key does not linger until the ttl."""
-        await self.redis.delete(self.keys.job(job_id))
+        await self.redis.delete(self.keys.job_backend(job_id))
 
     async def keep_alive(self, interval_s: float | None = None) -> None:
         """Run forever: renew this process's leases and reclaim dead workers' ones."""

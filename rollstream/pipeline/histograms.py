@@ -80,21 +80,13 @@ def prometheus_lines(name: str, labels: str, raw: dict[str, float]) -> list[str]
     return out
 
 
-def stage_key(keys: Keys, stage: str) -> str:
-    return keys._k("hist", "stage", stage)
-
-
-def tool_key(keys: Keys, tool: str) -> str:
-    return keys._k("hist", "tool", tool)
-
-
 def result_latencies(keys: Keys, result: Result) -> list[tuple[str, float]]:
     """A result's stage durations and tool-call latencies for the shared histograms
     (/metrics), as (histogram key, seconds)."""
     timings = result.timings_s
-    out = [(stage_key(keys, stage), timings[f"{stage}_s"])
+    out = [(keys.stage_histogram(stage), timings[f"{stage}_s"])
            for stage in ("init", "run", "eval") if f"{stage}_s" in timings]
     for call in result.trajectory.tool_calls if result.trajectory else []:
         if call.duration_ms > 0:
-            out.append((tool_key(keys, call.name), call.duration_ms / 1000))
+            out.append((keys.tool_histogram(call.name), call.duration_ms / 1000))
     return out

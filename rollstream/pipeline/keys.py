@@ -92,6 +92,49 @@ class Keys:
     def policy_version(self) -> str:
         return self._k("policy_version")
 
+    # Latency histograms behind /metrics.
+    def stage_histogram(self, stage: str) -> str:
+        return self._k("hist", "stage", stage)
+
+    def tool_histogram(self, tool: str) -> str:
+        """``tool_histogram("*")`` is the pattern that matches every tool's."""
+        return self._k("hist", "tool", tool)
+
+    # The LLM backend balancer (pipeline/balancer.py and its Lua scripts).
     @property
     def backends(self) -> str:
+        """Healthy backends scored by requests in flight (the min-heap acquire pops from)."""
         return self._k("backends")
+
+    @property
+    def backends_down(self) -> str:
+        """Ejected backends, with the in-flight count they had; acquire skips them."""
+        return self._k("backends", "down")
+
+    @property
+    def backends_info(self) -> str:
+        """Hash: backend URL -> JSON it registered with (and the policy version it serves)."""
+        return self._k("backends", "info")
+
+    @property
+    def leases(self) -> str:
+        """Sorted set of in-flight slots scored by their expiry (ms), so dead workers' expire."""
+        return self._k("leases")
+
+    @property
+    def lease_backends(self) -> str:
+        """Hash: lease id -> the backend whose slot it holds."""
+        return self._k("leases", "backend")
+
+    @property
+    def lease_seq(self) -> str:
+        return self._k("leases", "seq")
+
+    def job_backend(self, job_id: str) -> str:
+        """The backend a job sticks to across its turns (not its state hash: that is ``job``)."""
+        return self._k("affinity", "job", job_id)
+
+    def group_backends(self, group_id: str) -> str:
+        """Set of the backends a group's jobs went to, which its next jobs prefer (they share
+        the prompt: prefix-cache hits)."""
+        return self._k("affinity", "group", group_id)

@@ -24,7 +24,7 @@ from .conftest import serve_all, stop_all
 
 
 async def _stage_counts(client: AsyncClient) -> dict[str, float | None]:
-    return {stage: (await histograms.read(client.r, histograms.stage_key(client.keys, stage))).get("count")
+    return {stage: (await histograms.read(client.r, client.keys.stage_histogram(stage))).get("count")
             for stage in ("init", "run", "eval")}
 
 
@@ -40,7 +40,7 @@ async def test_histograms_count_every_result_within_a_flush_and_echo_leaves_no_w
                 if loop.time() > deadline:
                     break
                 await asyncio.sleep(0.05)
-            buckets = await histograms.read(client.r, histograms.stage_key(client.keys, "run"))
+            buckets = await histograms.read(client.r, client.keys.stage_histogram("run"))
     finally:
         await stop_all(tasks)
     assert all(r.status == "completed" for r in results)

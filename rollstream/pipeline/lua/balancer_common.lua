@@ -1,6 +1,6 @@
 -- Shared helpers of the backend balancer; balancer.py prepends this file to every
 -- balancer_*.lua script, so each script stays one atomic step on the same key layout.
--- Key layout (all prefixed by the namespace):
+-- Key layout (named in pipeline/keys.py, all prefixed by the namespace):
 --   {ns}:backends        ZSET  healthy backend url -> requests in flight (the min-heap)
 --   {ns}:backends:down   ZSET  ejected backend url -> requests still in flight there
 --   {ns}:leases          ZSET  lease id -> expiry (ms, Redis server clock)

@@ -58,8 +58,9 @@ class VerlLoopConfig(BaseSettings):
     agent: dict[str, Any] = Field(default_factory=dict, description="Agent overrides for every job "
                                   "(max_turns, tool_timeout_s, ...); a row's own agent overrides win.")
     sandbox: dict[str, Any] | None = Field(None, description="Sandbox spec overrides for every job.")
-    submitter_prefix: str = Field("verl", pattern=r"^[A-Za-z0-9_.\-]+$",
-                                  description="Prefix of this process's results stream name.")
+    submitter_prefix: str = Field("verl", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$",
+                                  description="Prefix of this process's results stream name: 1 to 64 "
+                                  "letters, digits, '_', '.' or '-', starting with a letter or digit.")
 
     def rollstream_settings(self) -> Settings:
         return load_settings(redis_url=self.redis_url, namespace=self.namespace)

@@ -26,8 +26,9 @@ class RolloutWaitTimeout(RollstreamError):
 
 
 def default_submitter(prefix: str = "verl") -> str:
-    """A submitter name unique to this process (its results stream is private to it)."""
-    host = re.sub(r"[^A-Za-z0-9_.\-]", "-", socket.gethostname().split(".")[0]) or "host"
+    """A submitter name unique to this process (its results stream is private to it); a valid
+    id whatever the host is called (the host part is cut to 32 characters)."""
+    host = re.sub(r"[^A-Za-z0-9_.\-]", "-", socket.gethostname().split(".")[0])[:32] or "host"
     return f"{prefix}-{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 

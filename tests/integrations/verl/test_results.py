@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from pydantic import ValidationError
 
-from rollstream.integrations.verl_results import RolloutWaitTimeout, close_routers, shared_router
-from rollstream.messages import Job, Result
+from rollstream.integrations.verl import VerlLoopConfig
+from rollstream.integrations.verl_results import RolloutWaitTimeout, close_routers, default_submitter, shared_router
+from rollstream.messages import Job, Result, valid_id
 from rollstream.pipeline import cancel as cancel_flags
 from rollstream.pipeline.codec import pack
 from rollstream.pipeline.keys import Keys
@@ -18,6 +20,14 @@ async def _deliver(router, job_id: str, reward: float) -> None:
     """Put a result on the router's stream the way the eval stage does."""
     result = Result(job_id=job_id, submitter=router.submitter, status="completed", reward=reward)
     await router.client.r.xadd(router.client.keys.results(router.submitter), {"data": pack(result)})
+
+
+def test_submitter_names_are_valid_ids_whatever_the_prefix_and_host(monkeypatch):
+    monkeypatch.setattr("socket.gethostname", lambda: "x" * 200 + ".cluster.example")
+    assert valid_id(default_submitter("p" * 64))
+    for bad in ("-rf", ".hidden", "a/b", "p" * 65):
+        with pytest.raises(ValidationError):
+            VerlLoopConfig(submitter_prefix=bad)
 
 
 async def test_each_waiter_gets_its_own_result_whatever_the_order(settings):

@@ -17,17 +17,20 @@ import argparse
 import asyncio
 import json
 import logging
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the harness, chaos/, beside rollstream/
 
-from rollstream.chaos.cluster import ClusterConfig, LocalCluster
-from rollstream.chaos.diskfull import cannot_mount
-from rollstream.chaos.faults import FAULTS
-from rollstream.chaos.soak import SoakReport, run_soak
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from chaos.cluster import ClusterConfig, LocalCluster  # noqa: E402
+from chaos.diskfull import cannot_mount  # noqa: E402
+from chaos.faults import FAULTS  # noqa: E402
+from chaos.soak import SoakReport, run_soak  # noqa: E402
 
 
 def table(report: SoakReport) -> Table:

@@ -12,10 +12,10 @@ import random
 
 import pytest
 
-from rollstream.chaos.cluster import ClusterConfig, LocalCluster
-from rollstream.chaos.diskfull import cannot_mount
-from rollstream.chaos.faults import FAULTS
-from rollstream.chaos.soak import run_phase
+from chaos.cluster import ClusterConfig, LocalCluster
+from chaos.diskfull import cannot_mount
+from chaos.faults import FAULTS
+from chaos.soak import run_phase
 
 PHASES = ["none", *FAULTS]  # FAULTS ends with cancel-node
 ECHO_PER_PHASE, LLM_PER_PHASE = 300, 6

@@ -12,8 +12,8 @@ import time
 import httpx
 import pytest
 
+from chaos.diskfull import SmallDisk, aof_write_failing, cannot_mount
 from rollstream.api.app import asgi
-from rollstream.chaos.diskfull import SmallDisk, aof_write_failing, cannot_mount
 from rollstream.client import AsyncClient
 from rollstream.errors import RedisRefusesWrites
 from rollstream.pipeline.embedded import EmbeddedRedis

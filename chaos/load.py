@@ -12,11 +12,12 @@ import uuid
 import httpx
 import redis
 
-from rollstream.chaos.ledger import Ledger
+from chaos.ledger import Ledger
 from rollstream.client import AsyncClient
 from rollstream.config import Settings
 from rollstream.errors import RedisRefusesWrites
 from rollstream.messages import Result
+from rollstream.tasks import arith
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +30,6 @@ def echo_jobs(n: int, tag: str) -> list[dict]:
 
 
 def arith_jobs(n: int, tag: str, seed: int = 0) -> list[dict]:
-    from rollstream.tasks import arith
-
     return [arith.job(inst, job_id=f"{tag}-arith-{i}-{uuid.uuid4().hex[:6]}")
             for i, inst in enumerate(arith.make_instances(n, seed=seed))]
 

@@ -10,8 +10,8 @@ from collections.abc import Awaitable, Callable
 
 import psutil
 
-from rollstream.chaos.cluster import LocalCluster
-from rollstream.chaos.diskfull import aof_write_failing
+from chaos.cluster import LocalCluster
+from chaos.diskfull import aof_write_failing
 from rollstream.pipeline.connection import async_redis
 from rollstream.pipeline.status import snapshot
 

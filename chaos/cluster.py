@@ -17,11 +17,12 @@ from pathlib import Path
 import httpx
 import psutil
 
-from rollstream.chaos.diskfull import SmallDisk
+from chaos.diskfull import SmallDisk
 from rollstream.pipeline.balancer import add_backend
 from rollstream.pipeline.connection import async_redis
 from rollstream.pipeline.embedded import EmbeddedRedis
 from rollstream.pipeline.keys import Keys
+from rollstream.sandboxes import Reaper, live_supervisors
 from rollstream.workers.pool import WorkerPool
 
 log = logging.getLogger(__name__)
@@ -223,8 +224,6 @@ class LocalCluster:
         its killed sandboxes left on the host (tmpfs mounts, cgroups, folders). On a real
         cluster a node that died takes these with it; one whose array task was cancelled keeps
         them until its next workers start."""
-        from rollstream.sandboxes import Reaper
-
         reaped = []
         for node in self.cancelled_nodes:
             reaped += Reaper(str(self.sandbox_root(node))).reap(lambda _sandbox, _owner: False)
@@ -232,8 +231,6 @@ class LocalCluster:
 
     def supervisors(self) -> list[psutil.Process]:
         """Live sandbox supervisors under this cluster's sandbox roots."""
-        from rollstream.sandboxes import live_supervisors
-
         return live_supervisors(self.cfg.data_dir / "sandboxes")
 
     def restart_redis(self) -> None:
@@ -243,7 +240,7 @@ class LocalCluster:
         self.redis.start()
 
     def _start_model_server(self, port: int) -> ModelServer:
-        from rollstream.llm.server import start_server_process
+        from rollstream.llm.server import start_server_process  # imports torch: only clusters with a model pay
 
         proc, _url = start_server_process(self.cfg.model_dir, port=port, device="cpu")
         return ModelServer(port=port, proc=proc)

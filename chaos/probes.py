@@ -14,7 +14,7 @@ import httpx
 import psutil
 import redis.asyncio as aioredis
 
-from rollstream.chaos.cluster import LocalCluster
+from chaos.cluster import LocalCluster
 from rollstream.pipeline.balancer import list_backends
 
 log = logging.getLogger(__name__)

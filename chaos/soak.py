@@ -10,11 +10,11 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from rollstream.chaos.cluster import LocalCluster
-from rollstream.chaos.faults import FAULTS
-from rollstream.chaos.ledger import Ledger, Verdict, read_dead_letters
-from rollstream.chaos.load import HttpLoad, PythonLoad, arith_jobs, echo_jobs
-from rollstream.chaos.probes import Leaks, MemorySampler, leaks, prefix_cache_mib
+from chaos.cluster import LocalCluster
+from chaos.faults import FAULTS
+from chaos.ledger import Ledger, Verdict, read_dead_letters
+from chaos.load import HttpLoad, PythonLoad, arith_jobs, echo_jobs
+from chaos.probes import Leaks, MemorySampler, leaks, prefix_cache_mib
 from rollstream.config import Settings
 from rollstream.pipeline.connection import async_redis
 

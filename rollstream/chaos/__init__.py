@@ -1,3 +1,0 @@
-"""Fault injection for soak runs and chaos tests: a local deployment whose parts can be
-killed (cluster), the faults (faults), load through both doors (load), the accounting
-(ledger), leak and memory probes (probes), and the phased run that ties them (soak)."""

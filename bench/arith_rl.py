@@ -28,8 +28,12 @@ from pathlib import Path
 
 import httpx
 import torch
+from transformers import AutoTokenizer
+from transformers.utils import logging as hf_logging
 
-from rollstream.llm.format_pretrain import ARITH_RL_RECIPE, cached_arith_model
+from rollstream.agent.chat import ChatRenderer
+from rollstream.agent.tools import submit_tool_schema
+from rollstream.demo.arith_model import ARITH_RL_RECIPE, cached_arith_model
 from rollstream.llm.server.app import start_server_process
 from rollstream.pipeline.balancer import add_backend
 from rollstream.pipeline.connection import async_redis
@@ -125,11 +129,6 @@ def run_arith_rl(args) -> dict:
     (work / "prompts.jsonl").write_text(
         "".join(json.dumps(i) + "\n" for i in arith.make_instances(500, seed=123, high=ARITH_RL_RECIPE["high"])))
     ns = f"rl{uuid.uuid4().hex[:6]}"
-    from transformers import AutoTokenizer
-
-    from rollstream.agent.chat import ChatRenderer
-    from rollstream.agent.tools import submit_tool_schema
-
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     chat = ChatRenderer(tokenizer, [arith.BASH_SCHEMA, submit_tool_schema("submit")])
     probe_ids = chat.prompt_ids(arith.prompt({"a": 12, "op": "+", "b": 34}))
@@ -220,8 +219,6 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(ap)
     args = ap.parse_args()
-    from transformers.utils import logging as hf_logging
-
     hf_logging.disable_progress_bar()
     load_before = os.getloadavg()
     run = run_arith_rl(args)

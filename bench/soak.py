@@ -31,6 +31,7 @@ from chaos.cluster import ClusterConfig, LocalCluster  # noqa: E402
 from chaos.diskfull import cannot_mount  # noqa: E402
 from chaos.faults import FAULTS  # noqa: E402
 from chaos.soak import SoakReport, run_soak  # noqa: E402
+from rollstream.demo.arith_model import build_arith_model  # noqa: E402
 
 
 def table(report: SoakReport) -> Table:
@@ -79,8 +80,6 @@ async def main() -> None:
         faults.remove("full-disk")
     model_dir = None
     if args.llm:
-        from rollstream.llm.format_pretrain import build_arith_model
-
         model_dir = build_arith_model(Path.home() / ".cache" / "rollstream" / "tests" / "arith-model")
     with tempfile.TemporaryDirectory(prefix="rs-soak-", ignore_cleanup_errors=True) as tmp:
         cfg = ClusterConfig(data_dir=Path(tmp), nodes=tuple(f"n{i + 1}" for i in range(args.nodes)),

@@ -312,7 +312,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     from transformers.utils import logging as hf_logging
 
-    from rollstream.llm.format_pretrain import FORMAT_RECIPE, cached_arith_model
+    from rollstream.demo.arith_model import FORMAT_RECIPE, cached_arith_model
     from rollstream.pipeline.embedded import EmbeddedRedis
     from rollstream.tasks import arith
 

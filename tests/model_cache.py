@@ -18,6 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from rollstream.demo.arith_model import FORMAT_RECIPE, build_lock, cached_arith_model, recipe_folder_name
+from rollstream.llm.tiny_model import _MARKER, _RECIPE_VERSION, build_tiny_model
+
 
 def cache_dir() -> Path:
     """Built models kept across sessions (ROLLSTREAM_TEST_CACHE, else ~/.cache/rollstream/tests)."""
@@ -37,9 +40,6 @@ class CachedModel:
 
 
 def _tiny(seed: int) -> CachedModel:
-    from rollstream.llm.format_pretrain import build_lock
-    from rollstream.llm.tiny_model import _MARKER, _RECIPE_VERSION, build_tiny_model
-
     folder = cache_dir() / f"tiny-model-v{_RECIPE_VERSION}-seed{seed}"
 
     def build() -> Path:
@@ -50,16 +50,13 @@ def _tiny(seed: int) -> CachedModel:
 
 
 def _arith() -> CachedModel:
-    from rollstream.llm.format_pretrain import FORMAT_RECIPE, cached_arith_model, recipe_folder_name
-
     return CachedModel("tiny model warmed up on the arith tool-call format",
                        cache_dir() / recipe_folder_name(FORMAT_RECIPE, "arith-model"), "config.json",
                        lambda: cached_arith_model(FORMAT_RECIPE, cache=cache_dir(), prefix="arith-model"))
 
 
 def _scripted() -> CachedModel:
-    from agent.scripted_model import build_scripted_model, recipe_key
-    from rollstream.llm.format_pretrain import build_lock
+    from agent.scripted_model import build_scripted_model, recipe_key  # imports torch: only when asked for
 
     parent = cache_dir() / "agent-model"
     folder = parent / f"scripted-{recipe_key()}"

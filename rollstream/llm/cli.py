@@ -82,7 +82,7 @@ def arith_model_command(
 ) -> None:
     """Build the tiny model warmed up on the arith task's tool-call format (about two minutes
     on 2 cores, no download): it calls bash and submits, but rarely gets the sum right."""
-    from rollstream.llm.format_pretrain import build_arith_model
+    from rollstream.demo.arith_model import build_arith_model
 
     typer.echo(str(build_arith_model(out_dir)))
 

@@ -1,5 +1,5 @@
-"""A short supervised warm-up of a small model on worked agent episodes, so that RL starts
-with rewards above zero. Episodes are tokenized the way the agent loop will see them:
+"""The demo's local model: a short supervised warm-up of the tiny model on worked arith
+agent episodes, so that RL starts with rewards above zero. Episodes are tokenized the way the agent loop will see them:
 the prompt through the chat template once, each assistant turn as its own tokens (loss on),
 each observation as the template's delta (loss off). Built models are kept in a cache folder
 named after their recipe (``cached_arith_model``), one builder at a time across processes."""
@@ -18,15 +18,17 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from rollstream.agent.chat import ChatRenderer
+from rollstream.agent.tools import submit_tool_schema
 from rollstream.llm.sequences import common_prefix_length
+from rollstream.llm.tiny_model import build_tiny_model
+from rollstream.tasks import arith
 
 log = logging.getLogger(__name__)
 
 
 def episode_tokens(tokenizer, tools: list[dict], messages: list[dict]) -> tuple[list[int], list[int]]:
     """(ids, loss mask) of one episode, split at the same boundaries as a rollout."""
-    from rollstream.agent.chat import ChatRenderer
-
     chat = ChatRenderer(tokenizer, tools)
     first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
     ids = chat.prompt_ids(messages[:first])
@@ -62,7 +64,7 @@ def warm_up(model_dir: Path, episodes: list[list[dict]], tools: list[dict], out_
             on_step: Callable[[int, int], None] | None = None) -> Path:
     """Train on the assistant tokens of ``episodes`` and save the model to ``out_dir``;
     ``on_step(done, steps)`` after each step (a progress bar)."""
-    import torch
+    import torch  # heavy, optional (the model extra): importing this module must not load it
 
     # One intra-op thread: this model's matrices are too small to share, and on a loaded
     # 2-core machine two spin-waiting OpenMP threads made a step 14x slower (7.3 s vs 0.52 s).
@@ -77,7 +79,7 @@ def warm_up(model_dir: Path, episodes: list[list[dict]], tools: list[dict], out_
 
 def _warm_up(model_dir: Path, episodes: list[list[dict]], tools: list[dict], out_dir: Path, *, steps: int,
              batch_size: int, lr: float, seed: int, on_step: Callable[[int, int], None] | None) -> Path:
-    import torch
+    import torch  # heavy, optional (the model extra), as in warm_up
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(seed)
@@ -188,10 +190,6 @@ def build_arith_model(out_dir: Path, *, steps: int = 200, seed: int = 0, episode
     The defaults (FORMAT_RECIPE) give the tests' model (right format, rarely the right answer).
     The RL recipe (ARITH_RL_RECIPE) trains longer on episodes that name the answer's argument
     as the schema says only part of the time, so that rewards start low but not at zero."""
-    from rollstream.agent.tools import submit_tool_schema
-    from rollstream.llm.tiny_model import build_tiny_model
-    from rollstream.tasks import arith
-
     out_dir = Path(out_dir)
     if (out_dir / "config.json").exists():
         return out_dir

@@ -1,90 +1,50 @@
-"""Results over HTTP: a submitter's results stream read through its consumer group, so a
-result stays deliverable until the HTTP client acknowledges it (the cursor of the page it
-came in). A client that crashes mid-response gets the same results again. Results are
-encoded as JSON here, one by one: an entry that cannot be read or encoded goes to the dead
-letters and the page goes on without it, so one poison result never blocks the rest."""
+"""Result routes: a submitter's results as a long-polled page with a cursor that
+acknowledges them, or as a stream of NDJSON lines (read by results_reader.py)."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import AsyncIterator
+import json
 
-import redis.asyncio as aioredis
-from pydantic_core import PydanticSerializationError
+from fastapi import APIRouter, HTTPException, Path, Query
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel, Field
 
-from rollstream.pipeline.connection import MAX_BLOCK_MS
-from rollstream.pipeline.groups import ensure_group
-from rollstream.pipeline.keys import RESULTS_GROUP, Keys
-from rollstream.pipeline.poison import UNREADABLE, dead_letter_result, read_result
-
-HTTP_CONSUMER = "http"
+from rollstream.api.jobs import SUBMITTER
+from rollstream.api.state import Shared
+from rollstream.messages import Result
 
 
-def _id(raw) -> str:
-    return raw.decode() if isinstance(raw, bytes) else raw
+class ResultsPage(BaseModel):
+    results: list[Result]
+    cursor: str | None = Field(None, description="Pass back as ?ack= to acknowledge these results.")
 
 
-def _le(a: str, b: str) -> bool:
-    ma, sa = a.split("-")
-    mb, sb = b.split("-")
-    return (int(ma), int(sa)) <= (int(mb), int(sb))
+def router(api_max_wait_s: float) -> APIRouter:
+    """The routes for one app: their waits' defaults and bounds, which the OpenAPI spec
+    shows, come from its ``api_max_wait_s`` setting."""
+    api = APIRouter(tags=["results"])
 
+    @api.get("/v1/results/{submitter}", response_model=ResultsPage)
+    async def results(state: Shared, submitter: str = Path(..., pattern=SUBMITTER),
+                      ack: str | None = Query(None, pattern=r"^[0-9]{1,20}-[0-9]{1,20}$", description="Cursor of the previous page."),
+                      wait_s: float = Query(min(10.0, api_max_wait_s), ge=0, le=api_max_wait_s),
+                      max: int = Query(100, ge=1, le=1000)) -> Response:
+        """Long-poll: results not yet acknowledged, waiting up to wait_s for the first one.
+        Results stay deliverable until acknowledged by passing their page's cursor."""
+        if ack is not None and any(int(part) >= 2**64 for part in ack.split("-")):
+            raise HTTPException(422, detail=f"ack={ack} is not a cursor: pass back the 'cursor' of the previous page")
+        items, cursor = await state.results.page(submitter, ack=ack, wait_s=wait_s, count=max)
+        # Each result was encoded on its own (a poison one is dead-lettered, not a 500).
+        return Response('{"results":[' + ",".join(items) + '],"cursor":' + json.dumps(cursor) + "}",
+                        media_type="application/json")
 
-class ResultsReader:
-    def __init__(self, r: aioredis.Redis, keys: Keys, *, dead_maxlen: int = 100_000):
-        self.r = r
-        self.keys = keys
-        self.dead_maxlen = dead_maxlen
+    @api.get("/v1/results/{submitter}/stream")
+    async def results_stream(state: Shared, submitter: str = Path(..., pattern=SUBMITTER),
+                             idle_timeout_s: float = Query(min(30.0, api_max_wait_s), ge=0.1, le=api_max_wait_s)):
+        """NDJSON: one result per line as they arrive; ends after idle_timeout_s without one."""
+        async def lines():
+            async for text in state.results.stream(submitter, idle_timeout_s=idle_timeout_s):
+                yield text + "\n"
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
 
-    async def _ack_through(self, stream: str, cursor: str) -> None:
-        pending = await self.r.xpending_range(stream, RESULTS_GROUP, "-", cursor, 10_000, consumername=HTTP_CONSUMER)
-        ids = [_id(p["message_id"]) for p in pending if _le(_id(p["message_id"]), cursor)]
-        if ids:
-            async with self.r.pipeline(transaction=True) as pipe:
-                pipe.xack(stream, RESULTS_GROUP, *ids)
-                pipe.xdel(stream, *ids)
-                await pipe.execute()
-
-    async def page(self, submitter: str, *, ack: str | None, wait_s: float, count: int) -> tuple[list[str], str | None]:
-        """Up to ``count`` results as JSON texts, and the cursor that acknowledges them."""
-        stream = self.keys.results(submitter)
-        await ensure_group(self.r, stream, RESULTS_GROUP)
-        if ack:
-            await self._ack_through(stream, ack)
-        # Unacknowledged deliveries first (a client that lost a response), then new ones.
-        resp = await self.r.xreadgroup(RESULTS_GROUP, HTTP_CONSUMER, {stream: "0"}, count=count)
-        entries = resp[0][1] if resp and resp[0][1] else []
-        deadline = time.monotonic() + wait_s
-        while not entries:
-            left_ms = int((deadline - time.monotonic()) * 1000)
-            block = min(MAX_BLOCK_MS, left_ms) if left_ms >= 1 else None
-            resp = await self.r.xreadgroup(RESULTS_GROUP, HTTP_CONSUMER, {stream: ">"}, count=count, block=block)
-            entries = resp[0][1] if resp else []
-            if block is None:
-                break
-        texts = []
-        for msg_id, fields in entries:
-            if not fields:
-                continue  # deleted after delivery: acknowledged already
-            try:
-                texts.append(read_result(fields).model_dump_json())
-            except (*UNREADABLE, PydanticSerializationError) as exc:
-                await dead_letter_result(self.r, self.keys, submitter, msg_id, fields,
-                                         f"{type(exc).__name__}: {exc}", dead_maxlen=self.dead_maxlen)
-        return texts, (_id(entries[-1][0]) if entries else None)
-
-    async def stream(self, submitter: str, *, idle_timeout_s: float) -> AsyncIterator[str]:
-        """Results as they come, as JSON texts, each acknowledged once it has been handed on."""
-        cursor = None
-        last = time.monotonic()
-        while time.monotonic() - last < idle_timeout_s:
-            wait = min(5.0, max(0.05, idle_timeout_s - (time.monotonic() - last)))
-            items, new_cursor = await self.page(submitter, ack=cursor, wait_s=wait, count=100)
-            cursor = new_cursor or cursor
-            if items:
-                last = time.monotonic()
-            for item in items:
-                yield item
-            if new_cursor:
-                await self._ack_through(self.keys.results(submitter), new_cursor)
-                cursor = None
+    return api

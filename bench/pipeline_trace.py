@@ -73,7 +73,7 @@ def arm(out_dir: str) -> None:
     import atexit
 
     from rollstream.pipeline import handoff, wire
-    from rollstream.workers import eval as eval_stage, init, loop, run
+    from rollstream.workers import consumer, eval as eval_stage, init, run
 
     def dump() -> None:
         with open(os.path.join(out_dir, f"{os.getpid()}.json"), "w") as f:
@@ -92,8 +92,8 @@ def arm(out_dir: str) -> None:
         return sent(self, commands, due)
 
     wire._Replies.data_received, wire.FastRedis._send_all = data_received, _send_all
-    _around(loop.ConsumerLoop, "_admit", "admit", "admitted")
-    _around(loop, "decode_envelope", "decode", "decoded")
+    _around(consumer.ConsumerLoop, "_admit", "admit", "admitted")
+    _around(consumer, "decode_envelope", "decode", "decoded")
     _around(handoff, "pack", "pack", "packed")
     for stage in (init.InitStage, run.RunStage, eval_stage.EvalStage):
         _around_async(stage, "process", "work", "worked")

@@ -14,9 +14,9 @@ from rollstream.errors import RedisUnavailable
 from rollstream.pipeline.connection import async_redis, check_async
 from rollstream.pipeline.handoff import Handoff
 from rollstream.pipeline.keys import Keys
+from rollstream.workers.consumer import ConsumerLoop
 from rollstream.workers.eval import EvalStage
 from rollstream.workers.init import InitStage
-from rollstream.workers.loop import ConsumerLoop
 from rollstream.workers.run import RunStage
 from rollstream.workers.stage import Stage, WorkerContext
 

@@ -104,6 +104,9 @@ class Stage(ABC):
     limits_by_node_sandboxes: bool = False
     # Move the jobs of dead nodes back to init, every worker_ttl_s / 2.
     rescues_dead_nodes: bool = False
+    # A job redelivered here because its worker died mid-job starts over from init (what its
+    # sandbox went through is unknown); a stage before any sandbox exists just runs it again.
+    restarts_redelivered_jobs: bool = True
 
     def __init__(self, ctx: WorkerContext):
         self.ctx = ctx

@@ -33,7 +33,7 @@ import uuid
 from pathlib import Path
 
 from rollstream.sandboxes import SandboxClient, SandboxSpec, create_sandbox, destroy_sandbox
-from rollstream.sandboxes.backends.base import KERNEL_ARGS
+from rollstream.sandboxes.backends.common import KERNEL_ARGS
 from rollstream.sandboxes.supervisor_spawn import stop_fork_server
 
 

@@ -23,9 +23,11 @@ from dataclasses import asdict, dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .backends.base import STANDARD_PATH
+from .backends.common import STANDARD_PATH
 from .backends.docker import client_env
 from .errors import BackendUnavailable
+from .image_cache import rootfs_path
+from .images import export_rootfs, sif_from_engine_image
 
 log = logging.getLogger(__name__)
 
@@ -140,8 +142,6 @@ class BuiltEnv:
 def build_env_image(recipe: EnvRecipe, mirror_entry: str, backends: tuple[str, ...] = ("docker",),
                     images_dir: str | None = None, network: str = "host", force: bool = False) -> BuiltEnv:
     """Build the recipe's image unless cached, then the rootfs/SIF `backends` ask for."""
-    from . import images
-
     started = time.monotonic()
     tag = recipe.tag
     built = False
@@ -157,9 +157,9 @@ def build_env_image(recipe: EnvRecipe, mirror_entry: str, backends: tuple[str, .
         built = True
     result = BuiltEnv(recipe.key(), tag, built, 0.0)
     if "bwrap" in backends:
-        result.rootfs_made = built or force or not os.path.isdir(images.rootfs_path(tag, images_dir))
-        result.rootfs = images.export_rootfs(tag, images_dir, force=built or force)
+        result.rootfs_made = built or force or not os.path.isdir(rootfs_path(tag, images_dir))
+        result.rootfs = export_rootfs(tag, images_dir, force=built or force)
     if "singularity" in backends:
-        result.sif = images.sif_from_engine_image(tag, images_dir, force=built or force)
+        result.sif = sif_from_engine_image(tag, images_dir, force=built or force)
     result.build_s = time.monotonic() - started
     return result

@@ -15,11 +15,13 @@ import os
 import re
 import time
 
-from . import reaper, supervisor_spawn
 from .backends import SandboxLayout, select_backend
 from .errors import SandboxError, SandboxGone, SandboxSetupError, SandboxStartError
+from .reaper import reap_finished_children, teardown
+from .runtime.supervisor import remove_tree
 from .sandbox_client import SandboxClient
 from .spec import SANDBOX_ID_PATTERN, SandboxHandle, SandboxSpec, default_root_dir
+from .supervisor_spawn import ForkServerUnavailable, spawn_direct, spawn_supervisor
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +45,11 @@ async def create_sandbox(
         raise SandboxError(
             f"a sandbox {sandbox_id!r} already exists in {layout.dir}; destroy it or pick another id"
         ) from None
-    reaper.reap_finished_children()
+    reap_finished_children()
     try:
         plan = backend.plan(spec, layout, sandbox_id, owner)
     except Exception:
-        reaper.remove_tree(layout.dir)
+        remove_tree(layout.dir)
         raise
     plan.created_at = time.time()
     with open(layout.plan_path, "w") as handle:
@@ -61,7 +63,7 @@ async def create_sandbox(
         await _shielded(_discard_started(starting, layout.dir))
         raise
     if not line.startswith("ok "):
-        reaper.teardown(layout.dir)
+        teardown(layout.dir)
         detail = line[len("error ") :] if line.startswith("error ") else "it exited before reporting ready"
         raise SandboxStartError(f"sandbox {sandbox_id} ({backend.name}) did not start: {detail}")
     handle = SandboxHandle(
@@ -86,12 +88,12 @@ async def create_sandbox(
 
 async def _start_supervisor(layout: SandboxLayout, sandbox_id: str, ready_timeout_s: float) -> str:
     try:
-        return await supervisor_spawn.spawn_supervisor(
+        return await spawn_supervisor(
             os.path.dirname(layout.dir), layout.plan_path, layout.log_path, layout.dir, ready_timeout_s
         )
-    except supervisor_spawn.ForkServerUnavailable as error:
+    except ForkServerUnavailable as error:
         log.warning("%s; starting the supervisor of sandbox %s directly (slower)", error, sandbox_id)
-        return await supervisor_spawn.spawn_direct(layout.plan_path, layout.log_path, layout.dir, ready_timeout_s)
+        return await spawn_direct(layout.plan_path, layout.log_path, layout.dir, ready_timeout_s)
 
 
 async def _discard_started(starting: asyncio.Future, directory: str) -> None:
@@ -100,7 +102,7 @@ async def _discard_started(starting: asyncio.Future, directory: str) -> None:
     except Exception:
         line = ""
     pid = int(line.split()[1]) if line.startswith("ok ") else None
-    await asyncio.to_thread(reaper.teardown, directory, pid)
+    await asyncio.to_thread(teardown, directory, pid)
 
 
 async def _shielded(cleanup) -> None:
@@ -174,4 +176,4 @@ async def destroy_sandbox(handle: SandboxHandle | dict, timeout_s: float = 30.0)
         finally:
             await client.close()
     directory = handle.dir or os.path.dirname(handle.socket_path)
-    await asyncio.to_thread(reaper.teardown, directory, handle.supervisor_pid)
+    await asyncio.to_thread(teardown, directory, handle.supervisor_pid)

@@ -14,6 +14,7 @@ from .errors import SandboxGone, ToolError
 from .results import BashResult, EditResult, IPythonResult, ToolOutput
 from .runtime import protocol
 from .runtime.unix_path import open_unix_connection
+from .tools import call_tool
 
 
 class SandboxClient:
@@ -166,8 +167,6 @@ class SandboxClient:
 
     async def call_tool(self, name: str, arguments: dict | str) -> ToolOutput:
         """Run a model-produced tool call; bad input comes back as ToolOutput(ok=False)."""
-        from .tools import call_tool
-
         return await call_tool(self, name, arguments)
 
 

@@ -17,7 +17,7 @@ import time
 import msgpack
 import ptyprocess
 
-from . import reaper
+from .reaper import pid_alive, register_child
 from .runtime import protocol
 from .runtime.forkserver import PID_NAME, SOCKET_NAME
 from .runtime.unix_path import open_unix_connection
@@ -100,7 +100,7 @@ async def start_fork_server(root_dir: str, idle_exit_s: float | None = None) -> 
             env=runtime_env(),
         )
     os.close(write_fd)
-    reaper.register_child(process)  # collected by this process if the server exits first
+    register_child(process)  # collected by this process if the server exits first
     try:
         line = await read_ready_line(read_fd, _START_TIMEOUT_S)
     except asyncio.TimeoutError:
@@ -136,7 +136,7 @@ async def stop_fork_server(root_dir: str, timeout_s: float = 5.0) -> bool:
     pid = await _ask(root_dir, "stop", timeout_s)
     if pid is not None:
         deadline = time.monotonic() + timeout_s
-        while reaper.pid_alive(pid) and time.monotonic() < deadline:
+        while pid_alive(pid) and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
     return pid is not None
 
@@ -207,7 +207,7 @@ async def spawn_direct(plan_path: str, log_path: str, cwd: str, timeout_s: float
             env=runtime_env(),
         )
     os.close(write_fd)
-    reaper.register_child(process)
+    register_child(process)
     try:
         return await read_ready_line(read_fd, timeout_s)
     except asyncio.TimeoutError:

@@ -8,15 +8,22 @@ here and turns every failure into a ToolOutput(ok=False) the model can read and 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import SandboxError, SandboxGone, ToolError
-from .results import ToolOutput
+from .results import BashResult, EditResult, IPythonResult, ToolOutput
 
-if TYPE_CHECKING:
-    from .sandbox_client import SandboxClient
+
+class ToolTarget(Protocol):
+    """What the tools run on: a SandboxClient (sandbox_client.py), which calls `call_tool` here."""
+
+    async def bash(self, command: str, timeout_s: float | None = None) -> BashResult: ...
+
+    async def ipython(self, code: str, timeout_s: float | None = None) -> IPythonResult: ...
+
+    async def edit(self, command: str, path: str, **arguments: Any) -> EditResult: ...
 
 
 class BashArgs(BaseModel):
@@ -74,7 +81,7 @@ def _error(message: str) -> ToolOutput:
     return ToolOutput(text=f"Error: {message}", ok=False, error=message)
 
 
-async def call_tool(client: "SandboxClient", name: str, arguments: dict | str) -> ToolOutput:
+async def call_tool(client: ToolTarget, name: str, arguments: dict | str) -> ToolOutput:
     """Validate and run one tool call; any failure becomes ToolOutput(ok=False, error=...)."""
     if name not in _TOOLS:
         return _error(f"unknown tool {name!r}; call one of: {', '.join(_TOOLS)}")
@@ -107,7 +114,7 @@ async def call_tool(client: "SandboxClient", name: str, arguments: dict | str) -
         return _error(str(error))
 
 
-def _bash_output(result) -> ToolOutput:
+def _bash_output(result: BashResult) -> ToolOutput:
     text = result.output
     if result.exit_code not in (0, None):
         text += f"\n[exit code: {result.exit_code}]"
@@ -116,7 +123,7 @@ def _bash_output(result) -> ToolOutput:
     return ToolOutput(text=text)
 
 
-def _ipython_output(result) -> ToolOutput:
+def _ipython_output(result: IPythonResult) -> ToolOutput:
     parts = [part for part in (result.stdout, result.stderr) if part]
     if result.result is not None:
         parts.append(f"Out[{result.execution_count}]: {result.result}")

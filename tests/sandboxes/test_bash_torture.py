@@ -20,7 +20,7 @@ import pytest
 import pytest_asyncio
 
 from rollstream.sandboxes import SandboxClient, SandboxSpec, create_sandbox, destroy_sandbox, reaper
-from rollstream.sandboxes.backends.base import BASH_ARGS
+from rollstream.sandboxes.backends.common import BASH_ARGS
 from rollstream.sandboxes.supervisor_spawn import stop_fork_server
 from rollstream.sandboxes.runtime.bash_session import BashSession
 

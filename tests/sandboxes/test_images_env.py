@@ -1,5 +1,5 @@
-"""Environment images: what each backend runs for an image, the build steps of a recipe,
-the Singularity commands (no Apptainer here: their construction), and the cache."""
+"""Environment images: what each backend runs for an image (image_cache.py), the build steps
+of a recipe, the Singularity commands (no Apptainer here: their construction), and the cache."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rollstream.sandboxes import SandboxSpec, images
+from rollstream.sandboxes import SandboxSpec, image_cache, images
 from rollstream.sandboxes.backends import SandboxLayout
 from rollstream.sandboxes.backends.docker import DockerBackend
 from rollstream.sandboxes.backends.singularity import SingularityBackend
@@ -26,26 +26,26 @@ RECIPE = EnvRecipe(python="3.11", pre_install=["apt-get install -y libxml2"], pi
 def test_bwrap_runs_the_cached_rootfs_of_an_image_and_says_how_to_make_a_missing_one(tmp_path, monkeypatch):
     monkeypatch.setenv("ROLLSTREAM_IMAGES_DIR", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="rollstream images pull --backend bwrap"):
-        images.resolve_image(TAG, "bwrap")
-    os.makedirs(images.rootfs_path(TAG))
-    assert images.resolve_image(TAG, "bwrap") == str(tmp_path / "localhost_rollstream_env_0123456789abcdef0123.rootfs")
-    assert images.resolve_image(str(tmp_path), "bwrap") == str(tmp_path)  # a folder is a rootfs already
+        image_cache.resolve_image(TAG, "bwrap")
+    os.makedirs(image_cache.rootfs_path(TAG))
+    assert image_cache.resolve_image(TAG, "bwrap") == str(tmp_path / "localhost_rollstream_env_0123456789abcdef0123.rootfs")
+    assert image_cache.resolve_image(str(tmp_path), "bwrap") == str(tmp_path)  # a folder is a rootfs already
 
 
 def test_singularity_runs_a_cached_sif_else_the_docker_reference(tmp_path, monkeypatch):
     monkeypatch.setenv("ROLLSTREAM_IMAGES_DIR", str(tmp_path))
-    assert images.resolve_image("swebench/sweb.eval.x86_64.a_1776_b-1:latest", "singularity") == \
+    assert image_cache.resolve_image("swebench/sweb.eval.x86_64.a_1776_b-1:latest", "singularity") == \
         "docker://swebench/sweb.eval.x86_64.a_1776_b-1:latest"
-    Path(images.sif_path(TAG)).write_bytes(b"sif")
+    Path(image_cache.sif_path(TAG)).write_bytes(b"sif")
     layout = SandboxLayout(str(tmp_path / "sb"))
     plan = SingularityBackend("/usr/bin/apptainer").plan(SandboxSpec(backend="singularity", image=TAG), layout, "s1", "")
-    assert plan.start_argv[-2:] == [images.sif_path(TAG), "rs-s1"]
+    assert plan.start_argv[-2:] == [image_cache.sif_path(TAG), "rs-s1"]
 
 
 def test_docker_refuses_a_rootfs_folder_or_sif(tmp_path):
     with pytest.raises(ValueError, match="image reference"):
-        images.resolve_image(str(tmp_path), "docker")
-    assert images.resolve_image(TAG, "docker") == TAG
+        image_cache.resolve_image(str(tmp_path), "docker")
+    assert image_cache.resolve_image(TAG, "docker") == TAG
 
 
 def test_sif_from_an_engine_image_uses_an_oci_archive_or_the_docker_daemon():
@@ -86,7 +86,7 @@ def test_images_build_queues_one_rq_job_per_instance_that_a_worker_runs(tmp_path
     from rq import SimpleWorker
     from typer.testing import CliRunner
 
-    from rollstream.sandboxes.cli import app
+    from rollstream.cli.images import app
 
     shipped = Path(__file__).resolve().parents[2] / "rollstream" / "data" / "swe" / "pypi_instances.jsonl"
     instance = load_instances(shipped)[0]

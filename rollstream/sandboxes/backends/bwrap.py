@@ -14,14 +14,14 @@ import subprocess
 import sys
 
 from ..errors import BackendUnavailable
+from ..image_cache import resolve_image
 from ..spec import SandboxSpec
-from .base import (
+from .base import LaunchPlan, SandboxLayout
+from .common import (
     BASH_ARGS,
     KERNEL_ARGS,
     KERNEL_DIR_INNER,
     STANDARD_PATH,
-    LaunchPlan,
-    SandboxLayout,
     base_plan,
     host_python_path,
     rlimits_for,
@@ -215,8 +215,6 @@ class BwrapBackend:
         return args
 
     def plan(self, spec: SandboxSpec, layout: SandboxLayout, sandbox_id: str, owner: str) -> LaunchPlan:
-        from ..images import resolve_image  # images imports the backends
-
         spec = spec.model_copy(update={"image": resolve_image(spec.image, "bwrap")})
         path = host_python_path() if spec.image is None else STANDARD_PATH
         env = sandbox_env(spec, path)

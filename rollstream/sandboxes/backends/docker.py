@@ -11,13 +11,13 @@ import os
 import resource
 import subprocess
 
+from ..image_cache import resolve_image
 from ..spec import SandboxSpec
-from .base import (
+from .base import LaunchPlan, SandboxLayout
+from .common import (
     BASH_ARGS,
     KERNEL_ARGS,
     KERNEL_DIR_INNER,
-    LaunchPlan,
-    SandboxLayout,
     STANDARD_PATH,
     base_plan,
     sandbox_env,
@@ -121,8 +121,6 @@ class DockerBackend:
         return argv + [container_name(sandbox_id)]
 
     def plan(self, spec: SandboxSpec, layout: SandboxLayout, sandbox_id: str, owner: str) -> LaunchPlan:
-        from ..images import resolve_image  # images imports the backends
-
         spec = spec.model_copy(update={"image": resolve_image(spec.image, "docker")})
         env = sandbox_env(spec, STANDARD_PATH)
         host_env = client_env()

@@ -12,7 +12,8 @@ import sys
 
 from ..errors import BackendUnavailable
 from ..spec import SandboxSpec
-from .base import BASH_ARGS, KERNEL_ARGS, LaunchPlan, SandboxLayout, base_plan, host_python_path, rlimits_for, sandbox_env
+from .base import LaunchPlan, SandboxLayout
+from .common import BASH_ARGS, KERNEL_ARGS, base_plan, host_python_path, rlimits_for, sandbox_env
 
 log = logging.getLogger(__name__)
 

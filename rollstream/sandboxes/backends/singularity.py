@@ -11,13 +11,13 @@ import functools
 import os
 import re
 
+from ..image_cache import resolve_image
 from ..spec import SandboxSpec
-from .base import (
+from .base import LaunchPlan, SandboxLayout
+from .common import (
     BASH_ARGS,
     KERNEL_ARGS,
     KERNEL_DIR_INNER,
-    LaunchPlan,
-    SandboxLayout,
     STANDARD_PATH,
     base_plan,
     sandbox_env,
@@ -78,8 +78,6 @@ class SingularityBackend:
         return argv + [f"instance://{instance_name(sandbox_id)}"]
 
     def plan(self, spec: SandboxSpec, layout: SandboxLayout, sandbox_id: str, owner: str) -> LaunchPlan:
-        from ..images import resolve_image  # images imports the backends
-
         spec = spec.model_copy(update={"image": resolve_image(spec.image, "singularity")})
         env = sandbox_env(spec, STANDARD_PATH)
         host_env = {key: os.environ[key] for key in _CLIENT_ENV if key in os.environ}

@@ -351,6 +351,8 @@ class Supervisor:
             raise BadRequest("ipython needs 'code' as a string")
         with self.kernel_lock:
             if self.kernel is None:
+                # Loaded on first use: a supervisor started directly (no fork server) comes up
+                # without it, and most sandboxes never run a cell.
                 if __package__:
                     from .kernel import Kernel
                 else:

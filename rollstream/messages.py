@@ -8,11 +8,13 @@ import math
 import re
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollstream.llm.client import SamplingParams  # noqa: F401  (re-exported: the job's sampling)
+from rollstream.episode_settings import AgentOverrides
+from rollstream.sampling import SamplingParams  # noqa: F401  (re-exported: the job's sampling)
+from rollstream.sandbox_spec import SandboxHandle, SandboxOverrides
 from rollstream.trajectory import Trajectory
 
 JobStatus = Literal["queued", "running", "completed", "failed", "cancelled"]
@@ -23,6 +25,10 @@ ResultStatus = Literal["completed", "failed", "cancelled"]
 # "agent": the policy's own (context exhausted, max turns, its time budget); trained on as
 # scored. "job": the submission itself is invalid. "cancelled": its submitter stopped it.
 FailureKind = Literal["infrastructure", "agent", "job", "cancelled"]
+# What a task hands from one of its stages to the next on the same node (``Envelope.state``):
+# flat, named values (a flag, a count, a name). Never a path or a handle to trust: a message
+# on a stream may carry anything, so a task rebuilds those from the job's id.
+TaskState: TypeAlias = dict[str, str | int | float | bool | None]
 
 
 # One grammar for every id that reaches a Redis key name or a path: job, group and submitter
@@ -138,10 +144,10 @@ class Job(BaseModel):
     submitter: str = Field("default", max_length=128, pattern=ID_PATTERN,
                            description=f"{ID_RULE}; its results arrive on <namespace>:results:<submitter>")
     sampling: SamplingParams = Field(default_factory=SamplingParams)
-    agent: dict[str, Any] = Field(default_factory=dict, description="Agent-loop overrides "
-                                  "(max_turns, max_context_tokens, ...).")
-    sandbox: dict[str, Any] | None = Field(default=None, description="Sandbox spec overrides; "
-                                           "the task supplies the rest.")
+    agent: AgentOverrides = Field(default_factory=dict, description="Agent-loop overrides "  # type: ignore[arg-type]
+                                  "(max_turns, max_context_tokens, harness, ...).")
+    sandbox: SandboxOverrides | None = Field(default=None, description="Sandbox spec overrides, as the "
+                                             "operator's policy allows; the task supplies the rest.")
     timeout_s: float = Field(3600.0, gt=0, description="Seconds the job may spend at work in its stages "
                              "(init, run, eval, summed); time waiting in queues does not count.")
     queue_timeout_s: float | None = Field(None, gt=0, description="Seconds the job may wait in stage queues "
@@ -157,8 +163,8 @@ class Envelope(BaseModel):
     job: Job
     attempt: int = Field(0, ge=0, le=1_000_000, description="Times the job was restarted from init.")
     node: str | None = None
-    sandbox: dict[str, Any] | None = Field(default=None, description="Handle of the sandbox init made.")
-    state: dict[str, Any] = Field(default_factory=dict, description="Task state handed from init to run and eval.")
+    sandbox: SandboxHandle | None = Field(default=None, description="Handle of the sandbox init made.")
+    state: TaskState = Field(default_factory=dict, description="Task state handed from init to run and eval.")
     trajectory: Trajectory | None = None
     reward: float | None = None
     timings_s: dict[str, float] = Field(default_factory=dict)

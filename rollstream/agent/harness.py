@@ -20,7 +20,7 @@ from typing import Any, Awaitable, Callable
 
 from rollstream.agent.gateway import MODEL_NAME, Gateway
 from rollstream.agent.loop import truncate_middle
-from rollstream.agent.settings import AgentSettings
+from rollstream.episode_settings import AgentSettings
 from rollstream.errors import InvalidJob, JobCancelled, JobFailed
 from rollstream.trajectory import ToolCallRecord, Trajectory
 

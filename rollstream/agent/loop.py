@@ -13,7 +13,7 @@ from typing import Any, Awaitable, Callable
 from rollstream.agent.chat import ChatRenderer
 from rollstream.agent.parsing import MalformedToolCall, ToolCall, malformed_call_observation, parse_tool_calls
 from rollstream.agent.session import LLMSession
-from rollstream.agent.settings import AgentSettings
+from rollstream.episode_settings import AgentSettings
 from rollstream.agent.tools import ToolBox, ToolOutput, call_with_timeout, schema_name, submit_tool_schema
 from rollstream.llm.client import BackendError, ContextLengthError
 from rollstream.pipeline.balancer import NoBackendAvailable

@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollstream.agent.settings import AgentSettings
+from rollstream.episode_settings import AgentSettings
 from rollstream.config import Settings
 from rollstream.integrations.trl_bridge import RollstreamConnection
 from rollstream.messages import Job, Result, SamplingParams

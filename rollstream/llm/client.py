@@ -9,7 +9,9 @@ import logging
 from typing import Literal, NoReturn, Protocol, runtime_checkable
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
+
+from rollstream.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -17,32 +19,6 @@ DEFAULT_TIMEOUT_S = 600.0
 # A backend that is down refuses or drops the connection at once; waiting long for the
 # TCP handshake only delays the retry on another backend.
 CONNECT_TIMEOUT_S = 5.0
-
-
-class SamplingParams(BaseModel):
-    """Sampling parameters, named as vLLM names them. Fields left None are not sent, so the
-    server's defaults apply; unknown extra fields are passed through to the server as is."""
-
-    model_config = ConfigDict(extra="allow")
-
-    max_tokens: int = Field(256, ge=1, description="most tokens to generate this turn")
-    temperature: float = Field(1.0, ge=0.0, description="0 means greedy")
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(-1, description="-1 (or 0) disables top-k")
-    min_p: float = 0.0
-    seed: int | None = Field(None, description="per-request sampling seed")
-    stop: list[str] | None = Field(None, description="stop strings (text is cut before them)")
-    stop_token_ids: list[int] | None = Field(None, description="ids that end generation besides EOS")
-    ignore_eos: bool = False
-    min_tokens: int = 0
-    repetition_penalty: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    skip_special_tokens: bool = True
-    include_stop_str_in_output: bool = False
-
-    def extra_fields(self) -> dict:
-        return dict(self.model_extra or {})
 
 
 class Generation(BaseModel):

@@ -46,7 +46,7 @@ class SandboxCount:
 
 
 def sandbox_of(env: Envelope) -> str:
-    return str(env.sandbox.get("id", "")) if env.sandbox else ""
+    return env.sandbox.id if env.sandbox else ""
 
 
 class Handoff:

@@ -62,7 +62,7 @@ class AgentTask(Task):
                                           owner=env.job.job_id, root_dir=ctx.services.get("sandbox_root"))
         except SandboxSetupError as exc:  # the job's own environment recipe fails: not the service's fault
             raise JobFailed(str(exc), failure="job") from exc
-        env.sandbox = handle.model_dump(mode="json")
+        env.sandbox = handle
         async with SandboxClient(handle.socket_path) as sb:
             await self.prepare(env, sb)
 

@@ -123,7 +123,7 @@ class SweTask(AgentTask):
                                          inst.get("repo_path"))
         inner = f"/tmp/.rs-swe-{inst['base_commit'][:12]}.bundle"
         await sandbox.write_file(inner, bundle.read_bytes())
-        repo = self.repo_dir(inst, env.sandbox["workdir"])
+        repo = self.repo_dir(inst, env.sandbox.workdir)
         q = shlex.quote
         result = await sandbox.bash(
             f"git clone -q --no-checkout {inner} {q(repo)} && cd {q(repo)} && "
@@ -159,7 +159,7 @@ class SweTask(AgentTask):
     async def _evaluate(self, env: Envelope, sandbox: Any, limit_s: float) -> float:
         inst = swe_records.normalize(env.job.instance)
         q = shlex.quote
-        repo, base = self.repo_dir(inst, env.sandbox["workdir"]), inst["base_commit"]
+        repo, base = self.repo_dir(inst, env.sandbox.workdir), inst["base_commit"]
         excludes = [f":(exclude){p}" for p in patch_paths(inst["test_patch"])]
         excludes += [f":(exclude,glob){g}" for g in _TEST_GLOBS]
         diff = await self._sh(sandbox, (

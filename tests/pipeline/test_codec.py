@@ -8,9 +8,10 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from rollstream.llm.client import SamplingParams
 from rollstream.messages import DeadLetter, Envelope, Job, Result
 from rollstream.pipeline.codec import DecodeError, decode_envelope, pack, unpack, unpack_raw
+from rollstream.sampling import SamplingParams
+from rollstream.sandbox_spec import SandboxHandle
 from rollstream.trajectory import Message, ToolCallRecord, Trajectory
 
 
@@ -28,7 +29,8 @@ def _messages() -> list:
                                      "big": 2**64 - 1, "blob": b"\x00\xff", "empty": {}},
               group_id="g", submitter="alice", sampling=SamplingParams(max_tokens=7, stop=["\n"], vendor_knob=[1, 2]),
               agent={"max_turns": 3}, sandbox={"image": "python:3.12"}, metadata={"k": 1.5})
-    env = Envelope(job=job, attempt=1, node="n1", sandbox={"id": "sb1"}, state={"workdir": "/w"},
+    env = Envelope(job=job, attempt=1, node="n1", sandbox=SandboxHandle(id="sb1", backend="bwrap", socket_path="/s/sb1/sock",
+                                                                        supervisor_pid=7, workdir="/workspace"), state={"workdir": "/w"},
                    trajectory=_trajectory(), reward=0.5, timings_s={"init_s": 0.001}, errors=["run: boom"])
     result = Result(job_id=job.job_id, group_id="g", submitter="alice", task="echo", status="completed",
                     reward=1.0, trajectory=_trajectory(), timings_s={"run_s": 0.2}, metadata={"k": [1]})

@@ -18,6 +18,7 @@ from rollstream.pipeline.handoff import Handoff, Source
 from rollstream.pipeline.jobstate import RunningMarks, read_state
 from rollstream.pipeline.keys import Keys
 from rollstream.pipeline.wire import FastRedis
+from rollstream.sandbox_spec import SandboxHandle
 
 
 @pytest.fixture
@@ -72,7 +73,8 @@ async def test_a_submitter_cancel_spares_jobs_submitted_after_it(broker):
 async def test_the_sandbox_count_moves_with_the_job(broker):
     r, keys, handoff = broker
     env = _env()
-    env.sandbox = {"id": "sb1"}
+    env.sandbox = SandboxHandle(id="sb1", backend="bwrap", socket_path="/s/sb1/sock", supervisor_pid=7,
+                                workdir="/workspace")
     src = await _take(r, keys, "init", env)
     assert await handoff.forward(src, env, keys.run_stream("n1"), "run")
     assert await r.smembers(keys.node_sandboxes("n1")) == {b"sb1"}

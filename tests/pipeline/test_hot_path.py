@@ -16,6 +16,7 @@ from rollstream.pipeline import histograms
 from rollstream.pipeline.connection import async_redis
 from rollstream.pipeline.embedded import EmbeddedRedis
 from rollstream.pipeline.wire import FastRedis
+from rollstream.sandbox_spec import SandboxHandle
 from rollstream.tasks.base import TaskContext
 from rollstream.tasks.echo import EchoTask
 from rollstream.tasks.registry import register_task
@@ -92,7 +93,8 @@ class _SandboxedEcho(EchoTask):
 
     async def setup(self, env: Envelope, ctx: TaskContext) -> None:
         await super().setup(env, ctx)
-        env.sandbox = {"id": f"sbx-{env.job.job_id}"}
+        env.sandbox = SandboxHandle(id=f"sbx-{env.job.job_id}", backend="none", socket_path="", supervisor_pid=0,
+                                    workdir="/workspace")
 
 
 async def test_init_back_pressure_holds_the_node_sandbox_limit(settings):

@@ -24,7 +24,7 @@ BODIES = {  # raw JSON text, as any HTTP client may send it; what the 422 must s
     HEAD + '"metadata": {"n": %d}}' % 2**63: "64-bit",
     HEAD + '"metadata": {"n": 1%s}}' % ("0" * 4000): "64-bit",
     HEAD + '"metadata": {"x": [NaN]}}': "metadata.x[0]: nan",
-    HEAD + '"agent": {"x": -Infinity}}': "agent.x: -inf",
+    HEAD + '"agent": {"chat_template_kwargs": {"x": -Infinity}}}': "agent.chat_template_kwargs.x: -inf",
     HEAD + '"timeout_s": Infinity}': "timeout_s",
     HEAD + '"sampling": {"temperature": 1, "my_knob": NaN}}': "sampling.my_knob",
 }

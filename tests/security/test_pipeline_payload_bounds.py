@@ -37,7 +37,7 @@ OVER_BOUNDS = [
     ("metadata", {"n": 10**400}, "outside the 64-bit"),
     ("metadata", {"x": [1.0, float("nan")]}, "metadata.x[1]: nan is not a finite number"),
     ("instance", {"prompt": "p", "eval_s": float("inf")}, "instance.eval_s: inf"),
-    ("agent", {"max_turns": [[[[float("-inf")]]]]}, "agent.max_turns[0][0][0][0]"),
+    ("agent", {"chat_template_kwargs": {"k": [[[[float("-inf")]]]]}}, "agent.chat_template_kwargs.k[0][0][0][0]"),
 ]
 
 
@@ -53,7 +53,7 @@ async def test_the_async_client_refuses_payloads_over_the_bounds_saying_where(se
                 await client.submit({"task": "echo", "instance": {"prompt": "p"}, "timeout_s": bad})
         # At the bound exactly, it travels.
         await client.submit({"task": "echo", "instance": {"prompt": "p"}, "metadata": nested(MAX_NESTING - 1),
-                             "agent": {"n": 2**63 - 1, "m": -(2**63), "f": 1e308}})
+                             "agent": {"chat_template_kwargs": {"n": 2**63 - 1, "m": -(2**63), "f": 1e308}}})
         assert await client.r.xlen(Keys(settings.namespace).init_stream) == 1
 
 

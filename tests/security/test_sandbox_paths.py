@@ -88,7 +88,7 @@ async def test_jobs_whose_ids_share_forty_characters_get_their_own_sandboxes(roo
     try:
         for env in envs:
             await task.setup(env, ctx)  # the second failed with "already exists" on a prefix cut
-        assert len({env.sandbox["id"] for env in envs}) == 2
+        assert len({env.sandbox.id for env in envs}) == 2
     finally:
         for env in envs:
             await task.teardown(env, ctx)

@@ -37,7 +37,7 @@ class Episode:
     def client(self):
         from rollstream.sandboxes import SandboxClient
 
-        return SandboxClient(self.env.sandbox["socket_path"])
+        return SandboxClient(self.env.sandbox.socket_path)
 
     async def score(self, answer=None, response_text: str = "") -> float:
         extra = {} if answer is None else {"answer": answer}

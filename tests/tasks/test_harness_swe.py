@@ -21,7 +21,7 @@ def mirror(tmp_path_factory):
 
 async def apply_in_sandbox(ep, patch: str) -> None:
     """Stand in for the agent: edit the checkout so that it holds ``patch``."""
-    repo = SweTask().repo_dir(ep.env.job.instance, ep.env.sandbox["workdir"])
+    repo = SweTask().repo_dir(ep.env.job.instance, ep.env.sandbox.workdir)
     async with ep.client() as sb:
         await sb.write_file("/tmp/agent.patch", patch)
         result = await sb.bash(f"cd {repo} && git apply /tmp/agent.patch && rm /tmp/agent.patch")

@@ -65,7 +65,7 @@ async def test_gold_scores_one_and_empty_scores_zero(episode, task_ctx, backend,
         pytest.fail(why_not)  # scripts/test builds them (scripts/install-podman)
     task_ctx.services["sandbox_backend"] = backend
     ep = await episode(SweTask(), {**instance, "repo_mirror": str(tmp_path / "mirror")})
-    assert ep.env.sandbox["backend"] == backend
+    assert ep.env.sandbox.backend == backend
     await apply_in_sandbox(ep, instance["patch"])
     assert await ep.score() == 1.0, ep.env.trajectory.extra["eval"]
     report = ep.env.trajectory.extra["eval"]
@@ -73,7 +73,7 @@ async def test_gold_scores_one_and_empty_scores_zero(episode, task_ctx, backend,
     assert set(report["tests"].values()) == {"passed"}
 
     # The empty patch, in the same sandbox: the checkout back at base_commit, nothing changed.
-    repo = SweTask().repo_dir(instance, ep.env.sandbox["workdir"])
+    repo = SweTask().repo_dir(instance, ep.env.sandbox.workdir)
     async with ep.client() as sb:
         reset = await sb.bash(f"cd {repo} && git reset -q --hard {instance['base_commit']} && git clean -qfdx")
         assert reset.exit_code == 0, reset.output

@@ -21,7 +21,7 @@ def instance(tmp_path_factory):
 
 
 async def bash(ep, command: str) -> str:
-    repo = SweTask().repo_dir(ep.env.job.instance, ep.env.sandbox["workdir"])
+    repo = SweTask().repo_dir(ep.env.job.instance, ep.env.sandbox.workdir)
     async with ep.client() as sb:
         result = await sb.bash(f"cd {repo} && {command}")
     assert result.exit_code == 0, result.output

@@ -38,7 +38,7 @@ class SandboxedLotteryTask(Task):
     async def setup(self, env: Envelope, ctx: TaskContext) -> None:
         spec = SandboxSpec(backend=env.job.instance.get("backend", "auto"), allow_unisolated=True)
         handle = await create_sandbox(spec, sandbox_id=f"sb{env.job.job_id[:12]}", root_dir=env.job.instance["root"])
-        env.sandbox = handle.model_dump()
+        env.sandbox = handle
         SUPERVISORS[env.job.job_id] = handle.supervisor_pid
 
     async def rollout(self, env: Envelope, ctx: TaskContext) -> Trajectory:

@@ -1,11 +1,14 @@
-"""Settings of the agent loop (run stage): turn, token, context and wall-time limits, the
-sampling parameters of each model turn and the finish tool. One object per job."""
+"""Settings of an agent episode (the run stage's agent loop): turn, token, context and
+wall-time limits, the sampling parameters of each model turn and the finish tool. One object
+per job, built by the run stage from the job's overrides (``Job.agent``, an
+``AgentOverrides``) and its sampling; at the bottom layer, beside the messages."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
+from typing_extensions import TypedDict
 
-from rollstream.llm.client import SamplingParams
+from rollstream.sampling import SamplingParams
 
 
 class AgentSettings(BaseModel):
@@ -47,3 +50,33 @@ class AgentSettings(BaseModel):
     chat_template_kwargs: dict = Field(
         default_factory=dict, description="Extra chat-template variables, e.g. {'enable_thinking': false}."
     )
+
+
+class AgentOverrides(TypedDict, total=False):
+    """What a job may set of its agent (``Job.agent``): any ``AgentSettings`` field but
+    ``sampling`` (the job's own ``sampling`` is used), and ``harness``, the name of an agent
+    harness that runs the episode instead of the built-in loop (rollstream/agent/harness.py).
+    A mapping, not a model: it travels as the submitter wrote it, and each field's bounds are
+    checked where the run stage builds the ``AgentSettings``."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]  (a misspelt knob is refused)
+
+    harness: str
+    max_turns: int
+    max_tokens_per_turn: int
+    max_context_tokens: int
+    max_wall_time_s: float
+    tool_timeout_s: float
+    request_timeout_s: float
+    max_backend_attempts: int
+    backend_wait_s: float
+    finish_tool_names: list[str]
+    add_finish_tool: bool
+    max_observation_chars: int
+    end_of_turn_token: str | None
+    chat_template_kwargs: dict
+
+
+def agent_settings(overrides: AgentOverrides, sampling: SamplingParams) -> AgentSettings:
+    """The settings of a job's episode: its overrides over the defaults, with its sampling."""
+    return AgentSettings.model_validate({**overrides, "sampling": sampling})

@@ -1,6 +1,7 @@
 """The ``rollstream`` command: start everything, start one pool, submit a task file, watch
-the queues. Sub-apps of other packages (backends, sandboxes, model server, trainer) are
-attached here when their packages are importable."""
+the queues. Every command lives in this package, one module per command group (up, submit,
+demo, llm, train, api, backends, images, sandboxes); this module holds the main app, the
+commands of one process or one Redis (worker, redis) and status, and attaches the rest."""
 
 from __future__ import annotations
 
@@ -13,12 +14,12 @@ from typing import Optional
 import typer
 from rich.live import Live
 
+from rollstream.cli import api, backends, demo, images, llm, sandboxes, submit, train, up
 from rollstream.cli.common import (console, data_dir_option, namespace_option, redis_option, require_redis,
                                    settings_from, setup_logging, verbose_option)
-from rollstream.cli.status_view import render
-from rollstream.pipeline.connection import async_redis
-from rollstream.pipeline.keys import Keys
-from rollstream.pipeline.status import finished_total, snapshot
+from rollstream.cli.status_view import rate_sampler, render
+from rollstream.pipeline.embedded import EmbeddedRedis, embedded_dir
+from rollstream.workers.process import run_worker
 
 # Plain click help (rich_markup_mode=None): typer's rich panels show flags as "--json <bool>".
 app = typer.Typer(help="rollstream: rollout-as-a-service for RL of multi-turn LLM agents.",
@@ -29,8 +30,6 @@ app = typer.Typer(help="rollstream: rollout-as-a-service for RL of multi-turn LL
 def redis(data_dir: Optional[Path] = data_dir_option(), port: int = typer.Option(0, help="Also listen on this "
                                                                               "TCP port on 127.0.0.1 (0 = unix socket only).")):
     """Start the embedded redis-server alone (AOF on) and wait; prints its URL."""
-    from rollstream.pipeline.embedded import EmbeddedRedis, embedded_dir
-
     settings = settings_from(data_dir=data_dir)
     server = EmbeddedRedis(embedded_dir(settings.data_dir), port=port).start()
     print(server.url, flush=True)
@@ -53,29 +52,12 @@ def worker(stage: str = typer.Argument(..., help="init, run or eval"),
                                                     "model (run workers of LLM tasks); default $ROLLSTREAM_MODEL_DIR."),
            verbose: bool = verbose_option()):
     """Run one stage's worker process (asyncio, CONCURRENCY jobs in flight) until SIGTERM."""
-    from rollstream.workers.process import run_worker
-
     setup_logging(verbose)
     settings = settings_from(redis, namespace, data_dir, node)
     if model_dir:
         settings = settings.model_copy(update={"model_dir": model_dir})
     settings = require_redis(settings, "a worker")
     run_worker(stage, settings, concurrency)
-
-
-async def _rate_sampler(url: str, namespace: str):
-    r = async_redis(url)
-    keys = Keys(namespace)
-    last = None
-    try:
-        while True:
-            st = await snapshot(r, keys)
-            now, done = time.monotonic(), finished_total(st)
-            rate = None if last is None else (done - last[1]) / max(now - last[0], 1e-6)
-            last = (now, done)
-            yield st, rate
-    finally:
-        await r.aclose()
 
 
 @app.command()
@@ -86,7 +68,7 @@ def status(redis: Optional[str] = redis_option(), namespace: Optional[str] = nam
     settings = require_redis(settings_from(redis, namespace), "status")
 
     async def once():
-        gen = _rate_sampler(settings.redis_url, settings.namespace)
+        gen = rate_sampler(settings.redis_url, settings.namespace)
         st, _ = await gen.__anext__()
         await asyncio.sleep(1.0)
         st, rate = await gen.__anext__()
@@ -94,7 +76,7 @@ def status(redis: Optional[str] = redis_option(), namespace: Optional[str] = nam
         return st, rate
 
     async def live():
-        gen = _rate_sampler(settings.redis_url, settings.namespace)
+        gen = rate_sampler(settings.redis_url, settings.namespace)
         with Live(console=console, refresh_per_second=2) as view:
             async for st, rate in gen:
                 view.update(render(st, rate))
@@ -113,35 +95,11 @@ def status(redis: Optional[str] = redis_option(), namespace: Optional[str] = nam
         console.print(render(st, rate))
 
 
-def _attach_optional_apps() -> None:
-    """Sub-commands that live with their packages."""
-    import importlib
-
-    for module, name, attr in (("rollstream.cli.up", None, "register"),
-                               ("rollstream.cli.submit", None, "register"),
-                               ("rollstream.cli.demo", None, "register"),
-                               ("rollstream.cli.backends", "backends", "app"),
-                               ("rollstream.sandboxes.cli", "images", "app"),
-                               ("rollstream.sandboxes.cli", "sandboxes", "sandboxes_app"),
-                               ("rollstream.llm.cli", None, "register"),
-                               ("rollstream.trainer.cli", None, "register"),
-                               ("rollstream.api.cli", None, "register")):
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:  # a broken optional module must not hide silently
-                raise
-            continue
-        obj = getattr(mod, attr, None)
-        if obj is None:
-            continue
-        if name:
-            app.add_typer(obj, name=name)
-        else:
-            obj(app)
-
-
-_attach_optional_apps()
+for commands in (up, submit, demo, llm, train, api):
+    commands.register(app)
+app.add_typer(backends.app, name="backends")
+app.add_typer(images.app, name="images")
+app.add_typer(sandboxes.app, name="sandboxes")
 
 
 def main() -> None:

@@ -1,12 +1,34 @@
-"""Rendering a pipeline snapshot as a rich table (``rollstream status``, ``up``, ``demo``)."""
+"""The pipeline as an operator watches it (``rollstream status``, ``up``, ``demo``): snapshots
+sampled with the jobs/s between them, rendered as rich tables."""
 
 from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
 
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from rollstream.pipeline.status import PipelineStatus, finished_total
+from rollstream.pipeline.connection import async_redis
+from rollstream.pipeline.keys import Keys
+from rollstream.pipeline.status import PipelineStatus, finished_total, snapshot
+
+
+async def rate_sampler(url: str, namespace: str) -> AsyncIterator[tuple[PipelineStatus, float | None]]:
+    """A snapshot each time it is asked for, with the jobs/s finished since the last one."""
+    r = async_redis(url)
+    keys = Keys(namespace)
+    last = None
+    try:
+        while True:
+            st = await snapshot(r, keys)
+            now, done = time.monotonic(), finished_total(st)
+            rate = None if last is None else (done - last[1]) / max(now - last[0], 1e-6)
+            last = (now, done)
+            yield st, rate
+    finally:
+        await r.aclose()
 
 
 def render(status: PipelineStatus, jobs_per_s: float | None = None) -> Group:

@@ -17,8 +17,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from rollstream.cli.common import (console, fail, namespace_option, redis_option, require_redis,
                                    settings_from)
+from rollstream.client import AsyncClient
 from rollstream.errors import InvalidJob, RedisUnavailable
 from rollstream.messages import Result
+from rollstream.pipeline import cancel as cancel_flags
+from rollstream.pipeline.connection import async_redis
+from rollstream.pipeline.keys import Keys
 
 EXIT_FAILED = 1  # some job failed or was cancelled
 EXIT_TIMEOUT = 3  # the deadline passed before every result came
@@ -90,93 +94,84 @@ class Tally:
                 f"mean reward {mean}")
 
 
-def register(app: typer.Typer) -> None:
-    @app.command()
-    def submit(
-        tasks: str = typer.Argument(..., help="A JSONL file, one job per line ({\"task\": ..., \"instance\": {...}}), "
-                                    "or the name of a task set shipped with rollstream: arith, code, echo, math, swe."),
-        redis: Optional[str] = redis_option(), namespace: Optional[str] = namespace_option(),
-        group_size: int = typer.Option(1, "--group-size", "-n", min=1, help="Submit each line as a group of N jobs."),
-        wait: bool = typer.Option(False, "--wait", help="Show progress, print each result as a JSON line as it "
-                                  "arrives; exit 1 if any job failed or was cancelled."),
-        submitter: Optional[str] = typer.Option(None, "--submitter", help="Results stream name (default: random)."),
-        timeout_s: float = typer.Option(600.0, "--timeout-s", help="With --wait: the deadline, in seconds from "
-                                        "submission, for all results (exit 3 past it; the jobs keep running)."),
-    ) -> None:
-        """Submit a task file; prints the job ids, or with --wait the results."""
-        from rollstream.client import AsyncClient
+def submit(
+    tasks: str = typer.Argument(..., help="A JSONL file, one job per line ({\"task\": ..., \"instance\": {...}}), "
+                                "or the name of a task set shipped with rollstream: arith, code, echo, math, swe."),
+    redis: Optional[str] = redis_option(), namespace: Optional[str] = namespace_option(),
+    group_size: int = typer.Option(1, "--group-size", "-n", min=1, help="Submit each line as a group of N jobs."),
+    wait: bool = typer.Option(False, "--wait", help="Show progress, print each result as a JSON line as it "
+                              "arrives; exit 1 if any job failed or was cancelled."),
+    submitter: Optional[str] = typer.Option(None, "--submitter", help="Results stream name (default: random)."),
+    timeout_s: float = typer.Option(600.0, "--timeout-s", help="With --wait: the deadline, in seconds from "
+                                    "submission, for all results (exit 3 past it; the jobs keep running)."),
+) -> None:
+    """Submit a task file; prints the job ids, or with --wait the results."""
+    path = task_file(tasks)
+    jobs = read_jobs(path)
+    settings = require_redis(settings_from(redis, namespace), "submit")
 
-        path = task_file(tasks)
-        jobs = read_jobs(path)
-        settings = require_redis(settings_from(redis, namespace), "submit")
+    async def go() -> int:
+        async with AsyncClient(settings=settings, submitter=submitter) as client:
+            ids: list[str] = []
+            for number, job in jobs:
+                try:
+                    if group_size > 1:
+                        ids += (await client.submit_group(job, group_size))[1]
+                    else:
+                        ids.append(await client.submit(job))
+                except InvalidJob as exc:
+                    done = f"the {len(ids)} jobs of the lines before were submitted" if ids else "nothing was submitted"
+                    fail(f"{path}:{number}: {exc} ({done})")
+            console.print(f"submitted {len(ids)} jobs from {path} as submitter '{client.submitter}'",
+                          highlight=False)
+            if not wait:
+                print("\n".join(ids))
+                return 0
+            return await follow(client, len(ids), timeout_s)
 
-        async def go() -> int:
-            async with AsyncClient(settings=settings, submitter=submitter) as client:
-                ids: list[str] = []
-                for number, job in jobs:
-                    try:
-                        if group_size > 1:
-                            ids += (await client.submit_group(job, group_size))[1]
-                        else:
-                            ids.append(await client.submit(job))
-                    except InvalidJob as exc:
-                        done = f"the {len(ids)} jobs of the lines before were submitted" if ids else "nothing was submitted"
-                        fail(f"{path}:{number}: {exc} ({done})")
-                console.print(f"submitted {len(ids)} jobs from {path} as submitter '{client.submitter}'",
-                              highlight=False)
-                if not wait:
-                    print("\n".join(ids))
-                    return 0
-                return await follow(client, len(ids), timeout_s)
+    try:
+        code = asyncio.run(go())
+    except RedisUnavailable as exc:
+        fail(str(exc))
+    raise typer.Exit(code)
 
+def cancel(
+    job: Optional[str] = typer.Option(None, "--job", help="Cancel this job id."),
+    group: Optional[str] = typer.Option(None, "--group", help="Cancel every job of this group id."),
+    submitter: Optional[str] = typer.Option(None, "--submitter", help="Cancel every job this submitter "
+                                            "has queued or running."),
+    everything: bool = typer.Option(False, "--all", help="Cancel every job of every submitter in the "
+                                    "namespace."),
+    redis: Optional[str] = redis_option(), namespace: Optional[str] = namespace_option(),
+) -> None:
+    """Cancel jobs; each cancelled job still yields one result, with status 'cancelled'."""
+    if not (job or group or submitter or everything):
+        fail("say what to cancel: --job ID, --group ID, --submitter NAME or --all")
+    settings = require_redis(settings_from(redis, namespace), "cancel")
+    keys = Keys(settings.namespace)
+
+    async def go() -> list[str]:
+        r = async_redis(settings.redis_url)
         try:
-            code = asyncio.run(go())
-        except RedisUnavailable as exc:
-            fail(str(exc))
-        raise typer.Exit(code)
+            submitters = [submitter] if submitter else []
+            if everything:  # raw XADD jobs belong to 'default'
+                found = [s.decode() if isinstance(s, bytes) else s for s in await r.zrange(keys.submitters, 0, -1)]
+                submitters = sorted({*found, "default"})
+            if job or group:
+                await cancel_flags.cancel(r, keys, job_id=job, group_id=group, ttl_s=settings.job_state_ttl_s)
+            for name in submitters:
+                await cancel_flags.cancel(r, keys, submitter=name, ttl_s=settings.job_state_ttl_s)
+            return submitters
+        finally:
+            await r.aclose()
 
-    @app.command()
-    def cancel(
-        job: Optional[str] = typer.Option(None, "--job", help="Cancel this job id."),
-        group: Optional[str] = typer.Option(None, "--group", help="Cancel every job of this group id."),
-        submitter: Optional[str] = typer.Option(None, "--submitter", help="Cancel every job this submitter "
-                                                "has queued or running."),
-        everything: bool = typer.Option(False, "--all", help="Cancel every job of every submitter in the "
-                                        "namespace."),
-        redis: Optional[str] = redis_option(), namespace: Optional[str] = namespace_option(),
-    ) -> None:
-        """Cancel jobs; each cancelled job still yields one result, with status 'cancelled'."""
-        from rollstream.pipeline import cancel as cancel_flags
-        from rollstream.pipeline.connection import async_redis
-        from rollstream.pipeline.keys import Keys
-
-        if not (job or group or submitter or everything):
-            fail("say what to cancel: --job ID, --group ID, --submitter NAME or --all")
-        settings = require_redis(settings_from(redis, namespace), "cancel")
-        keys = Keys(settings.namespace)
-
-        async def go() -> list[str]:
-            r = async_redis(settings.redis_url)
-            try:
-                submitters = [submitter] if submitter else []
-                if everything:  # raw XADD jobs belong to 'default'
-                    found = [s.decode() if isinstance(s, bytes) else s for s in await r.zrange(keys.submitters, 0, -1)]
-                    submitters = sorted({*found, "default"})
-                if job or group:
-                    await cancel_flags.cancel(r, keys, job_id=job, group_id=group, ttl_s=settings.job_state_ttl_s)
-                for name in submitters:
-                    await cancel_flags.cancel(r, keys, submitter=name, ttl_s=settings.job_state_ttl_s)
-                return submitters
-            finally:
-                await r.aclose()
-
-        try:
-            submitters = asyncio.run(go())
-        except RedisUnavailable as exc:
-            fail(str(exc))
-        what = [f"job {job}"] * bool(job) + [f"group {group}"] * bool(group)
-        what += [f"submitter {s}" for s in submitters]
-        console.print(f"cancelled: {', '.join(what)}", highlight=False)
+    try:
+        submitters = asyncio.run(go())
+    except RedisUnavailable as exc:
+        fail(str(exc))
+    what = [f"job {job}"] * bool(job) + [f"group {group}"] * bool(group)
+    what += [f"submitter {s}" for s in submitters]
+    console.print(f"cancelled: {', '.join(what)}", highlight=False)
 
 
 async def follow(client, total: int, timeout_s: float) -> int:
@@ -210,3 +205,8 @@ async def follow(client, total: int, timeout_s: float) -> int:
         console.print(f"[red]{bad} of {total} jobs did not complete[/red]{why}", highlight=False, soft_wrap=True)
         return EXIT_FAILED
     return 0
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(submit)
+    app.command()(cancel)

@@ -13,61 +13,61 @@ from rich.live import Live
 
 from rollstream.cli.common import (console, data_dir_option, fail, namespace_option, redis_for, redis_option,
                                    settings_from)
-from rollstream.cli.status_view import render
+from rollstream.cli.status_view import rate_sampler, render
 from rollstream.workers.pool import WorkerPool
 
 
+def up(redis: Optional[str] = redis_option("Redis URL; default $REDIS_URL, else an embedded redis-server "
+                                           "in the data folder (started here, or shared if one runs)."),
+       namespace: Optional[str] = namespace_option(),
+       data_dir: Optional[Path] = data_dir_option(),
+       model_dir: Optional[Path] = typer.Option(None, "--model-dir", help="Tokenizer folder of the served "
+                                                "model, which run workers of LLM tasks (arith, math, code, swe) "
+                                                "need; default $ROLLSTREAM_MODEL_DIR."),
+       processes: int = typer.Option(1, help="Processes per stage."),
+       concurrency: int = typer.Option(64, help="Jobs in flight per process."),
+       quiet: bool = typer.Option(False, "--quiet", help="No live view; just run until SIGTERM.")):
+    """Start Redis (embedded unless --redis/REDIS_URL) and the init, run and eval pools."""
+    settings = settings_from(redis, namespace, data_dir)
+    model_dir = model_dir or settings.model_dir
+    if model_dir is not None and not (Path(model_dir) / "tokenizer_config.json").is_file():
+        fail(f"--model-dir {model_dir} holds no tokenizer (tokenizer_config.json); build one with "
+             "'rollstream arith-model DIR' or 'rollstream tiny-model DIR'")
+    env = {"ROLLSTREAM_MODEL_DIR": str(Path(model_dir).resolve())} if model_dir else {}
+    with redis_for(settings) as url:
+        pool = WorkerPool(redis_url=url, namespace=settings.namespace, data_dir=settings.data_dir,
+                          log_dir=settings.data_dir / "logs", env=env)
+        pool.start_all(processes=processes, concurrency=concurrency)
+        console.print(f"[bold]rollstream up[/bold]: REDIS_URL={url}  logs in {settings.data_dir / 'logs'}"
+                      + ("" if model_dir else "  (no --model-dir: LLM tasks will fail; echo runs)"),
+                      highlight=False, soft_wrap=True)
+        stop = asyncio.Event()
+
+        async def watch():
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop.set)
+            gen = rate_sampler(url, settings.namespace)
+            with Live(console=console, refresh_per_second=2, transient=quiet) as view:
+                async for st, rate in gen:
+                    if not quiet:
+                        view.update(render(st, rate))
+                    if not pool.alive():
+                        console.print("[red]all worker processes exited; see the logs[/red]")
+                        break
+                    try:
+                        await asyncio.wait_for(stop.wait(), 1.0)
+                        break
+                    except asyncio.TimeoutError:
+                        pass
+            await gen.aclose()
+
+        try:
+            asyncio.run(watch())
+        finally:
+            console.print("stopping workers (they finish or hand back their jobs)...")
+            pool.stop(timeout_s=settings.shutdown_grace_s + 10)
+
+
 def register(app: typer.Typer) -> None:
-    @app.command()
-    def up(redis: Optional[str] = redis_option("Redis URL; default $REDIS_URL, else an embedded redis-server "
-                                               "in the data folder (started here, or shared if one runs)."),
-           namespace: Optional[str] = namespace_option(),
-           data_dir: Optional[Path] = data_dir_option(),
-           model_dir: Optional[Path] = typer.Option(None, "--model-dir", help="Tokenizer folder of the served "
-                                                    "model, which run workers of LLM tasks (arith, math, code, swe) "
-                                                    "need; default $ROLLSTREAM_MODEL_DIR."),
-           processes: int = typer.Option(1, help="Processes per stage."),
-           concurrency: int = typer.Option(64, help="Jobs in flight per process."),
-           quiet: bool = typer.Option(False, "--quiet", help="No live view; just run until SIGTERM.")):
-        """Start Redis (embedded unless --redis/REDIS_URL) and the init, run and eval pools."""
-        from rollstream.cli.main import _rate_sampler
-
-        settings = settings_from(redis, namespace, data_dir)
-        model_dir = model_dir or settings.model_dir
-        if model_dir is not None and not (Path(model_dir) / "tokenizer_config.json").is_file():
-            fail(f"--model-dir {model_dir} holds no tokenizer (tokenizer_config.json); build one with "
-                 "'rollstream arith-model DIR' or 'rollstream tiny-model DIR'")
-        env = {"ROLLSTREAM_MODEL_DIR": str(Path(model_dir).resolve())} if model_dir else {}
-        with redis_for(settings) as url:
-            pool = WorkerPool(redis_url=url, namespace=settings.namespace, data_dir=settings.data_dir,
-                              log_dir=settings.data_dir / "logs", env=env)
-            pool.start_all(processes=processes, concurrency=concurrency)
-            console.print(f"[bold]rollstream up[/bold]: REDIS_URL={url}  logs in {settings.data_dir / 'logs'}"
-                          + ("" if model_dir else "  (no --model-dir: LLM tasks will fail; echo runs)"),
-                          highlight=False, soft_wrap=True)
-            stop = asyncio.Event()
-
-            async def watch():
-                loop = asyncio.get_running_loop()
-                for sig in (signal.SIGTERM, signal.SIGINT):
-                    loop.add_signal_handler(sig, stop.set)
-                gen = _rate_sampler(url, settings.namespace)
-                with Live(console=console, refresh_per_second=2, transient=quiet) as view:
-                    async for st, rate in gen:
-                        if not quiet:
-                            view.update(render(st, rate))
-                        if not pool.alive():
-                            console.print("[red]all worker processes exited; see the logs[/red]")
-                            break
-                        try:
-                            await asyncio.wait_for(stop.wait(), 1.0)
-                            break
-                        except asyncio.TimeoutError:
-                            pass
-                await gen.aclose()
-
-            try:
-                asyncio.run(watch())
-            finally:
-                console.print("stopping workers (they finish or hand back their jobs)...")
-                pool.stop(timeout_s=settings.shutdown_grace_s + 10)
+    app.command()(up)

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from rollstream.sandboxes import reaper
 from rollstream.sandboxes import Reaper, SandboxClient, SandboxHandle, SandboxSpec, SandboxStartError, create_sandbox, destroy_sandbox
-from rollstream.sandboxes.cli import sandboxes_app
+from rollstream.cli.sandboxes import app as sandboxes_app
 from rollstream.sandboxes.runtime import protocol
 from rollstream.sandboxes.supervisor_spawn import server_pid, socket_path, start_fork_server
 

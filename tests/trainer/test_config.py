@@ -4,7 +4,7 @@ import pytest
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from rollstream.trainer.cli import app
+from rollstream.cli.main import app
 from rollstream.trainer.config import TrainConfig
 
 

@@ -2,7 +2,7 @@
 
 import typer
 
-from rollstream.llm.cli import serve_model_command
+from rollstream.cli.llm import serve_model_command
 
 if __name__ == "__main__":
     typer.run(serve_model_command)

@@ -1,6 +1,6 @@
 """CLI commands of the LLM side: `serve-model` (the built-in server), `tiny-model` (build the
 small local model) and `arith-model` (the same model warmed up on the arith task's tool-call
-format). The main CLI calls `register`."""
+format). The main CLI calls `register`; `python -m rollstream.llm.server` runs `serve-model`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from pathlib import Path
 
 import typer
 
-app = typer.Typer(help="The built-in inference server and the tiny local model.", no_args_is_help=True)
+from rollstream.cli.common import require_redis, settings_from
+from rollstream.demo.arith_model import build_arith_model
+from rollstream.llm.tiny_model import build_tiny_model
 
 
 def serve_model_command(
@@ -32,6 +34,8 @@ def serve_model_command(
     advertise_url: str = typer.Option("", help="URL the run workers use to reach it; default http://HOST:PORT"),
 ) -> None:
     """Serve a model with vLLM's completions API (token ids in, token ids + logprobs out)."""
+    # Imported here: the server loads torch (seconds), which only this command needs.
+    from rollstream.llm.server import registration
     from rollstream.llm.server.app import serve_model
 
     if logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
@@ -41,9 +45,6 @@ def serve_model_command(
     logging.basicConfig(level=log_level.upper(), format="%(message)s")
     redis_url, namespace = None, "rs"
     if register:
-        from rollstream.cli.common import require_redis, settings_from
-        from rollstream.llm.server import registration
-
         settings = require_redis(settings_from(), "serve-model --register")
         redis_url, namespace = settings.redis_url, settings.namespace
         logging.getLogger(registration.__name__).setLevel(logging.INFO)  # the "registered ..." line
@@ -72,8 +73,6 @@ def tiny_model_command(
     seed: int = typer.Option(0, help="weight initialisation seed"),
 ) -> None:
     """Build the ~1M-parameter local test model and its tokenizer (no download)."""
-    from rollstream.llm.tiny_model import build_tiny_model
-
     typer.echo(str(build_tiny_model(out_dir, seed=seed)))
 
 
@@ -82,8 +81,6 @@ def arith_model_command(
 ) -> None:
     """Build the tiny model warmed up on the arith task's tool-call format (about two minutes
     on 2 cores, no download): it calls bash and submits, but rarely gets the sum right."""
-    from rollstream.demo.arith_model import build_arith_model
-
     typer.echo(str(build_arith_model(out_dir)))
 
 
@@ -92,6 +89,3 @@ def register(parent: typer.Typer) -> None:
     parent.command("serve-model")(serve_model_command)
     parent.command("tiny-model")(tiny_model_command)
     parent.command("arith-model")(arith_model_command)
-
-
-register(app)

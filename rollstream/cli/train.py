@@ -1,5 +1,5 @@
-"""CLI of the trainer: `rollstream train CONFIG.toml`. The main CLI calls `register(app)`,
-the same hook as the other packages' CLIs."""
+"""``rollstream train CONFIG.toml``: DAPO training on rollouts from rollstream. The main CLI
+calls ``register``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-app = typer.Typer(help="DAPO training on rollouts from rollstream.", no_args_is_help=True)
+from rollstream.trainer.config import TrainConfig
 
 
 def train_command(
@@ -24,7 +24,7 @@ def train_command(
 ) -> None:
     """Train a policy with DAPO: submit groups, keep the batch topped up, update, sync
     weights to every backend; metrics in OUTPUT_DIR/metrics.jsonl, curve in reward_curve.png."""
-    from rollstream.trainer.config import TrainConfig
+    # Imported here: the training loop loads torch (seconds), which only this command needs.
     from rollstream.trainer.loop import train
 
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
@@ -57,6 +57,3 @@ def train_command(
 def register(parent: typer.Typer) -> None:
     """Mount `train` on the main `rollstream` CLI."""
     parent.command("train")(train_command)
-
-
-register(app)

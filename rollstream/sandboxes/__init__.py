@@ -11,9 +11,10 @@ import importlib
 from typing import TYPE_CHECKING
 
 _EXPORTS = {
-    "SandboxSpec": "spec",
-    "SandboxLimits": "spec",
-    "SandboxHandle": "spec",
+    # What a sandbox is made of is part of the job's vocabulary, at the bottom layer.
+    "SandboxSpec": "rollstream.sandbox_spec",
+    "SandboxLimits": "rollstream.sandbox_spec",
+    "SandboxHandle": "rollstream.sandbox_spec",
     "default_root_dir": "spec",
     "SandboxClient": "sandbox_client",
     "create_sandbox": "lifecycle",
@@ -42,14 +43,16 @@ def __getattr__(name: str):
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'rollstream.sandboxes' has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{module}", __name__), name)
+    return getattr(importlib.import_module(module if module.startswith("rollstream.") else f".{module}", __name__), name)
 
 
 if TYPE_CHECKING:
+    from rollstream.sandbox_spec import SandboxHandle, SandboxLimits, SandboxSpec
+
     from .errors import BackendUnavailable, SandboxError, SandboxGone, SandboxSetupError, SandboxStartError, ToolError
     from .lifecycle import create_sandbox, destroy_sandbox
     from .reaper import Reaper, become_subreaper
     from .results import BashResult, EditResult, IPythonResult, ToolOutput
     from .sandbox_client import SandboxClient
-    from .spec import SandboxHandle, SandboxLimits, SandboxSpec, default_root_dir
+    from .spec import default_root_dir
     from .tools import call_tool, tool_schemas

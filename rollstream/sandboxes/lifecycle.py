@@ -15,12 +15,14 @@ import os
 import re
 import time
 
+from rollstream.sandbox_spec import SANDBOX_ID_PATTERN, SandboxHandle, SandboxSpec
+
 from .backends import SandboxLayout, select_backend
 from .errors import SandboxError, SandboxGone, SandboxSetupError, SandboxStartError
 from .reaper import reap_finished_children, teardown
 from .runtime.supervisor import remove_tree
 from .sandbox_client import SandboxClient
-from .spec import SANDBOX_ID_PATTERN, SandboxHandle, SandboxSpec, default_root_dir
+from .spec import default_root_dir
 from .supervisor_spawn import ForkServerUnavailable, spawn_direct, spawn_supervisor
 
 log = logging.getLogger(__name__)

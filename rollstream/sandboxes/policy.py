@@ -16,8 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from rollstream.errors import InvalidJob
-
-from .spec import SandboxLimits, SandboxSpec
+from rollstream.sandbox_spec import SandboxLimits, SandboxSpec
 
 # What a job may override unless the operator says otherwise: all of it runs inside the
 # sandbox, confined as the operator configured it.

@@ -14,8 +14,9 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
+from rollstream.sandbox_spec import SandboxSpec
+
 from ..paths import child_path
-from ..spec import SandboxSpec
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,10 @@ import stat
 import subprocess
 import sys
 
+from rollstream.sandbox_spec import SandboxSpec
+
 from ..errors import BackendUnavailable
 from ..image_cache import resolve_image
-from ..spec import SandboxSpec
 from .base import LaunchPlan, SandboxLayout
 from .common import (
     BASH_ARGS,

@@ -8,7 +8,8 @@ import os
 import shutil
 import sys
 
-from ..spec import SandboxLimits, SandboxSpec
+from rollstream.sandbox_spec import SandboxLimits, SandboxSpec
+
 from .base import SandboxLayout
 
 KERNEL_DIR_INNER = "/run/rollstream"

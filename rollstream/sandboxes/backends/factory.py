@@ -3,8 +3,9 @@ that works on this machine."""
 
 from __future__ import annotations
 
+from rollstream.sandbox_spec import SandboxSpec
+
 from ..errors import BackendUnavailable
-from ..spec import SandboxSpec
 from .base import SandboxBackend
 from .bwrap import BwrapBackend
 from .docker import DockerBackend

@@ -10,8 +10,9 @@ import logging
 import os
 import sys
 
+from rollstream.sandbox_spec import SandboxSpec
+
 from ..errors import BackendUnavailable
-from ..spec import SandboxSpec
 from .base import LaunchPlan, SandboxLayout
 from .common import BASH_ARGS, KERNEL_ARGS, base_plan, host_python_path, rlimits_for, sandbox_env
 

@@ -11,8 +11,9 @@ import functools
 import os
 import re
 
+from rollstream.sandbox_spec import SandboxSpec
+
 from ..image_cache import resolve_image
-from ..spec import SandboxSpec
 from .base import LaunchPlan, SandboxLayout
 from .common import (
     BASH_ARGS,

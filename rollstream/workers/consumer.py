@@ -22,23 +22,19 @@ from rollstream.messages import Envelope
 from rollstream.pipeline import histograms
 from rollstream.pipeline.codec import DecodeError, decode_envelope
 from rollstream.pipeline.connection import SOCKET_TIMEOUT_S, Outage, raise_if_cancelled, transient_problem
-from rollstream.pipeline.groups import autoclaim, ensure_group
+from rollstream.pipeline.groups import ensure_group
 from rollstream.pipeline.handoff import Source, sandbox_of
 from rollstream.pipeline.rescue import rescue_dead_nodes
 from rollstream.pipeline.wire import FastRedis, stream_entries
 from rollstream.workers.cancellations import Cancellations
-from rollstream.workers.deadlines import TIMED_OUT, Deadlines, queue_overrun, remaining_s
-from rollstream.workers.membership import Membership
+from rollstream.workers.deadlines import TIMED_OUT, Deadlines, queue_overrun
+from rollstream.workers.membership import Membership, message_id
 from rollstream.workers.outcomes import Outcomes
 from rollstream.workers.running_marks import LateRunningMarks
 from rollstream.workers.sandbox_slots import SandboxSlots
-from rollstream.workers.stage import Forward, Stage, WorkerContext
+from rollstream.workers.stage import Forward, Stage, WorkerContext, active_s
 
 log = logging.getLogger(__name__)
-
-
-def _id(raw) -> str:
-    return raw.decode() if isinstance(raw, bytes) else raw
 
 
 class ConsumerLoop:
@@ -206,7 +202,7 @@ class ConsumerLoop:
         block = self.s.read_block_ms
         if self._reader is None:
             resp = await self.r.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=count, block=block)
-            return [(_id(m), f, 1) for _stream, items in resp or [] for m, f in items]
+            return [(message_id(m), f, 1) for _stream, items in resp or [] for m, f in items]
         commands = [("XREADGROUP", "GROUP", self.group, self.consumer, "COUNT", count, "BLOCK", block,
                      "STREAMS", self.stream, ">")]
         slots = self.sandbox_slots
@@ -220,7 +216,7 @@ class ConsumerLoop:
             self._reader_blocked = False
         if slots is not None:
             slots.counted(replies[0])
-        return [(_id(m), f, 1) for m, f in stream_entries(replies[-1])]
+        return [(message_id(m), f, 1) for m, f in stream_entries(replies[-1])]
 
     def _admit(self, entries: list[tuple[str, dict, int]]) -> None:
         """Start a batch of messages, each as its own task, with no round trip: the
@@ -261,26 +257,8 @@ class ConsumerLoop:
 
     async def _reclaim(self) -> None:
         free = self.concurrency - len(self.inflight)
-        if free <= 0 or self._stopping.is_set():
-            return
-        claimed, deleted = await autoclaim(self.r, self.stream, self.group, self.consumer,
-                                           int(self.s.visibility_timeout_s * 1000), free)
-        if deleted:
-            await self.r.xack(self.stream, self.group, *deleted)
-        if not claimed:
-            return
-        # Delivery counts of everything claimed, in one round trip (off the critical path).
-        async with self.r.pipeline(transaction=False) as pipe:
-            for msg_id, _fields in claimed:
-                pipe.xpending_range(self.stream, self.group, min=_id(msg_id), max=_id(msg_id), count=1)
-            infos = await pipe.execute()
-        entries = []
-        for (msg_id, fields), info in zip(claimed, infos):
-            msg_id = _id(msg_id)
-            deliveries = info[0]["times_delivered"] if info else self.s.max_deliveries + 1
-            log.info("%s reclaimed %s (delivery %d)", self.consumer, msg_id, deliveries)
-            entries.append((msg_id, fields or {}, deliveries))
-        self._admit(entries)
+        if free > 0 and not self._stopping.is_set() and (entries := await self.membership.reclaim(free)):
+            self._admit(entries)
 
     # -- one job -----------------------------------------------------------------------
     async def _guard(self, src: Source, env: Envelope | None, coro) -> None:
@@ -322,8 +300,8 @@ class ConsumerLoop:
         env.timings_s[f"{stage}_wait_s"] = max(0.0, started - int(src.msg_id.split("-")[0]) / 1000)
         # timeout_s counts time at work in stages, not in queues (a backlog must not expire
         # jobs that never ran); queue_timeout_s, when set, bounds the queues.
-        left_s = remaining_s(env, stage)
-        if overrun := queue_overrun(env, stage):
+        left_s = job.timeout_s - active_s(env, stage)
+        if job.queue_timeout_s is not None and (overrun := queue_overrun(env, stage)):
             return await outcomes.end(src, env, "failed", overrun)
         at_work = self.cancels.at_work
         try:

@@ -1,6 +1,6 @@
 """Job timeouts in the consumer loop: a job's ``timeout_s`` counts its time at work in
-stages (not in queues), so each stage starts a job with what is left of it as a deadline,
-and ``queue_timeout_s``, when set, bounds the time it waited in queues."""
+stages (not in queues, see ``stage.active_s``), so each stage starts a job with what is left
+of it as a deadline, and ``queue_timeout_s``, when set, bounds the time it waited in queues."""
 
 from __future__ import annotations
 
@@ -8,15 +8,10 @@ import asyncio
 from collections.abc import Callable
 
 from rollstream.messages import Envelope, Job
-from rollstream.workers.stage import active_s, queued_s
+from rollstream.workers.stage import queued_s
 
 # The interrupt reason of a job whose timeout_s ran out while its stage worked on it.
 TIMED_OUT = "timed out"
-
-
-def remaining_s(env: Envelope, stage: str) -> float:
-    """What is left of the job's timeout_s as ``stage`` starts it (<= 0: nothing)."""
-    return env.job.timeout_s - active_s(env, stage)
 
 
 def queue_overrun(env: Envelope, stage: str) -> str | None:

@@ -1,6 +1,7 @@
 """A worker's membership: its consumer in the stage's group, its entry in the workers list
 and its hash (what ``rollstream status`` shows), kept fresh by heartbeats that also tell
-reclaimers its in-flight messages are alive, and removed when it stops."""
+reclaimers its in-flight messages are alive, and removed when it stops; and the reclaim of
+messages that consumers which stopped heart-beating left pending."""
 
 from __future__ import annotations
 
@@ -12,10 +13,14 @@ import time
 import redis
 
 from rollstream.pipeline.connection import Outage
-from rollstream.pipeline.groups import ensure_group, remove_idle_consumer
+from rollstream.pipeline.groups import autoclaim, ensure_group, remove_idle_consumer
 from rollstream.workers.stage import WorkerContext
 
 log = logging.getLogger(__name__)
+
+
+def message_id(raw) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw
 
 
 class Membership:
@@ -54,6 +59,28 @@ class Membership:
             pipe.expire(keys.worker(self.consumer), int(self.settings.worker_ttl_s * 3) + 1)
             await pipe.execute()
         self.outage.recovered()  # Redis took these writes (a read loop held by back-pressure may not tell)
+
+    async def reclaim(self, count: int) -> list[tuple[str, dict, int]]:
+        """Up to ``count`` messages left idle past the visibility timeout (their consumer died
+        or hung), now pending with this one, as (id, fields, deliveries so far)."""
+        claimed, deleted = await autoclaim(self.r, self.stream, self.group, self.consumer,
+                                           int(self.settings.visibility_timeout_s * 1000), count)
+        if deleted:
+            await self.r.xack(self.stream, self.group, *deleted)
+        if not claimed:
+            return []
+        # Delivery counts of everything claimed, in one round trip (off the critical path).
+        async with self.r.pipeline(transaction=False) as pipe:
+            for msg_id, _fields in claimed:
+                pipe.xpending_range(self.stream, self.group, min=message_id(msg_id), max=message_id(msg_id), count=1)
+            infos = await pipe.execute()
+        entries = []
+        for (msg_id, fields), info in zip(claimed, infos):
+            msg_id = message_id(msg_id)
+            deliveries = info[0]["times_delivered"] if info else self.settings.max_deliveries + 1
+            log.info("%s reclaimed %s (delivery %d)", self.consumer, msg_id, deliveries)
+            entries.append((msg_id, fields or {}, deliveries))
+        return entries
 
     async def leave(self) -> None:
         try:

@@ -48,7 +48,7 @@ def imported_names(path: Path) -> set[str]:
             if node.level:
                 parts = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(parts + ([node.module] if node.module else []))
-            names.add(base)
+            # "base.name" resolves to the submodule when name is one, else to base itself.
             names.update(f"{base}.{alias.name}" for alias in node.names)
     return names
 

@@ -6,17 +6,15 @@ from __future__ import annotations
 import json
 import statistics
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from rollstream.messages import Result
-
-if TYPE_CHECKING:
-    from rollstream.demo.run import DemoOutcome
 
 ROW_MEANING = {
     "arith": "sums with a bash tool: the task trained below (before training the model names "
@@ -68,6 +66,18 @@ def reward_curve_table(metrics_path: Path) -> Table:
         table.add_row(str(row["step"]), f"{reward:.2f}", "█" * round(40 * reward) or "·",
                       f"{row.get('groups_kept', '-')}", f"{row.get('step_s', 0):.1f}")
     return table
+
+
+@dataclass
+class DemoOutcome:
+    """What a demo run (run.run_demo) leaves for its closing lines."""
+
+    results: list[Result]
+    elapsed_s: float  # submitting and collecting the rollouts
+    total: int  # rollouts submitted
+    trained: Any  # the trainer's TrainSummary, or None when there was no training
+    trajectories: Path
+    logs: Path
 
 
 def print_closing(outcome: DemoOutcome, console: Console, elapsed_s: float) -> None:

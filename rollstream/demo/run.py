@@ -7,31 +7,18 @@ from __future__ import annotations
 import asyncio
 import shutil
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rollstream.demo.arith_model import ARITH_RL_RECIPE, cached_arith_model, model_cache, recipe_folder_name
-from rollstream.demo.report import summarize
+from rollstream.demo.report import DemoOutcome, summarize
 from rollstream.demo.rollouts import demo_jobs, run_rollouts
 from rollstream.demo.training import train_briefly
-from rollstream.messages import Result
 from rollstream.pipeline.balancer import add_backend
 from rollstream.pipeline.connection import async_redis
 from rollstream.workers.pool import WorkerPool
-
-
-@dataclass
-class DemoOutcome:
-    results: list[Result]
-    elapsed_s: float  # submitting and collecting the rollouts
-    total: int  # rollouts submitted
-    trained: Any  # the trainer's TrainSummary, or None when there was no training
-    trajectories: Path
-    logs: Path
 
 
 def quiet_transformers() -> None:

@@ -60,7 +60,7 @@ class ConsumerLoop:
         self._stopping = asyncio.Event()
         self._slot_freed = asyncio.Event()
         self.processed = 0
-        self.running = LateRunningMarks(self.r, ctx.keys, outage=self.outage, consumer=self.consumer)
+        self.running_marks = LateRunningMarks(self.r, ctx.keys, outage=self.outage, consumer=self.consumer)
         # The wake-up read, on its own connection. Between a read's reply and the next read,
         # jobs that finish at once send their hand-off on it too: a batch's corked with that
         # next read, a lone job's at once (see _read_loop).
@@ -106,13 +106,13 @@ class ConsumerLoop:
             await self._flush_observations(final=True)
             for task in background:
                 task.cancel()
-            self.running.stop()
+            self.running_marks.stop()
             self.deadlines.close()
             await asyncio.gather(*background, return_exceptions=True)
             await self.membership.leave()
             if self._reader is not None:
                 await self._reader.close()
-            await self.running.aclose()
+            await self.running_marks.aclose()
             await self.ctx.handoff.aclose()
 
     async def _heartbeat(self) -> None:
@@ -226,7 +226,7 @@ class ConsumerLoop:
         until their hand-off."""
         started = time.time()
         stage = self.stage.name
-        marks = self.running.unsent
+        marks = self.running_marks.unsent
         for msg_id, fields, deliveries in entries:
             if msg_id in self.inflight:
                 continue
@@ -241,7 +241,7 @@ class ConsumerLoop:
             marks[msg_id] = (env.job.job_id, msg_id, {"stage": stage, "status": "running", "worker": self.consumer,
                                                       "node": self.ctx.node, f"{stage}_started_at": started})
             self._track(msg_id, env, self._guard(src, env, self._run_job(src, env, deliveries)))
-        self.running.send_soon()
+        self.running_marks.send_soon()
 
     def _track(self, msg_id: str, env: Envelope | None, coro) -> None:
         task = asyncio.create_task(coro)
@@ -251,7 +251,7 @@ class ConsumerLoop:
     def _done(self, msg_id: str) -> None:
         self.inflight.pop(msg_id, None)
         self.cancels.reasons.pop(msg_id, None)
-        self.running.left(msg_id)
+        self.running_marks.left(msg_id)
         self.processed += 1
         self._slot_freed.set()
 

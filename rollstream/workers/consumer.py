@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 
 
 class ConsumerLoop:
+    """One stage's worker: up to ``concurrency`` jobs in flight, each in its own task."""
+
     def __init__(self, stage: Stage, ctx: WorkerContext, concurrency: int, consumer: str | None = None):
         self.stage = stage
         self.ctx = ctx
@@ -51,6 +53,7 @@ class ConsumerLoop:
         # connections is waited out, logged once; hand-offs it refused are sent again.
         self.outage = Outage(self.consumer)
         ctx.handoff.wait_out = self._wait_out
+        # message id -> (its task, its envelope; None for a message that is no job)
         self.inflight: dict[str, tuple[asyncio.Task, Envelope | None]] = {}
         self.membership = Membership(ctx, stage.name, self.stream, self.consumer, self.concurrency, self.outage)
         self.cancels = Cancellations(self.r, ctx.keys, self.inflight, outage=self.outage, consumer=self.consumer,
@@ -66,6 +69,7 @@ class ConsumerLoop:
         # next read, a lone job's at once (see _read_loop).
         self._reader = FastRedis.from_client(self.r)
         self._reader_blocked = False
+        # The node's sandbox slots, for a stage that pulls work only while some are free.
         self.sandbox_slots = (SandboxSlots(self.r, self._reader, ctx.keys.node_sandboxes(ctx.node),
                                            self.s.max_sandboxes_per_node)
                               if stage.limits_by_node_sandboxes else None)

@@ -35,6 +35,8 @@ from rollstream.sandboxes.supervisor_spawn import stop_fork_server
 from rollstream.tasks import swe_env, swe_records
 from rollstream.tasks.base import TaskContext
 from rollstream.tasks.swe import SweTask, load_instances
+from rollstream.workers.init import set_up
+from rollstream.workers.node_sandboxes import NodeSandboxes
 
 INSTANCES = Path(__file__).resolve().parent.parent / "rollstream" / "data" / "swe" / "pypi_instances.jsonl"
 
@@ -44,16 +46,16 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def cached_init(inst: dict, ctx: TaskContext) -> tuple[float, Envelope]:
+async def cached_init(inst: dict, sandboxes: NodeSandboxes) -> tuple[float, Envelope]:
     """One rollout's init from the cached environment image; returns seconds and the job."""
     task = SweTask()
     env = Envelope(job=Job(task="swe", instance=inst))
     started = time.perf_counter()
-    await task.setup(env, ctx)
+    await set_up(task, env, TaskContext(node="bench", work_dir=Path(sandboxes.root)), sandboxes)
     return time.perf_counter() - started, env
 
 
-async def install_init(inst: dict, ctx: TaskContext) -> float:
+async def install_init(inst: dict, sandboxes: NodeSandboxes) -> float:
     """The baseline: the bare base image, network on, the recipe installed in the rollout."""
     canonical = swe_records.normalize(inst)
     recipe = swe_env.env_recipe(canonical)
@@ -61,10 +63,10 @@ async def install_init(inst: dict, ctx: TaskContext) -> float:
     task = SweTask()
     env = Envelope(job=Job(task="swe", instance=base))
     started = time.perf_counter()
-    spec = SandboxSpec(backend=ctx.services["sandbox_backend"], image=DEFAULT_BASE_IMAGE, network=True,
+    spec = SandboxSpec(backend=sandboxes.backend, image=DEFAULT_BASE_IMAGE, network=True,
                        env={"PIP_CERT": "/etc/ssl/certs/ca-certificates.crt"})
-    handle = await create_sandbox(spec, sandbox_id=f"inst-{uuid.uuid4().hex[:8]}", root_dir=ctx.services["sandbox_root"])
-    env.sandbox = handle.model_dump(mode="json")
+    handle = await create_sandbox(spec, sandbox_id=f"inst-{uuid.uuid4().hex[:8]}", root_dir=sandboxes.root)
+    env.sandbox = handle
     try:
         async with SandboxClient(handle.socket_path) as sb:
             await task.prepare(env, sb)
@@ -112,29 +114,28 @@ async def main() -> None:
     missing = [t for t in tags.values() if not os.path.isdir(images.rootfs_path(t))]
     if missing:
         raise SystemExit(f"{len(missing)} environment rootfs folders are not built; run scripts/install-podman")
-    ctx = TaskContext(node="bench", work_dir=Path(root), services={"sandbox_root": root, "sandbox_backend": "bwrap"})
+    sandboxes = NodeSandboxes(root=root, backend="bwrap")
     rows = []
     result: dict = {}
     try:
         first = instances[0]
         # warm the bundle cache and the fork server (not counted)
-        _, env = await cached_init(first, ctx)
+        _, env = await cached_init(first, sandboxes)
         await destroy_sandbox(env.sandbox)
 
         times = []
         for n in range(args.rollouts):
-            seconds, env = await cached_init(instances[n % len(instances)], ctx)
+            seconds, env = await cached_init(instances[n % len(instances)], sandboxes)
             times.append(seconds)
             await destroy_sandbox(env.sandbox)
         result["init_cached_p50_s"] = round(statistics.median(times), 3)
         rows.append(("bwrap, cached env rootfs", len(times), statistics.median(times), max(times)))
 
         if DockerBackend().available() and all(image_exists(tags[i["instance_id"]]) for i in instances[:3]):
-            docker_ctx = TaskContext(node="bench", work_dir=Path(root),
-                                     services={"sandbox_root": root, "sandbox_backend": "docker"})
+            docker_sandboxes = NodeSandboxes(root=root, backend="docker")
             times = []
             for n in range(max(3, args.rollouts // 2)):
-                seconds, env = await cached_init(instances[n % 3], docker_ctx)
+                seconds, env = await cached_init(instances[n % 3], docker_sandboxes)
                 times.append(seconds)
                 await destroy_sandbox(env.sandbox)
             result["init_cached_docker_p50_s"] = round(statistics.median(times), 3)
@@ -142,7 +143,7 @@ async def main() -> None:
 
         if os.path.isdir(images.rootfs_path(DEFAULT_BASE_IMAGE)) or image_exists(DEFAULT_BASE_IMAGE):
             images.export_rootfs(DEFAULT_BASE_IMAGE)  # the baseline's bare image, unpacked once
-            times = [await install_init(instances[n % len(instances)], ctx) for n in range(args.install_rollouts)]
+            times = [await install_init(instances[n % len(instances)], sandboxes) for n in range(args.install_rollouts)]
             result["init_install_p50_s"] = round(statistics.median(times), 3)
             rows.append(("bwrap, bare image + install per rollout", len(times), statistics.median(times), max(times)))
 
@@ -150,7 +151,7 @@ async def main() -> None:
         chosen = instances[: args.instances]
         before = {t: os.stat(images.rootfs_path(t)).st_mtime for t in tags.values()}
         started = time.perf_counter()
-        outcomes = await asyncio.gather(*(cached_init(chosen[n % len(chosen)], ctx) for n in range(args.concurrent)),
+        outcomes = await asyncio.gather(*(cached_init(chosen[n % len(chosen)], sandboxes) for n in range(args.concurrent)),
                                         return_exceptions=True)
         wall = time.perf_counter() - started
         failures = [o for o in outcomes if isinstance(o, BaseException)]

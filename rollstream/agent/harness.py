@@ -16,13 +16,22 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import import_module
 from importlib.metadata import entry_points
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
+from rollstream.agent.backend_link import PooledVLLMClient
 from rollstream.agent.gateway import MODEL_NAME, Gateway
+from rollstream.agent.llm_service import LLMService
 from rollstream.agent.loop import truncate_middle
-from rollstream.episode_settings import AgentSettings
+from rollstream.agent.session import LLMSession
+from rollstream.episode_settings import AgentSettings, agent_settings
 from rollstream.errors import InvalidJob, JobCancelled, JobFailed
+from rollstream.llm.client import VLLMClient
+from rollstream.messages import Envelope, Job
+from rollstream.sandboxes.sandbox_client import SandboxClient
 from rollstream.trajectory import ToolCallRecord, Trajectory
+
+if TYPE_CHECKING:  # the tasks' context names the services; the agent does not import the tasks
+    from rollstream.tasks.base import ProcessServices
 
 ENTRY_POINT_GROUP = "rollstream.harnesses"
 HARNESSES = {
@@ -45,7 +54,7 @@ class HarnessContext:
     base_url: str
     api_key: str
     settings: AgentSettings
-    sandbox: Any = None  # a connected SandboxClient, or None for tasks without one
+    sandbox: SandboxClient | None = None  # connected by the run stage; None for tasks without one
     model: str = MODEL_NAME
     tool_calls: list[ToolCallRecord] = field(default_factory=list)
     loop: asyncio.AbstractEventLoop | None = None
@@ -112,55 +121,43 @@ def get_harness(name: str) -> Harness:
                          "install rollstream[harness] on the run workers") from exc
 
 
-async def _gateway(services: dict) -> Gateway:
+async def _gateway(services: ProcessServices) -> Gateway:
     """The worker process's door server, started on first use."""
-    gateway = services.get("gateway")
-    if gateway is None:
-        gateway = services["gateway"] = Gateway()
-    return await gateway.start()
+    if services.gateway is None:
+        services.gateway = Gateway()
+    return await services.gateway.start()
 
 
-def _session(llm: Any, services: dict, job: Any, settings: AgentSettings) -> Any:
+def _session(llm: LLMService, services: ProcessServices, job: Job, settings: AgentSettings) -> LLMSession:
     """The job's LLM session (the run worker's balancer, so job and group affinity hold),
     speaking to vLLM-API backends through the door's pooled link (agent/backend_link.py)."""
-    from rollstream.agent.backend_link import PooledVLLMClient
-    from rollstream.agent.session import LLMSession
-    from rollstream.llm.client import VLLMClient
-
     options = dict(max_backend_attempts=settings.max_backend_attempts, request_timeout_s=settings.request_timeout_s,
                    backend_wait_s=settings.backend_wait_s)
     if type(llm.client) is not VLLMClient:  # another API (SGLang): its own client
         return llm.session(job.job_id, job.group_id, **options)
-    link = services.get("backend_link")
-    if link is None:
-        link = services["backend_link"] = PooledVLLMClient(model=llm.client.model)
-    return LLMSession(link, job.job_id, job.group_id, balancer=llm.balancer, **options)
+    if services.backend_link is None:
+        services.backend_link = PooledVLLMClient(model=llm.client.model)
+    return LLMSession(services.backend_link, job.job_id, job.group_id, balancer=llm.balancer, **options)
 
 
-async def run_harness(harness: str, messages: list[dict], tools: list[dict], env: Any, ctx: Any) -> Trajectory:
-    """The run stage of a harness job (``env``: the job's Envelope, ``ctx``: its TaskContext)."""
-    from rollstream.sandboxes import SandboxClient
-    from rollstream.sandboxes.lifecycle import checked_handle
-
+async def run_harness(harness: str, messages: list[dict], tools: list[dict], env: Envelope,
+                      services: ProcessServices, sandbox: SandboxClient | None) -> Trajectory:
+    """The run stage of a harness job: ``sandbox`` is the job's, connected by the stage (None
+    for a task without one); ``services`` the run worker's (its LLM service, door, link)."""
     fn = get_harness(harness)
     job = env.job
-    llm = ctx.service("llm")
-    settings = AgentSettings.model_validate({**job.agent, "sampling": job.sampling})
+    llm = services.need_llm()
+    settings = agent_settings(job.agent, job.sampling)
     version_at_start = await llm.policy_version()
-    gateway = await _gateway(ctx.services)
-    session = _session(llm, ctx.services, job, settings)
+    gateway = await _gateway(services)
+    session = _session(llm, services, job, settings)
     door = gateway.open(job.job_id, session, llm.tokenizer, settings)
-    # Paths rebuilt from the id: a handle read from a stream is not trusted (sandboxes/lifecycle.py).
-    sandbox = SandboxClient(checked_handle(env.sandbox, ctx.services.get("sandbox_root")).socket_path) \
-        if env.sandbox else None
     hctx = HarnessContext(job_id=job.job_id, instance=job.instance, messages=messages, tools=tools,
                           base_url=gateway.base_url, api_key=door.key, settings=settings, sandbox=sandbox,
                           loop=asyncio.get_running_loop())
     started = time.monotonic()
     answer, finish, detail = None, "stop", None
     try:
-        if sandbox is not None:
-            await sandbox.connect()
         answer = await asyncio.wait_for(_call(fn, hctx), settings.max_wall_time_s)
     except asyncio.TimeoutError:
         finish, detail = "timeout", f"the harness ran past max_wall_time_s={settings.max_wall_time_s:g}"
@@ -171,8 +168,6 @@ async def run_harness(harness: str, messages: list[dict], tools: list[dict], env
     finally:
         gateway.close(door)
         await session.close()
-        if sandbox is not None:
-            await sandbox.close()
     if hctx.sandbox_lost:
         raise JobFailed(hctx.sandbox_lost)
     if door.ended is not None:  # the door's verdict says why the harness stopped

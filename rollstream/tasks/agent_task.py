@@ -1,15 +1,23 @@
-"""The base of every task whose run stage is an LLM agent working in a sandbox: init
-creates the sandbox and prepares it, run drives the agent loop with the sandbox's tools,
-eval scores in the same sandbox and destroys it. A concrete task says what the sandbox
-holds, what the agent sees, which tools it gets and how to score."""
+"""The base of every task whose run stage is an LLM agent working in a sandbox. The stages
+own the sandbox (init creates it from ``sandbox_spec``, run and eval connect to it, eval
+destroys it); a concrete task says what the sandbox holds, what the agent sees, which tools
+it gets and how to score. The run hook here drives the agent: the built-in loop, or the
+harness a job names (``agent.harness``)."""
 
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Any, ClassVar
+from typing import ClassVar
 
+from rollstream.agent.harness import run_harness
+from rollstream.agent.loop import run_agent
+from rollstream.agent.tools import CallToolAdapter
+from rollstream.episode_settings import agent_settings
 from rollstream.errors import JobCancelled, JobFailed
 from rollstream.messages import Envelope
+from rollstream.sandbox_spec import SandboxSpec
+from rollstream.sandboxes.sandbox_client import SandboxClient
+from rollstream.sandboxes.tools import tool_schemas
 from rollstream.tasks.base import Task, TaskContext
 from rollstream.trajectory import Trajectory
 
@@ -21,18 +29,18 @@ class AgentTask(Task):
     tools: ClassVar[list[str]] = ["bash"]
 
     @abstractmethod
-    def sandbox_spec(self, instance: dict) -> Any:
-        """A ``rollstream.sandboxes.SandboxSpec`` for this instance."""
+    def sandbox_spec(self, instance: dict) -> SandboxSpec:
+        """The sandbox this instance's agent works in."""
 
     @abstractmethod
     def prompt_messages(self, instance: dict) -> list[dict]:
         """The chat messages the agent starts from (system and user)."""
 
     @abstractmethod
-    async def reward(self, env: Envelope, sandbox: Any) -> float:
-        """Score the finished episode; ``sandbox`` is a connected SandboxClient."""
+    async def reward(self, env: Envelope, sandbox: SandboxClient) -> float:
+        """Score the finished episode in its sandbox."""
 
-    async def prepare(self, env: Envelope, sandbox: Any) -> None:
+    async def prepare(self, env: Envelope, sandbox: SandboxClient) -> None:
         """Extra set-up once the sandbox runs (the spec's files and commands are done)."""
 
     def tool_names(self, instance: dict) -> list[str]:
@@ -40,63 +48,29 @@ class AgentTask(Task):
 
     def tool_schemas(self, instance: dict) -> list[dict]:
         """The tool schemas the chat template shows the model (the sandbox's own by default)."""
-        from rollstream.sandboxes import tool_schemas
-
         return tool_schemas(self.tool_names(instance))
 
     # -- the stage hooks ---------------------------------------------------------------
     async def setup(self, env: Envelope, ctx: TaskContext) -> None:
-        from rollstream.sandboxes import SandboxClient, create_sandbox
-        from rollstream.sandboxes.paths import sandbox_id_for
-        from rollstream.sandboxes.policy import OverridePolicy
-        from rollstream.sandboxes.errors import SandboxSetupError
-
-        spec = self.sandbox_spec(env.job.instance)
-        node_backend = ctx.services.get("sandbox_backend")
-        if spec.backend == "auto" and node_backend and node_backend != "auto":
-            spec = spec.model_copy(update={"backend": node_backend})
-        # The operator's policy decides what a job may change (the safe default without one).
-        spec = (ctx.services.get("sandbox_policy") or OverridePolicy()).apply(spec, env.job.sandbox)
-        try:
-            handle = await create_sandbox(spec, sandbox_id=sandbox_id_for(env.job.job_id, env.attempt),
-                                          owner=env.job.job_id, root_dir=ctx.services.get("sandbox_root"))
-        except SandboxSetupError as exc:  # the job's own environment recipe fails: not the service's fault
-            raise JobFailed(str(exc), failure="job") from exc
-        env.sandbox = handle
-        async with SandboxClient(handle.socket_path) as sb:
-            await self.prepare(env, sb)
+        await self.prepare(env, _sandbox(ctx, "init"))
 
     async def rollout(self, env: Envelope, ctx: TaskContext) -> Trajectory:
-        from rollstream.agent.loop import run_agent
-        from rollstream.agent.settings import AgentSettings
-        from rollstream.agent.tools import CallToolAdapter
-        from rollstream.sandboxes import SandboxClient
-        from rollstream.sandboxes.lifecycle import checked_handle
-
-        if not env.sandbox:
-            raise JobFailed("run stage got a job without a sandbox; init must create it", retryable=True)
+        sandbox = _sandbox(ctx, "run")
         job = env.job
+        messages, tools = self.prompt_messages(job.instance), self.tool_schemas(job.instance)
         if job.agent.get("harness"):  # the job brings its own agent: it talks to a door of ours
-            from rollstream.agent.harness import run_harness
-
-            return await run_harness(str(job.agent["harness"]), self.prompt_messages(job.instance),
-                                     self.tool_schemas(job.instance), env, ctx)
-        llm = ctx.service("llm")
-        settings = AgentSettings.model_validate({**job.agent, "sampling": job.sampling})
+            return await run_harness(str(job.agent["harness"]), messages, tools, env, ctx.services, sandbox)
+        llm = ctx.services.need_llm()
+        settings = agent_settings(job.agent, job.sampling)
         version_at_start = await llm.policy_version()
 
         async def cancelled() -> bool:
             return (await ctx.cancelled()) is not None
 
-        # Paths rebuilt from the id: a handle read from a stream is not trusted.
-        handle = checked_handle(env.sandbox, ctx.services.get("sandbox_root"))
-        async with SandboxClient(handle.socket_path) as sb:
-            tools = CallToolAdapter(sb, self.tool_schemas(job.instance))
-            session = llm.session(job.job_id, job.group_id, max_backend_attempts=settings.max_backend_attempts,
-                                  request_timeout_s=settings.request_timeout_s,
-                                  backend_wait_s=settings.backend_wait_s)
-            traj = await run_agent(self.prompt_messages(job.instance), tools, session, settings, llm.tokenizer,
-                                   cancelled=cancelled)
+        session = llm.session(job.job_id, job.group_id, max_backend_attempts=settings.max_backend_attempts,
+                              request_timeout_s=settings.request_timeout_s, backend_wait_s=settings.backend_wait_s)
+        traj = await run_agent(messages, CallToolAdapter(sandbox, tools), session, settings, llm.tokenizer,
+                               cancelled=cancelled)
         if traj.finish_reason == "cancelled":
             raise JobCancelled("cancelled during the agent loop")
         if traj.finish_reason == "error":  # no backend could serve the turn: try the job again
@@ -106,17 +80,10 @@ class AgentTask(Task):
         return traj
 
     async def score(self, env: Envelope, ctx: TaskContext) -> float:
-        from rollstream.sandboxes import SandboxClient
-        from rollstream.sandboxes.lifecycle import checked_handle
+        return float(await self.reward(env, _sandbox(ctx, "eval")))
 
-        if not env.sandbox:
-            raise JobFailed("eval stage got a job without a sandbox", retryable=True)
-        async with SandboxClient(checked_handle(env.sandbox, ctx.services.get("sandbox_root")).socket_path) as sb:
-            return float(await self.reward(env, sb))
 
-    async def teardown(self, env: Envelope, ctx: TaskContext) -> None:
-        from rollstream.sandboxes import destroy_sandbox
-        from rollstream.sandboxes.lifecycle import checked_handle
-
-        if env.sandbox:
-            await destroy_sandbox(checked_handle(env.sandbox, ctx.services.get("sandbox_root")))
+def _sandbox(ctx: TaskContext, stage: str) -> SandboxClient:
+    if ctx.sandbox is None:
+        raise JobFailed(f"{stage} stage got an agent job without a sandbox; init must create it", retryable=True)
+    return ctx.sandbox

@@ -10,6 +10,8 @@ from typing import Any, ClassVar
 
 from rollstream.errors import InvalidJob
 from rollstream.messages import Envelope
+from rollstream.sandbox_spec import SandboxLimits, SandboxSpec
+from rollstream.sandboxes.sandbox_client import SandboxClient
 from rollstream.tasks import eval_report
 from rollstream.tasks.agent_task import AgentTask
 
@@ -100,9 +102,7 @@ class ArithTask(AgentTask):
         if instance.get("op") not in OPS:
             raise InvalidJob(f"arith: op must be one of {sorted(OPS)}")
 
-    def sandbox_spec(self, instance: dict):
-        from rollstream.sandboxes import SandboxLimits, SandboxSpec
-
+    def sandbox_spec(self, instance: dict) -> SandboxSpec:
         return SandboxSpec(limits=SandboxLimits(memory_mb=512, cpu_time_s=60, default_timeout_s=10,
                                                 default_no_output_timeout_s=10, idle_timeout_s=600))
 
@@ -112,7 +112,7 @@ class ArithTask(AgentTask):
     def tool_schemas(self, instance: dict) -> list[dict]:
         return [BASH_SCHEMA]
 
-    async def reward(self, env: Envelope, sandbox: Any) -> float:
+    async def reward(self, env: Envelope, sandbox: SandboxClient) -> float:
         gold = expected(env.job.instance)
         submitted = eval_report.submitted_answer(env)
         if submitted is None:

@@ -1,15 +1,25 @@
-"""What a task is: how its sandbox is set up (init), how the agent runs (run), and how
-the result is scored (eval). Stage workers call these hooks; a task never sees a stream."""
+"""What a task is: the sandbox its jobs need, if any (``sandbox_spec``), and the hooks the
+stages call: ``setup`` (init), ``rollout`` (run), ``score`` (eval) and ``teardown`` (whichever
+stage the job leaves the node from). The stages own the sandbox's life: init creates it from
+the spec, run and eval connect to it and hand the hooks the connected client as
+``ctx.sandbox``, and the job's last stage on the node destroys it. A task never sees a stream."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable, ClassVar
+from typing import TYPE_CHECKING, Awaitable, Callable, ClassVar
 
 from rollstream.messages import Envelope
+from rollstream.sandbox_spec import SandboxSpec
 from rollstream.trajectory import Trajectory
+
+if TYPE_CHECKING:  # names for the fields' types only: importing a task must not load the HTTP clients
+    from rollstream.agent.backend_link import PooledVLLMClient
+    from rollstream.agent.gateway import Gateway
+    from rollstream.agent.llm_service import LLMService
+    from rollstream.sandboxes.sandbox_client import SandboxClient
 
 
 async def _never_cancelled() -> str | None:
@@ -17,37 +27,58 @@ async def _never_cancelled() -> str | None:
 
 
 @dataclass
+class ProcessServices:
+    """The services a worker process shares among its jobs' hooks: the LLM service that the run
+    stage starts, and for harness jobs the door server and the pooled link to the backends, made
+    on first use (agent/harness.py). Init and eval workers leave them empty."""
+
+    llm: LLMService | None = None
+    gateway: Gateway | None = None
+    backend_link: PooledVLLMClient | None = None
+
+    def need_llm(self) -> LLMService:
+        """The LLM service, or an error that says how to have one."""
+        if self.llm is None:
+            raise RuntimeError("this worker has no LLM service: only run workers start one "
+                               "(see 'rollstream worker --help')")
+        return self.llm
+
+    async def aclose(self) -> None:
+        for service in (self.gateway, self.backend_link, self.llm):
+            if service is not None:
+                await service.aclose()
+
+
+@dataclass
 class TaskContext:
-    """What a stage hands a task's hooks: where it runs and the shared services of its
-    worker process (sandbox factory, LLM session, ...), keyed by name."""
+    """What a stage hands a task's hooks: where it runs, the job's sandbox (connected by the
+    stage; None for a task without one) and the shared services of its worker process."""
 
     node: str
     work_dir: Path
     cancelled: Callable[[], Awaitable[str | None]] = _never_cancelled
-    services: dict[str, Any] = field(default_factory=dict)
-
-    def service(self, name: str) -> Any:
-        try:
-            return self.services[name]
-        except KeyError:
-            raise RuntimeError(f"this worker has no '{name}' service; start it with the options "
-                               f"that enable it (see 'rollstream worker --help')") from None
+    services: ProcessServices = field(default_factory=ProcessServices)
+    sandbox: SandboxClient | None = None
 
 
 class Task(ABC):
     """A family of task instances. Subclasses set ``name`` and implement the hooks.
 
-    ``setup`` may fill ``env.state`` and ``env.sandbox``; ``rollout`` returns the
-    trajectory; ``score`` returns the reward; ``teardown`` frees whatever setup made and is
-    called exactly when the job leaves the node (scored, cancelled, failed or restarted)."""
+    ``setup`` may fill ``env.state``; ``rollout`` returns the trajectory; ``score`` returns
+    the reward; ``teardown`` frees whatever ``setup`` made outside the sandbox and is called
+    exactly when the job leaves the node (scored, cancelled, failed or restarted)."""
 
     name: ClassVar[str]
 
     def validate(self, instance: dict) -> None:
         """Raise ``InvalidJob`` with a clear message if ``instance`` cannot run."""
 
-    @abstractmethod
-    async def setup(self, env: Envelope, ctx: TaskContext) -> None: ...
+    def sandbox_spec(self, instance: dict) -> SandboxSpec | None:
+        """The sandbox a job of this instance runs in, or None for a task that needs none."""
+        return None
+
+    async def setup(self, env: Envelope, ctx: TaskContext) -> None:
+        """Prepare the job on this node, once its sandbox (if any) runs."""
 
     @abstractmethod
     async def rollout(self, env: Envelope, ctx: TaskContext) -> Trajectory: ...
@@ -56,4 +87,5 @@ class Task(ABC):
     async def score(self, env: Envelope, ctx: TaskContext) -> float: ...
 
     async def teardown(self, env: Envelope, ctx: TaskContext) -> None:
-        """Free what ``setup`` made. Must be idempotent."""
+        """Free what ``setup`` made outside the sandbox (the stage destroys the sandbox). Must
+        be idempotent."""

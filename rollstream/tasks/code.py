@@ -20,6 +20,8 @@ from typing import Any, ClassVar
 
 from rollstream.errors import InvalidJob
 from rollstream.messages import Envelope
+from rollstream.sandbox_spec import SandboxSpec
+from rollstream.sandboxes.sandbox_client import SandboxClient
 from rollstream.tasks import eval_report
 from rollstream.tasks.agent_task import AgentTask
 
@@ -86,9 +88,7 @@ class CodeTask(AgentTask):
                 raise InvalidJob(f"code: {knob} must be a positive number")
         eval_report.check_eval_timeout(instance)
 
-    def sandbox_spec(self, instance: dict) -> Any:
-        from rollstream.sandboxes import SandboxSpec
-
+    def sandbox_spec(self, instance: dict) -> SandboxSpec:
         return SandboxSpec(files=dict(instance.get("files", {})))
 
     def prompt_messages(self, instance: dict) -> list[dict]:
@@ -99,12 +99,12 @@ class CodeTask(AgentTask):
             user += f"\n\nDefine the function `{instance['entry_point']}` in {solution_file}."
         return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
-    async def reward(self, env: Envelope, sandbox: Any) -> float:
+    async def reward(self, env: Envelope, sandbox: SandboxClient) -> float:
         limit_s = eval_report.eval_timeout_s(env.job.instance)
         # The in-sandbox limit fires first and reports; this one guards the call itself.
         return await eval_report.within_limit(env, limit_s + 15, lambda: self._run_tests(env, sandbox, limit_s))
 
-    async def _solution_source(self, env: Envelope, sandbox: Any, path: str) -> tuple[str | None, str]:
+    async def _solution_source(self, env: Envelope, sandbox: SandboxClient, path: str) -> tuple[str | None, str]:
         answer = eval_report.submitted_answer(env)
         if isinstance(answer, str) and answer.strip():
             code = extract_code(answer)
@@ -118,7 +118,7 @@ class CodeTask(AgentTask):
         code = extract_code(eval_report.response_text(env))
         return (code, "the last code block of the response") if code else (None, "")
 
-    async def _run_tests(self, env: Envelope, sandbox: Any, limit_s: float) -> float:
+    async def _run_tests(self, env: Envelope, sandbox: SandboxClient, limit_s: float) -> float:
         inst = env.job.instance
         solution_file = inst.get("solution_file", "solution.py")
         code, origin = await self._solution_source(env, sandbox, solution_file)

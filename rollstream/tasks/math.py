@@ -8,10 +8,12 @@ Instance: {"question": str, "answer": str, "tools"?: ["ipython"] | [], "eval_tim
 from __future__ import annotations
 
 import asyncio
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from rollstream.errors import InvalidJob
 from rollstream.messages import Envelope
+from rollstream.sandbox_spec import SandboxSpec
+from rollstream.sandboxes.sandbox_client import SandboxClient
 from rollstream.tasks import eval_report
 from rollstream.tasks.agent_task import AgentTask
 from rollstream.tasks.math_answers import MAX_ANSWER_CHARS, answers_match, extract_answer
@@ -45,9 +47,7 @@ class MathTask(AgentTask):
             raise InvalidJob(f"math: tools must be a list drawn from {sorted(_KNOWN_TOOLS)}, got {tools!r}")
         eval_report.check_eval_timeout(instance)
 
-    def sandbox_spec(self, instance: dict) -> Any:
-        from rollstream.sandboxes import SandboxSpec
-
+    def sandbox_spec(self, instance: dict) -> SandboxSpec:
         return SandboxSpec()
 
     def prompt_messages(self, instance: dict) -> list[dict]:
@@ -56,7 +56,7 @@ class MathTask(AgentTask):
         return [{"role": "system", "content": instance.get("system_prompt", SYSTEM_PROMPT) + hint},
                 {"role": "user", "content": str(instance["question"])}]
 
-    async def reward(self, env: Envelope, sandbox: Any) -> float:
+    async def reward(self, env: Envelope, sandbox: SandboxClient) -> float:
         return await self.grade(env)
 
     async def grade(self, env: Envelope) -> float:

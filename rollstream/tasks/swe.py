@@ -21,6 +21,9 @@ from typing import Any, ClassVar
 
 from rollstream.errors import InvalidJob
 from rollstream.messages import Envelope
+from rollstream.sandbox_spec import SandboxSpec
+from rollstream.sandboxes.env_images import ENV_PYTHON, env_variables
+from rollstream.sandboxes.sandbox_client import SandboxClient
 from rollstream.tasks import eval_report, swe_env, swe_records, swe_repos
 from rollstream.tasks.agent_task import AgentTask
 from rollstream.trajectory import Trajectory
@@ -98,13 +101,9 @@ class SweTask(AgentTask):
     def mirror(self, instance: dict) -> Path:
         return Path(instance["repo_mirror"]) if instance.get("repo_mirror") else swe_repos.default_mirror()
 
-    def sandbox_spec(self, instance: dict) -> Any:
-        from rollstream.sandboxes import SandboxSpec
-
+    def sandbox_spec(self, instance: dict) -> SandboxSpec:
         inst = swe_records.normalize(instance)
         if swe_env.recipe_fields(inst) is not None:
-            from rollstream.sandboxes.env_images import ENV_PYTHON, env_variables
-
             return SandboxSpec(image=swe_env.sandbox_image(inst), python=ENV_PYTHON,
                                env={**env_variables(), **DEFAULT_ENV, **inst.get("env", {})})
         return SandboxSpec(image=inst.get("image") or None, env={**DEFAULT_ENV, **inst.get("env", {})})
@@ -115,7 +114,7 @@ class SweTask(AgentTask):
         return [{"role": "system", "content": system}, {"role": "user", "content": instance["problem_statement"]}]
 
     # -- init --------------------------------------------------------------------------
-    async def prepare(self, env: Envelope, sandbox: Any) -> None:
+    async def prepare(self, env: Envelope, sandbox: SandboxClient) -> None:
         inst = swe_records.normalize(env.job.instance)
         if inst.get("repo_dir"):
             return await self._use_image_checkout(inst, sandbox)
@@ -135,7 +134,7 @@ class SweTask(AgentTask):
             raise swe_repos.MirrorError(f"could not check out {inst['repo']}@{inst['base_commit']} in the "
                                         f"sandbox: {result.output[-800:]}")
 
-    async def _use_image_checkout(self, inst: dict, sandbox: Any) -> None:
+    async def _use_image_checkout(self, inst: dict, sandbox: SandboxClient) -> None:
         """A published image (SWE-bench's /testbed) already holds the repository: check
         base_commit out there instead of cloning."""
         q = shlex.quote
@@ -149,14 +148,14 @@ class SweTask(AgentTask):
                                         f"{result.output[-800:]}")
 
     # -- eval --------------------------------------------------------------------------
-    async def reward(self, env: Envelope, sandbox: Any) -> float:
+    async def reward(self, env: Envelope, sandbox: SandboxClient) -> float:
         limit_s = eval_report.eval_timeout_s(env.job.instance, default=120.0)
         return await eval_report.within_limit(env, limit_s + 60, lambda: self._evaluate(env, sandbox, limit_s))
 
-    async def _sh(self, sandbox: Any, command: str, timeout_s: float = 60):
+    async def _sh(self, sandbox: SandboxClient, command: str, timeout_s: float = 60):
         return await sandbox.bash(command, timeout_s=timeout_s, no_output_timeout_s=0, session="rs-eval")
 
-    async def _evaluate(self, env: Envelope, sandbox: Any, limit_s: float) -> float:
+    async def _evaluate(self, env: Envelope, sandbox: SandboxClient, limit_s: float) -> float:
         inst = swe_records.normalize(env.job.instance)
         q = shlex.quote
         repo, base = self.repo_dir(inst, env.sandbox.workdir), inst["base_commit"]
@@ -190,7 +189,7 @@ class SweTask(AgentTask):
                                           "(did the agent edit the tests?)", output=applied.output)
         return await self._run_tests(env, sandbox, repo, limit_s)
 
-    async def _pytest(self, sandbox: Any, inst: dict, repo: str, limit_s: float, tests: list[str],
+    async def _pytest(self, sandbox: SandboxClient, inst: dict, repo: str, limit_s: float, tests: list[str],
                       prefix: str = "") -> tuple[Any, dict | None]:
         """One pytest run of `tests`; returns the bash result and the plugin's report (None if none)."""
         q = shlex.quote
@@ -207,7 +206,7 @@ class SweTask(AgentTask):
         except Exception:  # no report: pytest was killed, crashed or never started
             return result, None
 
-    async def _run_tests(self, env: Envelope, sandbox: Any, repo: str, limit_s: float) -> float:
+    async def _run_tests(self, env: Envelope, sandbox: SandboxClient, repo: str, limit_s: float) -> float:
         inst = swe_records.normalize(env.job.instance)
         fail_to_pass, pass_to_pass = test_ids(inst, "FAIL_TO_PASS"), test_ids(inst, "PASS_TO_PASS")
         tests = list(dict.fromkeys(fail_to_pass + pass_to_pass))

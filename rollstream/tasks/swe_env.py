@@ -13,6 +13,9 @@ from __future__ import annotations
 from pathlib import Path, PurePosixPath
 
 from rollstream.errors import InvalidJob
+from rollstream.sandboxes.env_images import DEFAULT_BASE_IMAGE, EnvRecipe, build_env_image
+from rollstream.sandboxes.images import deduplicate
+from rollstream.tasks import swe_records, swe_repos
 
 RECIPE_FIELDS = ("base_image", "python", "pre_install", "pip_packages", "install", "environment_setup_commit")
 # environment_setup_commit alone does not ask for a build: SWE-bench records always carry it.
@@ -54,13 +57,11 @@ def repo_dir(inst: dict, workdir: str = DEFAULT_WORKDIR) -> str:
     return str(PurePosixPath(workdir) / inst["repo"].split("/")[-1])
 
 
-def env_recipe(inst: dict, workdir: str = DEFAULT_WORKDIR):
+def env_recipe(inst: dict, workdir: str = DEFAULT_WORKDIR) -> EnvRecipe | None:
     """The EnvRecipe of a canonical record, or None."""
     fields = recipe_fields(inst)
     if fields is None:
         return None
-    from rollstream.sandboxes.env_images import DEFAULT_BASE_IMAGE, EnvRecipe
-
     install = fields.get("install", "python -m pip install -e .")
     if not isinstance(install, str):
         raise InvalidJob("swe: environment field install must be a shell command string")
@@ -90,9 +91,6 @@ def sandbox_image(inst: dict, workdir: str = DEFAULT_WORKDIR) -> str | None:
 def build_for_instances(instances: list[dict], mirror: Path, backends: tuple[str, ...],
                         images_dir: str | None = None, force: bool = False) -> list[dict]:
     """Build each distinct recipe of `instances` once; one summary dict per environment."""
-    from rollstream.sandboxes.env_images import build_env_image
-    from rollstream.tasks import swe_records, swe_repos
-
     seen: dict[str, dict] = {}
     exported = False  # a rootfs was (re)made: link its files with the others'
     for record in instances:
@@ -107,7 +105,5 @@ def build_for_instances(instances: list[dict], mirror: Path, backends: tuple[str
         seen[recipe.key()] = {**built.to_dict(), "instances": [inst["instance_id"]]}
         exported = exported or built.rootfs_made
     if exported:
-        from rollstream.sandboxes.images import deduplicate
-
         deduplicate(images_dir)
     return list(seen.values())

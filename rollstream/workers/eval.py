@@ -1,5 +1,6 @@
-"""The eval stage: scores the trajectory (often by running tests in the sandbox), tears
-the sandbox down, and delivers the result to the submitter's results stream."""
+"""The eval stage: connects to the job's sandbox, lets the task score the trajectory (often by
+running tests in it), destroys the sandbox and delivers the result to the submitter's results
+stream. Its workers also reap the node's sandboxes that no job wants any more."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import logging
 from rollstream.messages import Envelope, Result
 from rollstream.tasks.base import TaskContext
 from rollstream.tasks.registry import get_task
+from rollstream.workers.node_reaper import reap_node
 from rollstream.workers.stage import Stage, WorkerContext, completed_result
 
 log = logging.getLogger(__name__)
@@ -23,20 +25,19 @@ class EvalStage(Stage):
         return [asyncio.create_task(_reap_forever(self.ctx))]
 
     async def process(self, env: Envelope, tctx: TaskContext) -> Result:
-        task = get_task(env.job.task)
         try:
-            reward = float(await task.score(env, tctx))
+            async with self.ctx.sandboxes.connected(env) as sandbox:
+                tctx.sandbox = sandbox
+                reward = float(await get_task(env.job.task).score(env, tctx))
         finally:
-            await task.teardown(env, tctx)
+            await self.release(env)  # the job leaves the node: its task's teardown, then its sandbox
         return completed_result(env, reward)
 
 
 async def _reap_forever(ctx: WorkerContext) -> None:
-    from rollstream.workers.node_reaper import reap_node
-
     while True:
         await asyncio.sleep(ctx.settings.reap_interval_s)
         try:
-            await reap_node(ctx.redis, ctx.keys, ctx.node, ctx.services.get("sandbox_root"))
+            await reap_node(ctx.redis, ctx.keys, ctx.node, ctx.sandboxes.root)
         except Exception:  # a failed round is retried next interval
             log.exception("sandbox reaping failed")

@@ -18,7 +18,7 @@ from rollstream.workers.consumer import ConsumerLoop
 from rollstream.workers.eval import EvalStage
 from rollstream.workers.init import InitStage
 from rollstream.workers.run import RunStage
-from rollstream.workers.stage import Stage, WorkerContext
+from rollstream.workers.stage import WorkerContext
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ async def serve_stage(stage: str, settings: Settings, concurrency: int, *, consu
     await _wait_for_redis(ctx, settings)
     (settings.data_dir / "work").mkdir(parents=True, exist_ok=True)
     loop = ConsumerLoop(STAGES[stage](ctx), ctx, concurrency, consumer=consumer)
-    background = await _start_services(loop.stage, ctx, loop.consumer)
+    background = await loop.stage.start_services(loop.consumer)
     aloop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         aloop.add_signal_handler(sig, loop.stop)
@@ -55,28 +55,8 @@ async def serve_stage(stage: str, settings: Settings, concurrency: int, *, consu
         for task in background:
             task.cancel()
         await asyncio.gather(*background, return_exceptions=True)
-        if "llm" in ctx.services:
-            await ctx.services["llm"].aclose()
+        await ctx.services.aclose()
         await ctx.redis.aclose()
-
-
-async def _start_services(stage: Stage, ctx: WorkerContext, worker_id: str) -> list[asyncio.Task]:
-    """What every stage's tasks reach through ``ctx.service(name)``, then the stage's own
-    services and node duties (Stage.start_services)."""
-    settings = ctx.settings
-    ctx.services["sandbox_root"] = sandbox_root(settings)
-    ctx.services["sandbox_backend"] = settings.sandbox_backend
-    from rollstream.sandboxes.policy import OverridePolicy
-
-    ctx.services["sandbox_policy"] = OverridePolicy.from_settings(settings)
-    return await stage.start_services(worker_id)
-
-
-def sandbox_root(settings: Settings) -> str:
-    """This deployment's sandbox folder (see namespace_root_dir)."""
-    from rollstream.sandboxes.spec import namespace_root_dir
-
-    return namespace_root_dir(settings.namespace, settings.sandbox_root)
 
 
 async def _wait_for_redis(ctx: WorkerContext, settings: Settings) -> None:

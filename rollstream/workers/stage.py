@@ -1,5 +1,6 @@
 """What every stage worker shares: the Stage interface the consumer loop drives, the
-outcomes a stage returns, and the per-process context (Redis, names, services)."""
+outcomes a stage returns, and the per-process context (Redis, names, the node's sandboxes,
+the services the stage started)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -17,8 +17,9 @@ from rollstream.config import Settings
 from rollstream.messages import Envelope, FailureKind, Result
 from rollstream.pipeline.handoff import Handoff
 from rollstream.pipeline.keys import Keys
-from rollstream.tasks.base import TaskContext
+from rollstream.tasks.base import ProcessServices, TaskContext
 from rollstream.tasks.registry import get_task
+from rollstream.workers.node_sandboxes import NodeSandboxes
 
 
 @dataclass
@@ -34,11 +35,15 @@ class WorkerContext:
     redis: aioredis.Redis
     keys: Keys
     handoff: Handoff
-    services: dict[str, Any] = field(default_factory=dict)
+    services: ProcessServices = field(default_factory=ProcessServices)
 
     @property
     def node(self) -> str:
         return self.settings.node
+
+    @functools.cached_property
+    def sandboxes(self) -> NodeSandboxes:
+        return NodeSandboxes.from_settings(self.settings)
 
     def task_context(self, cancelled=None) -> TaskContext:
         ctx = TaskContext(node=self.settings.node, work_dir=self.work_dir, services=self.services)
@@ -124,9 +129,14 @@ class Stage(ABC):
     async def process(self, env: Envelope, tctx: TaskContext) -> Forward | Result: ...
 
     async def release(self, env: Envelope) -> None:
-        """Free what the job holds on this node (its sandbox): it is leaving the node."""
+        """Free what the job holds on this node: it is leaving the node. What its task's
+        ``setup`` made goes first (the task's ``teardown``), then its sandbox."""
         try:
             task = get_task(env.job.task)
-        except Exception:
-            return
-        await task.teardown(env, self.ctx.task_context())
+        except Exception:  # a task unknown here made nothing here; a sandbox it has still goes
+            task = None
+        try:
+            if task is not None:
+                await task.teardown(env, self.ctx.task_context())
+        finally:
+            await self.ctx.sandboxes.destroy(env)

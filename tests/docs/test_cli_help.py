@@ -58,10 +58,10 @@ def test_sandboxes_commands_look_in_the_folder_of_their_namespace(monkeypatch):
     monkeypatch.setenv("ROLLSTREAM_NAMESPACE", "docsns")
     from rollstream.config import load_settings
     from rollstream.sandboxes.spec import default_root_dir
-    from rollstream.workers.process import sandbox_root
+    from rollstream.workers.node_sandboxes import NodeSandboxes
 
     expected = f"{default_root_dir()}/docsns"
-    assert sandbox_root(load_settings()) == expected  # where the workers put them
+    assert NodeSandboxes.from_settings(load_settings()).root == expected  # where the workers put them
     text = " ".join(CliRunner().invoke(app, ["sandboxes", "forkserver"], terminal_width=300).output.split())
     assert f"in {expected}" in text
 

@@ -11,13 +11,11 @@ import asyncio
 import redis
 
 from rollstream.client import AsyncClient
-from rollstream.messages import Envelope
 from rollstream.pipeline import histograms
 from rollstream.pipeline.connection import async_redis
 from rollstream.pipeline.embedded import EmbeddedRedis
 from rollstream.pipeline.wire import FastRedis
-from rollstream.sandbox_spec import SandboxHandle
-from rollstream.tasks.base import TaskContext
+from rollstream.sandbox_spec import SandboxSpec
 from rollstream.tasks.echo import EchoTask
 from rollstream.tasks.registry import register_task
 
@@ -86,19 +84,17 @@ async def test_a_job_long_at_work_is_marked_running_and_every_stage_keeps_its_ti
 
 @register_task
 class _SandboxedEcho(EchoTask):
-    """Echo whose jobs hold a (pretend) sandbox from init to eval, so that init's
-    back-pressure on the node's live-sandbox set applies."""
+    """Echo whose jobs hold a sandbox (the cheapest: the unisolated local backend) from init
+    to eval, so that init's back-pressure on the node's live-sandbox set applies."""
 
     name = "test-sandboxed-echo"
 
-    async def setup(self, env: Envelope, ctx: TaskContext) -> None:
-        await super().setup(env, ctx)
-        env.sandbox = SandboxHandle(id=f"sbx-{env.job.job_id}", backend="none", socket_path="", supervisor_pid=0,
-                                    workdir="/workspace")
+    def sandbox_spec(self, instance: dict) -> SandboxSpec:
+        return SandboxSpec(backend="local", allow_unisolated=True)
 
 
-async def test_init_back_pressure_holds_the_node_sandbox_limit(settings):
-    limited = settings.model_copy(update={"max_sandboxes_per_node": 3})
+async def test_init_back_pressure_holds_the_node_sandbox_limit(settings, sandbox_root):
+    limited = settings.model_copy(update={"max_sandboxes_per_node": 3, "sandbox_root": sandbox_root})
     tasks = await serve_all(limited, concurrency=16)
     peak = 0
     try:

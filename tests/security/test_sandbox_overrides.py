@@ -16,6 +16,8 @@ from rollstream.sandboxes import SandboxSpec
 from rollstream.sandboxes.policy import OverridePolicy, SandboxOverrideRefused
 from rollstream.tasks.agent_task import AgentTask
 from rollstream.tasks.base import TaskContext
+from rollstream.workers.init import set_up
+from rollstream.workers.node_sandboxes import NodeSandboxes
 
 from sandboxes.conftest import needs_bwrap, root_dir  # noqa: F401  (fixture)
 
@@ -99,10 +101,10 @@ class _ShellTask(AgentTask):
 @needs_bwrap
 async def test_a_job_asking_for_the_local_backend_runs_nothing_on_the_host(root_dir, tmp_path):
     marker = f"/tmp/rs-pwned-{uuid.uuid4().hex}"
-    ctx = TaskContext(node="n", work_dir=tmp_path, services={"sandbox_root": root_dir})
+    ctx = TaskContext(node="n", work_dir=tmp_path)
     job = Job(task="security-overrides", sandbox={"backend": "local", "allow_unisolated": True,
                                                   "setup_commands": [f"touch {marker}"]})
     env = Envelope(job=job)
     with pytest.raises(SandboxOverrideRefused):
-        await _ShellTask().setup(env, ctx)
+        await set_up(_ShellTask(), env, ctx, NodeSandboxes(root=str(root_dir)))
     assert not os.path.exists(marker) and env.sandbox is None

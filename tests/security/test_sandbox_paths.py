@@ -15,10 +15,12 @@ from rollstream.sandboxes import SandboxSpec, create_sandbox, destroy_sandbox
 from rollstream.sandboxes.backends.base import SandboxLayout
 from rollstream.sandboxes.errors import SandboxError
 from rollstream.sandboxes.paths import PathEscape, sandbox_id_for
-from rollstream.sandboxes.spec import SANDBOX_ID_PATTERN
+from rollstream.sandbox_spec import SANDBOX_ID_PATTERN, SandboxHandle
 from rollstream.tasks.agent_task import AgentTask
 from rollstream.tasks.base import TaskContext
 from rollstream.tasks.echo import EchoTask
+from rollstream.workers.init import set_up
+from rollstream.workers.node_sandboxes import NodeSandboxes
 
 from sandboxes.conftest import needs_bwrap, root_dir  # noqa: F401  (fixture)
 from sandboxes.test_hostile_input import outside as victim  # noqa: F401  (fixture: a host folder no job may touch)
@@ -82,30 +84,31 @@ class _ShellTask(AgentTask):
 
 @needs_bwrap
 async def test_jobs_whose_ids_share_forty_characters_get_their_own_sandboxes(root_dir):
-    ctx = TaskContext(node="n", work_dir=root_dir, services={"sandbox_root": root_dir})
-    task = _ShellTask()
+    ctx = TaskContext(node="n", work_dir=root_dir)
+    sandboxes = NodeSandboxes(root=str(root_dir))
     envs = [raw_envelope(job_id) for job_id in SHARED_PREFIX[:2]]
     try:
         for env in envs:
-            await task.setup(env, ctx)  # the second failed with "already exists" on a prefix cut
+            await set_up(_ShellTask(), env, ctx, sandboxes)  # the second failed with "already exists" on a prefix cut
         assert len({env.sandbox.id for env in envs}) == 2
     finally:
         for env in envs:
-            await task.teardown(env, ctx)
+            await sandboxes.destroy(env)
     assert [name for name in os.listdir(root_dir) if not name.startswith(".")] == []
 
 
 @needs_bwrap
 async def test_a_forged_sandbox_handle_never_points_teardown_or_tools_at_a_host_path(root_dir, victim):
     handle = await create_sandbox(SandboxSpec(backend="bwrap"), sandbox_id="forged", root_dir=root_dir)
-    ctx = TaskContext(node="n", work_dir=root_dir, services={"sandbox_root": root_dir})
+    sandboxes = NodeSandboxes(root=str(root_dir))
     try:
         for forged in ({"dir": victim}, {"socket_path": "/tmp/redis.sock"}, {"id": "../" + os.path.basename(victim)}):
-            env = raw_envelope("j1", sandbox={**handle.model_dump(mode="json"), **forged})
+            env = raw_envelope("j1", sandbox=SandboxHandle.model_validate({**handle.model_dump(), **forged}))
             with pytest.raises(SandboxError, match="refus"):
-                await _ShellTask().teardown(env, ctx)
+                await sandboxes.destroy(env)  # what the stage a job leaves the node from does
             with pytest.raises(SandboxError, match="refus"):
-                await _ShellTask().score(env, ctx)
+                async with sandboxes.connected(env):  # what run and eval do before the task's hooks
+                    pass
         assert os.listdir(victim) == ["secret.txt"]
         assert os.path.exists(handle.socket_path)  # the real sandbox was not touched either
     finally:

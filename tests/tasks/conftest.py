@@ -1,63 +1,78 @@
 """Fixtures for the task tests: run a task's init and eval hooks on a real bubblewrap
-sandbox without an LLM, standing in for the run stage with a given trajectory."""
+sandbox without an LLM, as the stages run them (the sandbox made by init's set-up, connected
+for eval, destroyed when the job leaves), standing in for the run stage with a given trajectory."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from rollstream.messages import Envelope, Job
 from rollstream.sandboxes.backends.bwrap import BwrapBackend
+from rollstream.sandboxes.sandbox_client import SandboxClient
 from rollstream.tasks.base import Task, TaskContext
 from rollstream.trajectory import Trajectory
+from rollstream.workers.init import set_up
+from rollstream.workers.node_sandboxes import NodeSandboxes
 
 needs_bwrap = pytest.mark.skipif(not BwrapBackend().available(), reason="bubblewrap (bwrap) is not usable here")
 
 
 @pytest.fixture
-def task_ctx(sandbox_root, tmp_path) -> TaskContext:
-    return TaskContext(node="n", work_dir=tmp_path / "work", services={"sandbox_root": sandbox_root})
+def task_ctx(tmp_path) -> TaskContext:
+    return TaskContext(node="n", work_dir=tmp_path / "work")
+
+
+@pytest.fixture
+def node_sandboxes(sandbox_root) -> NodeSandboxes:
+    return NodeSandboxes(root=str(sandbox_root))
 
 
 class Episode:
-    """One job through a task's hooks: ``await ep.setup()``, act on ``ep.sandbox()``,
-    ``await ep.score(answer=...)``; teardown always runs at the end of the test."""
+    """One job through the stages' hands on a task, without Redis or an LLM: ``await
+    ep.setup()`` as init does it (the sandbox included), act on ``ep.client()``, ``await
+    ep.score(answer=...)`` as eval scores; the job leaves the node at the end of the test."""
 
-    def __init__(self, task: Task, instance: dict, ctx: TaskContext):
+    def __init__(self, task: Task, instance: dict, ctx: TaskContext, sandboxes: NodeSandboxes):
         self.task = task
         self.ctx = ctx
+        self.sandboxes = sandboxes
         self.env = Envelope(job=Job(task=task.name, instance=instance))
 
     async def setup(self) -> "Episode":
         self.task.validate(self.env.job.instance)
-        await self.task.setup(self.env, self.ctx)
+        await set_up(self.task, self.env, self.ctx, self.sandboxes)
         return self
 
-    def client(self):
-        from rollstream.sandboxes import SandboxClient
-
+    def client(self) -> SandboxClient:
         return SandboxClient(self.env.sandbox.socket_path)
 
     async def score(self, answer=None, response_text: str = "") -> float:
         extra = {} if answer is None else {"answer": answer}
         self.env.trajectory = Trajectory(extra=extra, response_text=response_text)
-        return await self.task.score(self.env, self.ctx)
+        async with self.sandboxes.connected(self.env) as sandbox:
+            self.ctx.sandbox = sandbox
+            return await self.task.score(self.env, self.ctx)
 
     @property
     def reason(self) -> str:
         return self.env.trajectory.extra["eval"]["reason"]
 
     async def teardown(self) -> None:
-        await self.task.teardown(self.env, self.ctx)
+        try:
+            await self.task.teardown(self.env, self.ctx)
+        finally:
+            await self.sandboxes.destroy(self.env)
 
 
 @pytest.fixture
-async def episode(task_ctx):
+async def episode(task_ctx, node_sandboxes):
     made: list[Episode] = []
 
-    async def make(task: Task, instance: dict) -> Episode:
-        ep = Episode(task, instance, task_ctx)
+    async def make(task: Task, instance: dict, backend: str = "auto") -> Episode:
+        ep = Episode(task, instance, task_ctx, replace(node_sandboxes, backend=backend))
         made.append(ep)
         return await ep.setup()
 

@@ -59,12 +59,11 @@ def _cases():
 
 
 @pytest.mark.parametrize("backend, instance", list(_cases()))
-async def test_gold_scores_one_and_empty_scores_zero(episode, task_ctx, backend, instance, tmp_path):
+async def test_gold_scores_one_and_empty_scores_zero(episode, backend, instance, tmp_path):
     why_not = _runnable(backend, instance)
     if why_not:
         pytest.fail(why_not)  # scripts/test builds them (scripts/install-podman)
-    task_ctx.services["sandbox_backend"] = backend
-    ep = await episode(SweTask(), {**instance, "repo_mirror": str(tmp_path / "mirror")})
+    ep = await episode(SweTask(), {**instance, "repo_mirror": str(tmp_path / "mirror")}, backend=backend)
     assert ep.env.sandbox.backend == backend
     await apply_in_sandbox(ep, instance["patch"])
     assert await ep.score() == 1.0, ep.env.trajectory.extra["eval"]
@@ -82,15 +81,14 @@ async def test_gold_scores_one_and_empty_scores_zero(episode, task_ctx, backend,
     assert ep.env.trajectory.extra["model_patch"] == ""
 
 
-async def test_autoload_turned_off_by_the_instance_falls_back_when_the_project_needs_a_plugin(episode, task_ctx, tmp_path):
+async def test_autoload_turned_off_by_the_instance_falls_back_when_the_project_needs_a_plugin(episode, tmp_path):
     # async-timeout's setup.cfg passes --cov: without pytest-cov loaded pytest stops with a usage error.
     instance = next(i for i in PYPI_INSTANCES if i["repo"] == "pypi/async_timeout")
     why_not = _runnable("bwrap", instance)
     if why_not:
         pytest.fail(why_not)  # scripts/test builds them (scripts/install-podman)
-    task_ctx.services["sandbox_backend"] = "bwrap"
     ep = await episode(SweTask(), {**instance, "repo_mirror": str(tmp_path / "mirror"),
-                                   "env": {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}})
+                                   "env": {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}}, backend="bwrap")
     await apply_in_sandbox(ep, instance["patch"])
     assert await ep.score() == 1.0, ep.env.trajectory.extra["eval"]
     assert "usage error" in ep.reason and "plugin autoload on" in ep.reason

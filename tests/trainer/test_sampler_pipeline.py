@@ -16,7 +16,7 @@ import pytest
 from rollstream.client import AsyncClient
 from rollstream.config import Settings
 from rollstream.messages import Envelope
-from rollstream.sandboxes import SandboxSpec, create_sandbox, destroy_sandbox
+from rollstream.sandboxes import SandboxSpec
 from rollstream.tasks.base import Task, TaskContext
 from rollstream.tasks.registry import register_task
 from rollstream.trainer.sampler import DynamicSampler, SamplerConfig
@@ -30,16 +30,16 @@ SUPERVISORS: dict[str, int] = {}  # job id -> sandbox supervisor pid, filled by 
 
 @register_task
 class SandboxedLotteryTask(Task):
-    """Each job holds a sandbox from init to teardown; its rollout lasts `run_s`; its reward
-    is drawn from the job id, so the members of a group (almost surely) differ."""
+    """Each job holds a sandbox from init until it leaves the node; its rollout lasts `run_s`;
+    its reward is drawn from the job id, so the members of a group (almost surely) differ."""
 
     name = "trainer-sandboxed-lottery"
 
+    def sandbox_spec(self, instance: dict) -> SandboxSpec:
+        return SandboxSpec(backend=instance.get("backend", "auto"), allow_unisolated=True)
+
     async def setup(self, env: Envelope, ctx: TaskContext) -> None:
-        spec = SandboxSpec(backend=env.job.instance.get("backend", "auto"), allow_unisolated=True)
-        handle = await create_sandbox(spec, sandbox_id=f"sb{env.job.job_id[:12]}", root_dir=env.job.instance["root"])
-        env.sandbox = handle
-        SUPERVISORS[env.job.job_id] = handle.supervisor_pid
+        SUPERVISORS[env.job.job_id] = env.sandbox.supervisor_pid
 
     async def rollout(self, env: Envelope, ctx: TaskContext) -> Trajectory:
         await asyncio.sleep(float(env.job.instance["run_s"]))
@@ -47,10 +47,6 @@ class SandboxedLotteryTask(Task):
 
     async def score(self, env: Envelope, ctx: TaskContext) -> float:
         return (int(env.job.job_id, 16) % 1000) / 1000
-
-    async def teardown(self, env: Envelope, ctx: TaskContext) -> None:
-        if env.sandbox:
-            await destroy_sandbox(env.sandbox)
 
 
 @contextlib.asynccontextmanager
@@ -83,8 +79,9 @@ def sandbox_root():
 async def test_full_batch_cancels_redundant_jobs_in_redis_and_their_sandboxes_are_gone(settings, sandbox_root):
     root = sandbox_root
     backend = "auto" if os.path.exists("/usr/bin/bwrap") else "local"
-    fast = [{"run_s": 0.1, "root": str(root), "backend": backend}] * 3
-    slow = [{"run_s": 60, "root": str(root), "backend": backend}] * 4
+    settings = settings.model_copy(update={"sandbox_root": root})  # the workers' sandboxes, in the test's folder
+    fast = [{"run_s": 0.1, "backend": backend}] * 3
+    slow = [{"run_s": 60, "backend": backend}] * 4
     config = SamplerConfig(groups_per_batch=2, group_size=2, max_in_flight_groups=7, initial_keep_rate=0.2,
                            result_timeout_s=60)
     async with AsyncClient(settings=settings, submitter="trainer-test") as client, _workers(settings):
@@ -112,7 +109,7 @@ async def test_full_batch_cancels_redundant_jobs_in_redis_and_their_sandboxes_ar
         # ... and no sandbox (folder or supervisor process) is left behind once the
         # stages have finished with the cancelled jobs
         for _ in range(300):
-            leftovers = list(root.glob("sb*")) if root.exists() else []
+            leftovers = [p for p in root.iterdir() if not p.name.startswith(".")] if root.exists() else []
             if not leftovers:
                 break
             await asyncio.sleep(0.1)

@@ -1,7 +1,7 @@
 """The LLM service of a run-worker process: the Redis balancer (which backend), the
 token-in/token-out client (how to ask it), the tokenizer of the served model, a health
-checker that ejects and readmits backends, and lease keep-alive. Tasks reach it as
-``ctx.service("llm")``."""
+checker that ejects and readmits backends, and lease keep-alive. The run stage starts it;
+tasks reach it as ``ctx.services.need_llm()`` (tasks/base.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from rollstream.agent.session import LLMSession
 from rollstream.config import Settings
 from rollstream.llm.client import make_client
 from rollstream.pipeline.balancer import Balancer, HealthChecker
@@ -43,9 +44,7 @@ class LLMService:
         return self._tokenizer
 
     def session(self, job_id: str, group_id: str | None, *, max_backend_attempts: int = 3,
-                request_timeout_s: float = 600.0, backend_wait_s: float = 120.0):
-        from rollstream.agent.session import LLMSession
-
+                request_timeout_s: float = 600.0, backend_wait_s: float = 120.0) -> LLMSession:
         return LLMSession(self.client, job_id, group_id, balancer=self.balancer,
                           max_backend_attempts=max_backend_attempts, request_timeout_s=request_timeout_s,
                           backend_wait_s=backend_wait_s)

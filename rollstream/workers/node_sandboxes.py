@@ -1,0 +1,52 @@
+"""How the stages reach the sandboxes of this node: init creates a job's sandbox here
+(workers/init.py), run and eval connect to it, and the stage a job leaves the node from destroys
+it. A handle read from a stream is never trusted: its paths are rebuilt from its id."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from rollstream.config import Settings
+from rollstream.messages import Envelope
+from rollstream.sandbox_spec import SandboxHandle
+from rollstream.sandboxes.lifecycle import checked_handle, destroy_sandbox
+from rollstream.sandboxes.policy import OverridePolicy
+from rollstream.sandboxes.sandbox_client import SandboxClient
+from rollstream.sandboxes.spec import namespace_root_dir
+
+
+@dataclass(frozen=True)
+class NodeSandboxes:
+    """Where this node keeps its jobs' sandboxes (``root``), the backend for task specs that
+    leave it to the node, and the operator's policy over what a job's overrides may change."""
+
+    root: str
+    backend: str = "auto"
+    policy: OverridePolicy = field(default_factory=OverridePolicy)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> NodeSandboxes:
+        return cls(namespace_root_dir(settings.namespace, settings.sandbox_root), settings.sandbox_backend,
+                   OverridePolicy.from_settings(settings))
+
+    def handle(self, env: Envelope) -> SandboxHandle | None:
+        """The job's sandbox, its folder and socket rebuilt from its id under ``root``."""
+        return checked_handle(env.sandbox, self.root) if env.sandbox is not None else None
+
+    @asynccontextmanager
+    async def connected(self, env: Envelope) -> AsyncIterator[SandboxClient | None]:
+        """A client connected to the job's sandbox for the duration, or None if it has none."""
+        handle = self.handle(env)
+        if handle is None:
+            yield None
+            return
+        async with SandboxClient(handle.socket_path) as client:
+            yield client
+
+    async def destroy(self, env: Envelope) -> None:
+        """Stop the job's sandbox and remove its folder; idempotent."""
+        handle = self.handle(env)
+        if handle is not None:
+            await destroy_sandbox(handle)

@@ -38,7 +38,7 @@ class LLMService:
             if not self.settings.model_dir:
                 raise RuntimeError("run workers need the served model's tokenizer: pass --model-dir DIR or set "
                                    "ROLLSTREAM_MODEL_DIR (a folder with tokenizer files, e.g. a Qwen3 checkpoint)")
-            from transformers import AutoTokenizer
+            from transformers import AutoTokenizer  # heavy: loaded by run workers only, on first use
 
             self._tokenizer = AutoTokenizer.from_pretrained(str(self.settings.model_dir))
         return self._tokenizer

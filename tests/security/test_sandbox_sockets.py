@@ -4,6 +4,8 @@ before could reach. The socket's folder is now rebuilt inside without its socket
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import shutil
 import socket
@@ -12,6 +14,7 @@ import tempfile
 import pytest
 
 from rollstream.sandboxes import SandboxClient, SandboxSpec, create_sandbox, destroy_sandbox
+from rollstream.sandboxes.runtime.supervisor import Supervisor
 
 from sandboxes.conftest import needs_bwrap, root_dir  # noqa: F401  (fixture)
 
@@ -71,5 +74,39 @@ async def test_a_socket_recreated_after_the_sandbox_started_stays_unreachable(ro
                 again.close()
             # The folder's other entries stay visible inside.
             assert (await sb.bash(f"cat {folder}/appendonly.aof")).output == "data\n"
+    finally:
+        await destroy_sandbox(handle)
+
+
+class _VanishingOnFirstSpawn:
+    """A spawner that removes a host folder right before bwrap's first start: the folder was
+    there when the masks were checked, and is gone when bwrap mounts over it."""
+
+    def __init__(self, spawner, folder: str, listener: socket.socket):
+        self.spawner, self.folder, self.listener, self.starts = spawner, folder, listener, 0
+
+    def __call__(self, function):
+        self.starts += 1
+        if self.starts == 1:
+            self.listener.close()
+            shutil.rmtree(self.folder)
+        return self.spawner(function)
+
+
+async def test_a_shell_starts_when_a_masked_folder_vanishes_before_bwrap_mounts_it(root_dir, service_folder):
+    folder, listener = service_folder
+    handle = await create_sandbox(SandboxSpec(backend="bwrap"), sandbox_id="sockvanish", root_dir=root_dir)
+    try:
+        with open(os.path.join(handle.dir, "plan.json")) as file:
+            plan = json.load(file)
+        assert folder in plan["bash_argv"], "the plan masks the service's folder"
+        supervisor = Supervisor(plan)
+        supervisor.spawner = racing = _VanishingOnFirstSpawn(supervisor.spawner, folder, listener)
+        shell = await asyncio.to_thread(supervisor.session, "racing")
+        try:
+            assert racing.starts == 2  # bwrap failed on the vanished folder once; planned again
+            assert shell.alive
+        finally:
+            shell.close()
     finally:
         await destroy_sandbox(handle)

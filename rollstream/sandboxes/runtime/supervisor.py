@@ -116,8 +116,18 @@ class Supervisor:
                     f"this sandbox already has {MAX_SESSIONS} bash sessions; reuse one or close "
                     "one with close_session"
                 )
-            created = BashSession(
-                self._sandbox_argv(self.plan["bash_argv"]),
+            created = self._started_shell()
+            self.sessions[name] = created
+            return created
+
+    def _started_shell(self) -> BashSession:
+        """A started bash. The host paths the plan masks are checked just before bwrap runs,
+        but one can still vanish before bwrap mounts over it (another service stopping right
+        then) and bwrap fails: then the masks are planned again and the start retried."""
+        for attempt in range(_MASK_RACE_RETRIES + 1):
+            masked = without_vanished_masks(self.plan["bash_argv"])
+            shell = BashSession(
+                self._as_sandbox_user(masked),
                 self.plan["spawn_env"],
                 self.plan["spawn_cwd"],
                 self._rlimits(),
@@ -125,13 +135,20 @@ class Supervisor:
                 spawner=self.spawner,
                 cgroup_procs=self._cgroup_procs(),
             )
-            created.start()
-            self.sessions[name] = created
-            return created
+            try:
+                shell.start()
+                return shell
+            except RuntimeError:
+                if attempt == _MASK_RACE_RETRIES or without_vanished_masks(self.plan["bash_argv"]) == masked:
+                    raise
+        raise AssertionError("unreachable")
 
     def _sandbox_argv(self, argv: list[str]) -> list[str]:
-        """How to start a sandboxed process: under the sandbox's own host uid where we are root."""
-        argv = without_vanished_masks(argv)
+        """How to start a sandboxed process: without masks of host paths gone since the plan,
+        under the sandbox's own host uid where we are root."""
+        return self._as_sandbox_user(without_vanished_masks(argv))
+
+    def _as_sandbox_user(self, argv: list[str]) -> list[str]:
         return self.identity.wrap(argv, os.path.join(self.dir, "stage")) if self.identity else argv
 
     def _rlimits(self) -> dict[str, int]:
@@ -453,6 +470,9 @@ def without_vanished_masks(argv: list[str]) -> list[str]:
         result += [option, *values]
     return result + command
 
+
+# Starts of a shell retried when a masked host path vanished during the first.
+_MASK_RACE_RETRIES = 2
 
 # Fresh folders every bwrap sandbox gets, whether or not the host has them.
 _STANDARD_TMPFS = ("/root", "/home", "/run", "/tmp")

@@ -8,9 +8,10 @@ termios and window size on the pty (so `stty echo`, `stty sane`, raw mode or `st
 never show the framing or reach the next command), the wrapper hands `$?` and `$_` of the
 previous command to the next one, and interrupts signal the pty's foreground process group
 (SIGINT, then SIGKILL, then a new shell) rather than type a Ctrl-C byte that `stty -isig`
-or raw mode would turn into input. Behind a pty the supervisor does not own (`docker exec
--t` makes its own inside the container) the shell restores the modes itself with `stty`
-before each prompt, and Ctrl-C is typed.
+or raw mode would turn into input. An interactive bash the agent starts inside the shell
+gets the same setup, and its `exit` goes back to the outer shell. Behind a pty the
+supervisor does not own (`docker exec -t` makes its own inside the container) the shell
+restores the modes itself with `stty` before each prompt, and Ctrl-C is typed.
 """
 
 from __future__ import annotations
@@ -29,17 +30,34 @@ import time
 import ptyprocess
 
 if __package__:
-    from .bash_framing import ansi_c_quote, encode_command
+    from .bash_framing import (
+        MARKER_PAYLOAD,
+        SETUP,
+        ansi_c_quote,
+        encode_command,
+        strip_trace,
+    )
 else:  # python -S supervisor.py: sibling modules are top-level
-    from bash_framing import ansi_c_quote, encode_command
+    from bash_framing import (
+        MARKER_PAYLOAD,
+        SETUP,
+        ansi_c_quote,
+        encode_command,
+        strip_trace,
+    )
 
 
 _STARTUP_TIMEOUT_S = 15.0
-# While a command that may `exec` runs quiet: how often to look whether a new bash, which
-# prints no marker, has replaced the shell.
+# While a command that may `exec` or start `bash` runs quiet: how often to look whether a
+# new bash, which prints no marker, has replaced the shell or runs inside it.
 _EXEC_POLL_S = 0.2
 _DIMENSIONS = (50, 250)
 _WINSIZE = struct.pack("HHHH", *_DIMENSIONS, 0, 0)  # struct winsize
+# A buffer for the kernel's struct termios (36 bytes on x86-64): one ioctl and a bytes
+# comparison per command, where tcgetattr builds a list of 32 objects.
+_TERMIOS_BUFFER = bytes(64)
+# bash options that take the next argument: `bash -o vi` is interactive, `bash FILE` is not.
+_BASH_OPTIONS_WITH_ARGUMENT = {b"--rcfile", b"--init-file", b"-o", b"+o", b"-O", b"+O"}
 # Control characters of a fresh Linux tty (INIT_C_CC): an agent's `stty eol x` must not turn
 # a byte of the next command into a line end.
 _DEFAULT_CC = {
@@ -64,6 +82,31 @@ def tool_modes(attributes: list) -> list:
     for index, value in _DEFAULT_CC.items():
         cc[index] = value if isinstance(cc[index], int) else bytes([value])
     return [iflag, oflag, cflag, lflag, ispeed, ospeed, cc]
+
+
+def interactive_bash(cmdline: bytes) -> bool:
+    """Whether a process's /proc cmdline is an interactive bash: no `-c`, and no script
+    argument unless `-i` or `-s` (bash's own rule, given that its stdin is a terminal)."""
+    argv = cmdline.split(b"\0")
+    if os.path.basename(argv[0]).lstrip(b"-") != b"bash":
+        return False
+    forced = False
+    index = 1
+    while index < len(argv) and argv[index]:
+        word = argv[index]
+        if word == b"--":
+            return forced or index + 1 >= len(argv) or not argv[index + 1]
+        if word in _BASH_OPTIONS_WITH_ARGUMENT:
+            index += 2
+            continue
+        if word[:1] in (b"-", b"+") and len(word) > 1 and not word.startswith(b"--"):
+            if word[:1] == b"-" and b"c" in word:
+                return False
+            forced = forced or b"i" in word or b"s" in word
+        elif not word.startswith(b"--"):
+            return forced  # a script file
+        index += 1
+    return True
 
 
 class OutputCollector:
@@ -194,16 +237,23 @@ class BashSession:
         self.process: ptyprocess.PtyProcess | None = None
         self.number = 0
         self.token = os.urandom(6).hex().encode()
-        # ":r": the shell is being replaced by a new bash (errexit, see _setup_line).
-        self.marker = re.compile(rb"\x1eRS" + self.token + rb":(\d+):(\d+):([a-zA-Z]*)(:r)?\x1e")
-        # The termios put back after each command; None behind a pty of someone else's
-        # (docker exec -t), where the shell restores its modes itself.
+        # Its payload: bash_framing.MARKER_PAYLOAD (or "N:STATUS:r:FLAGS" where the shell is
+        # being replaced by a new bash, errexit: see _setup_line).
+        self.marker = re.compile(rb"\x1eRS" + self.token + rb":([^\x1e]{0,400})\x1e")
+        # The termios put back after each command (and as the kernel's bytes); None behind
+        # a pty of someone else's (docker exec -t), where the shell restores its modes itself.
         self.modes: list | None = None
+        self.modes_bytes = b""
         self.shell: tuple[int, bytes] | None = None  # its process group and command line
         self.foreign: bool | None = None
         self.replaced = False
-        self.xtrace = False
+        self.xtrace = False  # the agent's `set -x` is in effect
+        self.xtrace_on = False  # ... and still on in the shell (PROMPT_COMMAND saw it)
         self.last_status = 0
+        # An interactive bash the agent started inside the shell: for each shell below it,
+        # the number of the command that started it (its marker comes when the inner exits)
+        # and its process group and command line.
+        self.outer: list[tuple[int, tuple[int, bytes] | None]] = []
 
     # -- lifecycle -------------------------------------------------------------------
     def _preexec(self) -> None:
@@ -217,16 +267,13 @@ class BashSession:
             limit = getattr(resource, name)
             resource.setrlimit(limit, (value, value))
 
-    def _marker_printf(self, status: str, output: str, suffix: str = "") -> str:
-        """A printf of the marker (one simple command: a DEBUG trap sees each), with the
-        exit status and the shell's options (`$-`: was xtrace on?), to `output`."""
-        return (
-            f"\\builtin printf '\\036RS%s:%s:%s:%s{suffix}\\036' {self.token.decode()} \"${{__rs_n-}}\" "
-            f"\"{status}\" \"${{__rs_t-}}\" {output}"
-        )
+    def _marker_printf(self, payload: str, output: str) -> str:
+        """A printf of the marker with `payload` (one word: each argument costs bash a few
+        microseconds) to `output`; one simple command, which a DEBUG trap sees."""
+        return f"\\builtin printf '\\036RS{self.token.decode()}:%s\\036' {payload} {output}"
 
     def _setup_line(self, output: str) -> str:
-        """Prompt and traps of a new shell (`__rs_pre`, `__rs_st`, `__rs_la`: encode_command).
+        """Prompt and traps of a new shell (its variables: bash_framing.SETUP).
 
         The marker goes to bash's own descriptor of the terminal (255, close-on-exec) or
         /dev/tty, so that an agent's `exec >file` does not swallow it. Behind a pty of
@@ -241,13 +288,13 @@ class BashSession:
             rows, cols = _DIMENSIONS
             prompt = (
                 f"__rs_x=$?; \\command stty sane -echo -onlcr -ixon rows {rows} cols {cols} 2>/dev/null; "
-                + self._marker_printf("${__rs_st:-$__rs_x}", output)
+                + self._marker_printf(MARKER_PAYLOAD.replace("$?", "$__rs_x"), output)
             )
         else:
-            prompt = self._marker_printf("${__rs_st:-$?}", output)  # bash restores `$?` after
+            prompt = self._marker_printf(MARKER_PAYLOAD, output)  # bash restores `$?` after
         on_exit = (
             "__rs_x=$?; if [[ $- == *e* ]]; then "
-            + self._marker_printf("${__rs_st:-$__rs_x}", output, ":r")
+            + self._marker_printf('"$__rs_n:$__rs_x:r:$-"', output)
             + "; \\builtin declare -fx $(\\builtin compgen -A function) 2>/dev/null; "
             '\\builtin exec "${BASH:-bash}" --noediting --noprofile --norc -i; fi'
         )
@@ -268,23 +315,25 @@ class BashSession:
             )
         )
         self.modes = None
+        self.modes_bytes = b""
         self.foreign = None
+        self.outer = []
         self._setup_shell()
 
     def _setup_shell(self) -> None:
-        """Set up the bash now reading the pty: a new one, or one that replaced the shell."""
+        """Set up the bash now reading the pty: a new one, one that replaced the shell, or
+        one the agent started inside it (readline echoes this line: it goes unseen)."""
         assert self.process is not None
         self.number = 0
         self.replaced = False
-        self.xtrace = False
+        self.xtrace = self.xtrace_on = False
+        self.last_status = 0
         fd = self.process.fd
         wanted = tool_modes(termios.tcgetattr(fd))
         first = (
             "PS1=''; PS2=''; PS4=''; set +H +o history +o emacs +o vi; unset HISTFILE; "
-            "__rs_n=0; __rs_st=; __rs_la=; "
-            '__rs_pre() { return "$1"; }; '
-            "readonly -f __rs_pre; "
-            f"PROMPT_COMMAND={ansi_c_quote(self._marker_printf('$?', '').encode())}\n"
+            + SETUP
+            + f"PROMPT_COMMAND={ansi_c_quote(self._marker_printf(MARKER_PAYLOAD, '').encode())}\n"
         )
         os.write(fd, first.encode())
         collector = OutputCollector(1 << 16)
@@ -315,7 +364,14 @@ class BashSession:
 
     @property
     def alive(self) -> bool:
-        return self.process is not None and self.process.isalive()
+        if self.process is None:
+            return False
+        try:  # one waitid that reaps nothing (ptyprocess's isalive makes two waitpid calls)
+            if os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+                return True
+        except ChildProcessError:
+            pass
+        return self.process.isalive()  # it has exited: let ptyprocess reap it and keep its status
 
     @property
     def pid(self) -> int | None:
@@ -354,11 +410,13 @@ class BashSession:
         fd = self.process.fd
         crlf = False
         try:
-            current = termios.tcgetattr(fd)
-            if current != self.modes:
-                crlf = bool(current[1] & termios.OPOST and current[1] & termios.ONLCR)
-                termios.tcflush(fd, termios.TCIFLUSH)
-                termios.tcsetattr(fd, termios.TCSANOW, self.modes)
+            if fcntl.ioctl(fd, termios.TCGETS, _TERMIOS_BUFFER) != self.modes_bytes:
+                current = termios.tcgetattr(fd)
+                if current != self.modes:
+                    crlf = bool(current[1] & termios.OPOST and current[1] & termios.ONLCR)
+                    termios.tcflush(fd, termios.TCIFLUSH)
+                    termios.tcsetattr(fd, termios.TCSANOW, self.modes)
+                self.modes_bytes = fcntl.ioctl(fd, termios.TCGETS, _TERMIOS_BUFFER)
             if fcntl.ioctl(fd, termios.TIOCGWINSZ, _WINSIZE) != _WINSIZE:
                 self.process.setwinsize(*_DIMENSIONS)
         except (termios.error, OSError):
@@ -374,6 +432,17 @@ class BashSession:
                 return group, handle.read()
         except OSError:
             return None
+
+    def _bash_inside(self) -> bool:
+        """Whether the foreground job is an interactive bash the agent started (`bash`), left
+        waiting at its prompt: it has no setup and prints no marker until it exits."""
+        now = self._foreground()
+        if self.shell is None or now is None or now[0] == self.shell[0] or not interactive_bash(now[1]):
+            return False
+        try:  # reading the terminal (not `bash < file`)
+            return os.stat(f"/proc/{now[0]}/fd/0").st_rdev == os.stat(f"/proc/{self.shell[0]}/fd/0").st_rdev
+        except OSError:
+            return True
 
     def _shell_replaced_by_bash(self) -> bool:
         """Whether the shell, in the foreground again, now runs another command line, a
@@ -397,18 +466,41 @@ class BashSession:
             return False
 
     # -- reading ---------------------------------------------------------------------
+    def _completes(self, payload: bytes, number: int) -> int | None:
+        """The exit status if the marker `payload` ends command `number`, else None (a stale
+        marker). Takes in the shell's options and whether it is being replaced."""
+        fields = payload.split(b":")
+        if len(fields) == 5 and fields[2] == b"%d" % number:  # the epilogue ran: "N:STATUS[$-]"
+            record = fields[3]
+            digits = record.rstrip(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+            status = int(digits or b"0")
+            self.xtrace = b"x" in record[len(digits) :] or b"x" in fields[4]
+        elif len(fields) >= 4 and (fields[0] == b"%d" % number or not fields[0].isdigit()) and fields[1].isdigit():
+            # It did not (a syntax error, an interrupt, `set -u`): the eval's own status. A
+            # number that is not one is the agent's doing (it set __rs_n): this command's.
+            status = int(fields[1])
+            self.xtrace = b"x" in fields[-1]
+        else:
+            return None
+        self.xtrace_on = b"x" in fields[-1]
+        self.replaced = len(fields) == 4 and fields[2] == b"r"
+        self.last_status = status
+        return status
+
     def _read_until_marker(
         self,
         collector: OutputCollector,
         number: int,
         deadline: float,
         no_output_s: float | None,
-        watch_exec: bool = False,
+        watch_bash: bool = False,
     ) -> tuple[str, int | None]:
         """Read output into `collector` until the marker of command `number`.
 
-        Returns ("done", exit_code), ("timeout", None), ("no_output", None), ("eof", None),
-        or with `watch_exec` ("exec", None) once the shell has exec'd a new bash.
+        Returns ("done", exit_code), ("timeout", None), ("no_output", None), ("eof", None);
+        ("outer", exit_code) where an inner bash exited and the one below it finished the
+        command that started it; with `watch_bash` ("exec", None) once the shell has exec'd a
+        new bash and ("inner", None) once it runs an interactive bash waiting at its prompt.
         """
         assert self.process is not None
         fd = self.process.fd
@@ -424,11 +516,14 @@ class BashSession:
             if wait <= 0:
                 collector.add(pending)
                 return reason, None
-            ready, _, _ = select.select([fd], [], [], min(wait, _EXEC_POLL_S) if watch_exec else wait)
+            ready, _, _ = select.select([fd], [], [], min(wait, _EXEC_POLL_S) if watch_bash else wait)
             if not ready:
-                if watch_exec and self._shell_replaced_by_bash():
+                if watch_bash and self._shell_replaced_by_bash():
                     collector.add(pending)
                     return "exec", None
+                if watch_bash and self._bash_inside():
+                    collector.add(pending)
+                    return "inner", None
                 continue
             try:
                 chunk = os.read(fd, 1 << 16)
@@ -443,15 +538,16 @@ class BashSession:
             for match in self.marker.finditer(data):
                 collector.add(data[start : match.start()])
                 start = match.end()
-                if int(match.group(1)) == number:
-                    self.last_status = int(match.group(2))
-                    self.xtrace = b"x" in match.group(3)  # the shell's options, $-
-                    self.replaced = match.group(4) is not None
-                    return "done", int(match.group(2))
+                status = self._completes(match.group(1), number)
+                if status is not None:
+                    return "done", status
+                if self.outer and self._completes(match.group(1), self.outer[-1][0]) is not None:
+                    self.shell = self.outer.pop()[1]
+                    return "outer", self.last_status
                 # A marker of an earlier, interrupted command: its output is stale.
             data = data[start:]
             # Hold back a possible marker prefix (it starts with \x1e) until the next read.
-            cut = data.rfind(b"\x1e", max(0, len(data) - 64))
+            cut = data.rfind(b"\x1e", max(0, len(data) - 512))
             if cut == -1:
                 collector.add(data)
                 pending = b""
@@ -484,10 +580,11 @@ class BashSession:
         self.number += 1
         number = self.number
         collector = OutputCollector(self.output_bytes)
-        os.write(self.process.fd, encode_command(command, number, self.xtrace, self.last_status == 0))
-        status, exit_code = self._read_until_marker(
-            collector, number, started + timeout_s, no_output_timeout_s, b"exec" in command and not self.foreign
-        )
+        line, lean = encode_command(command, number, self.last_status, self.xtrace, self.xtrace_on)
+        xtrace_before = self.xtrace
+        os.write(self.process.fd, line)
+        watch = not self.foreign and (b"exec" in command or b"bash" in command)
+        status, exit_code = self._read_until_marker(collector, number, started + timeout_s, no_output_timeout_s, watch)
         if status == "exec":
             self._setup_shell()
             status, exit_code = "done", 0
@@ -495,6 +592,18 @@ class BashSession:
                 "the shell was replaced by a new bash (exec); it carries on in the same directory "
                 "with the exported variables"
             )
+        elif status == "inner":
+            self.outer.append((number, self.shell))
+            self._setup_shell()
+            self.number = number  # the inner shell's commands go on counting: the outer's is pending
+            status, exit_code = "done", 0
+            notes.append(
+                "an interactive bash started inside the shell; the next commands run in it, and "
+                "`exit` goes back to the outer shell"
+            )
+        elif status == "outer":
+            status = "done"
+            notes.append("the inner bash exited; back in the outer shell")
         timed_out = status in ("timeout", "no_output")
         interrupted = False
         if status == "eof":
@@ -516,6 +625,9 @@ class BashSession:
                 "the exported variables and the functions (set -e is off)"
             )
         output = collector.render()
+        if lean and self.xtrace_on and not xtrace_before:
+            # Turned on where the framing could not see it coming: its trace printed.
+            output = strip_trace(output, number)
         if self._restore_terminal():
             # The command turned on "\n" -> "\r\n" (stty sane); a terminal shows both alike.
             output = output.replace(b"\r\n", b"\n")
@@ -551,14 +663,14 @@ class BashSession:
             os.write(fd, b"\x03")
         grace = time.monotonic() + self.interrupt_grace_s
         status, exit_code = self._read_until_marker(collector, number, grace, None)
-        if status == "done":
+        if status in ("done", "outer"):
             return exit_code
         if status != "eof":
             if self._signal_foreground(signal.SIGKILL):
                 notes.append("Ctrl-C was ignored, the foreground job was killed")
             grace = time.monotonic() + self.interrupt_grace_s
             status, exit_code = self._read_until_marker(collector, number, grace, None)
-            if status == "done":
+            if status in ("done", "outer"):
                 return exit_code
         self.close()
         self.start()

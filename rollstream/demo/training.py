@@ -34,6 +34,7 @@ def train_briefly(url: str, namespace: str, model_dir: Path, root: Path, steps: 
         model_dir=model_dir, task="arith", prompts_file=prompts, output_dir=root / "train", steps=steps, seed=seed,
         device="cpu", redis_url=url, namespace=namespace, submitter="demo-trainer", resume=False,
         sampling=TRAIN_SAMPLING, agent=TRAIN_AGENT,
-        sampler={"groups_per_batch": 4, "group_size": 8, "result_timeout_s": 240},
+        # A demo whose every rollout fails (no sandbox can start) stops after 8 such groups.
+        sampler={"groups_per_batch": 4, "group_size": 8, "result_timeout_s": 240, "max_failed_groups_in_a_row": 8},
         optim={"lr": 2e-4, "micro_batch_size": 16}, checkpoint_every_steps=steps, progress=True)
     return train(config)

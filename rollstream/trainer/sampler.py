@@ -51,7 +51,8 @@ def _infrastructure_failure(result: Any) -> bool:
 
 
 class SamplerStalled(RuntimeError):
-    """No rollout result arrived for too long."""
+    """Sampling cannot fill a batch: no rollout result for too long, every result too stale,
+    or every rollout failing."""
 
 
 class SamplerConfig(BaseModel):
@@ -68,6 +69,9 @@ class SamplerConfig(BaseModel):
     initial_keep_rate: float = Field(1.0, gt=0.0, le=1.0)
     min_completed_per_group: int = Field(2, ge=2, description="a group with fewer completed rollouts is dropped")
     result_timeout_s: float = Field(600.0, gt=0, description="raise SamplerStalled when no result arrives for this long")
+    max_failed_groups_in_a_row: int | None = Field(
+        None, ge=1, description="raise SamplerStalled after this many groups in a row in which no rollout "
+        "completed (every one failed: a broken backend, task or sandbox); default 2 × max_in_flight_groups")
     seed: int = 0
 
 
@@ -158,6 +162,7 @@ class DynamicSampler(Generic[P]):
         self._in_flight: dict[str, SampledGroup] = {}
         self._orphans: list[InFlightGroup] = []
         self._results: AsyncIterator[RolloutResultLike] | None = None
+        self._failed_groups_in_a_row = 0
 
     # ---- prompts -------------------------------------------------------------------
     def _order(self, epoch: int) -> list[int]:
@@ -214,6 +219,7 @@ class DynamicSampler(Generic[P]):
     def _judge(self, group: SampledGroup, policy_version: int, stats: BatchStats) -> bool:
         rewards = group.rewards
         stats.rewards_all.extend(rewards)
+        self._check_not_all_failing(group)
         if len(rewards) < self.config.min_completed_per_group:
             stats.dropped_failed += 1
             self._record_outcome(False)
@@ -233,6 +239,22 @@ class DynamicSampler(Generic[P]):
                 )
             return False
         return True
+
+    def _check_not_all_failing(self, group: SampledGroup) -> None:
+        """Topping up replaces a failed group at once; when every rollout fails, that would
+        go on for ever. Stop after a bound of groups in a row with no completed rollout."""
+        if group.completed:
+            self._failed_groups_in_a_row = 0
+            return
+        self._failed_groups_in_a_row += 1
+        bound = self.config.max_failed_groups_in_a_row or 2 * self.config.max_in_flight_groups
+        if self._failed_groups_in_a_row >= bound:
+            errors = [getattr(r, "error", None) for r in group.results]
+            last = next((e for e in reversed(errors) if e), "no error given")
+            raise SamplerStalled(
+                f"{self._failed_groups_in_a_row} groups in a row had no completed rollout; the last "
+                f"failure: {last}. Check the task, the sandboxes and the LLM backends ('rollstream status')"
+            )
 
     async def _next_result(self) -> RolloutResultLike:
         while True:

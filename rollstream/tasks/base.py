@@ -44,9 +44,11 @@ class ProcessServices:
         return self.llm
 
     async def aclose(self) -> None:
-        for service in (self.gateway, self.backend_link, self.llm):
-            if service is not None:
-                await service.aclose()
+        """Close the clients; the door server's socket goes with the process (closing it waits
+        for connections a harness may still hold open)."""
+        for client in (self.backend_link, self.llm):
+            if client is not None:
+                await client.aclose()
 
 
 @dataclass

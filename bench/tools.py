@@ -161,7 +161,10 @@ async def bench_live(root_dir: str, count: int) -> int:
 AB_SIDE = r"""
 import asyncio, shutil, statistics, sys, tempfile, time
 from rollstream.sandboxes import SandboxClient, SandboxSpec, create_sandbox, destroy_sandbox
-from rollstream.sandboxes.supervisor_spawn import stop_fork_server
+try:
+    from rollstream.sandboxes.supervisor_spawn import stop_fork_server
+except ImportError:  # a side older than the module's rename
+    from rollstream.sandboxes.forkserver import stop_fork_server
 
 async def main():
     root = tempfile.mkdtemp(prefix="rsab-", dir="/tmp")

@@ -35,16 +35,19 @@ SETUP = (
 # The payload PROMPT_COMMAND prints in the marker: number, status of the last top-level
 # command (the eval), the epilogue's record, the shell's options.
 MARKER_PAYLOAD = '"$__rs_n:$?:$__rs_s:$-"'
+# What PROMPT_COMMAND does after the marker, while the session hands the result on: clear
+# an agent's prompts (a venv's activate prepends to PS1), which would print after the marker
+# or before the next output. PS2 (continuation lines) is cleared before a chunked command,
+# the only framing with any.
+AFTER_MARKER = "; PS0= PS1="
 
 # The epilogue records the code's status and `$_` (the eval's own status is then 0: an ERR
-# trap does not fire twice) and clears an agent's prompts (a venv's activate prepends to
-# PS1), which would print after the marker or before the next output; PS2 (continuation
-# lines) is cleared before a chunked command, the only framing with any. Its blank line ends
-# a trailing backslash continuation.
-_EPILOGUE = "\\n__rs_s={}:$? __rs_l=$_ PS0= PS1="
+# trap does not fire twice); all else waits until after the marker. A blank line before it
+# ends a trailing backslash continuation.
+_EPILOGUE = "\\n__rs_s={}:$? __rs_l=$_"
 # Where xtrace is or may get on: the same in a group whose stderr is closed, so that neither
 # it nor PROMPT_COMMAND is traced, recording `$-` (the next command turns xtrace on again).
-_EPILOGUE_TRACED = "\\n{{ __rs_s={}:$?$- __rs_l=$_ PS0= PS1=; \\\\builtin set +x; }} 2>&-"
+_EPILOGUE_TRACED = "\\n{{ __rs_s={}:$?$- __rs_l=$_; \\\\builtin set +x; }} 2>&-"
 
 
 def ansi_c_quote(text: bytes) -> str:
@@ -93,7 +96,7 @@ def encode_command(command: bytes, number: int, status: int = 0, xtrace: bool = 
     if heredoc:
         # An unterminated heredoc would swallow an epilogue: the status is recorded after the
         # eval (`$_` is not), where a heredoc cannot reach.
-        tail = f"; {{ __rs_s={number}:$?$- PS0= PS1=; \\builtin set +x; }} 2>&-"
+        tail = f"; {{ __rs_s={number}:$?$-; \\builtin set +x; }} 2>&-"
         text = escaped
     else:
         tail = ""

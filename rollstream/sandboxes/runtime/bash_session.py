@@ -31,6 +31,7 @@ import ptyprocess
 
 if __package__:
     from .bash_framing import (
+        AFTER_MARKER,
         MARKER_PAYLOAD,
         SETUP,
         ansi_c_quote,
@@ -39,6 +40,7 @@ if __package__:
     )
 else:  # python -S supervisor.py: sibling modules are top-level
     from bash_framing import (
+        AFTER_MARKER,
         MARKER_PAYLOAD,
         SETUP,
         ansi_c_quote,
@@ -289,9 +291,10 @@ class BashSession:
             prompt = (
                 f"__rs_x=$?; \\command stty sane -echo -onlcr -ixon rows {rows} cols {cols} 2>/dev/null; "
                 + self._marker_printf(MARKER_PAYLOAD.replace("$?", "$__rs_x"), output)
+                + AFTER_MARKER
             )
         else:
-            prompt = self._marker_printf(MARKER_PAYLOAD, output)  # bash restores `$?` after
+            prompt = self._marker_printf(MARKER_PAYLOAD, output) + AFTER_MARKER  # bash restores `$?` after
         on_exit = (
             "__rs_x=$?; if [[ $- == *e* ]]; then "
             + self._marker_printf('"$__rs_n:$__rs_x:r:$-"', output)

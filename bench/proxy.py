@@ -113,7 +113,7 @@ async def run(args) -> dict:
     from rollstream.agent.backend_link import PooledVLLMClient
     from rollstream.agent.gateway import Gateway
     from rollstream.agent.harnesses.openai_chat import SUBMIT
-    from rollstream.llm.client import SamplingParams
+    from rollstream.llm.inference_client import SamplingParams
     from rollstream.demo.arith_model import build_arith_model
     from rollstream.pipeline.balancer import Balancer, add_backend
     from rollstream.pipeline.connection import async_redis

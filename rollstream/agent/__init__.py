@@ -1,7 +1,7 @@
 """The agent loop of the run stage: multi-turn model/tool episodes in token ids, with the
 LLM session that routes each turn through the balancer."""
 
-from rollstream.agent.loop import run_agent
+from rollstream.agent.episode import run_agent
 from rollstream.agent.session import LLMSession
 from rollstream.episode_settings import AgentSettings
 from rollstream.agent.tools import CallToolAdapter, FunctionToolBox, ToolBox, ToolOutput

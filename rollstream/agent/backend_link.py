@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from rollstream.llm.client import DEFAULT_TIMEOUT_S, BackendError, VLLMClient, raise_for_error_status
+from rollstream.llm.inference_client import DEFAULT_TIMEOUT_S, BackendError, VLLMClient, raise_for_error_status
 
 _MAX_IDLE = 64  # idle connections kept per backend
 

@@ -20,7 +20,7 @@ from typing import Any
 from rollstream.agent.parsing import ToolCall, parse_tool_calls
 from rollstream.agent.recorder import CallRecorder
 from rollstream.episode_settings import AgentSettings
-from rollstream.llm.client import BackendError, ContextLengthError
+from rollstream.llm.inference_client import BackendError, ContextLengthError
 from rollstream.pipeline.balancer import NoBackendAvailable
 
 log = logging.getLogger(__name__)

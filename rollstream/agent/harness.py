@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 from rollstream.agent.backend_link import PooledVLLMClient
 from rollstream.agent.gateway import MODEL_NAME, Gateway
 from rollstream.agent.llm_service import LLMService
-from rollstream.agent.loop import truncate_middle
+from rollstream.agent.episode import truncate_middle
 from rollstream.agent.session import LLMSession
 from rollstream.episode_settings import AgentSettings, agent_settings
 from rollstream.errors import InvalidJob, JobCancelled, JobFailed
-from rollstream.llm.client import VLLMClient
+from rollstream.llm.inference_client import VLLMClient
 from rollstream.messages import Envelope, Job
 from rollstream.sandboxes.sandbox_client import SandboxClient
 from rollstream.trajectory import ToolCallRecord, Trajectory

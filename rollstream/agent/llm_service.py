@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 
 from rollstream.agent.session import LLMSession
 from rollstream.config import Settings
-from rollstream.llm.client import make_client
+from rollstream.llm.inference_client import make_client
 from rollstream.pipeline.balancer import Balancer, HealthChecker
 from rollstream.pipeline.keys import Keys
 

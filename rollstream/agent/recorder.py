@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rollstream.agent.chat import ChatRenderer, ChatTemplateError
-from rollstream.llm.client import Generation
+from rollstream.llm.inference_client import Generation
 from rollstream.trajectory import Message, Segment, Trajectory
 
 

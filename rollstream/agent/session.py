@@ -8,7 +8,7 @@ import asyncio
 import logging
 import time
 
-from rollstream.llm.client import BackendError, CompletionBackend, Generation, SamplingParams
+from rollstream.llm.inference_client import BackendError, CompletionBackend, Generation, SamplingParams
 from rollstream.pipeline.balancer import Balancer, Lease, NoBackendAvailable
 
 log = logging.getLogger(__name__)

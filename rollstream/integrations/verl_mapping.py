@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from rollstream.errors import InvalidJob
-from rollstream.llm.client import SamplingParams
+from rollstream.llm.inference_client import SamplingParams
 from rollstream.messages import Job, Result
 from rollstream.trajectory import Trajectory
 

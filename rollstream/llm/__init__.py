@@ -2,7 +2,7 @@
 server, the built-in transformers server itself (`rollstream.llm.server`), and a tiny local
 model for CPU runs and tests. Importing this package does not import torch."""
 
-from rollstream.llm.client import (
+from rollstream.llm.inference_client import (
     BackendError,
     CompletionBackend,
     ContextLengthError,

@@ -10,7 +10,7 @@ from abc import abstractmethod
 from typing import ClassVar
 
 from rollstream.agent.harness import run_harness
-from rollstream.agent.loop import run_agent
+from rollstream.agent.episode import run_agent
 from rollstream.agent.tools import CallToolAdapter
 from rollstream.episode_settings import agent_settings
 from rollstream.errors import JobCancelled, JobFailed

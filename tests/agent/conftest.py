@@ -12,7 +12,7 @@ import model_cache
 import pytest
 
 from rollstream.agent.tools import FunctionToolBox
-from rollstream.llm.client import VLLMClient
+from rollstream.llm.inference_client import VLLMClient
 
 from .scripted_model import CALCULATOR
 

@@ -13,7 +13,7 @@ from redis.asyncio import Redis
 from rollstream.agent import AgentSettings, LLMSession, run_agent
 from rollstream.agent.chat import ChatRenderer
 from rollstream.agent.tools import FunctionToolBox
-from rollstream.llm.client import SamplingParams
+from rollstream.llm.inference_client import SamplingParams
 from rollstream.pipeline.balancer import Balancer
 
 from .scripted_model import ADD_QUESTION, BROKEN_QUESTION, CALCULATOR, TOOLS, prompt, scripts

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from rollstream.agent.backend_link import PooledVLLMClient
-from rollstream.llm.client import BackendError, ContextLengthError, SamplingParams
+from rollstream.llm.inference_client import BackendError, ContextLengthError, SamplingParams
 
 COMPLETION = {"choices": [{"text": "hi", "token_ids": [5, 6], "finish_reason": "stop",
                            "logprobs": {"token_logprobs": [-0.1, -0.2]}}], "usage": {"prompt_tokens": 3}}

@@ -15,7 +15,7 @@ from rollstream.agent import AgentSettings, LLMSession
 from rollstream.agent.backend_link import PooledVLLMClient
 from rollstream.agent.gateway import Gateway
 from rollstream.agent.harnesses.openai_chat import SUBMIT
-from rollstream.llm.client import SamplingParams, VLLMClient
+from rollstream.llm.inference_client import SamplingParams, VLLMClient
 from rollstream.tasks import arith
 
 

@@ -15,7 +15,7 @@ from rollstream.agent.parsing import MalformedToolCall, ToolCall, malformed_call
 from rollstream.agent.session import LLMSession
 from rollstream.episode_settings import AgentSettings
 from rollstream.agent.tools import ToolBox, ToolOutput, call_with_timeout, schema_name, submit_tool_schema
-from rollstream.llm.client import BackendError, ContextLengthError
+from rollstream.llm.inference_client import BackendError, ContextLengthError
 from rollstream.pipeline.balancer import NoBackendAvailable
 from rollstream.trajectory import FinishReason, Message, ToolCallRecord, Trajectory
 

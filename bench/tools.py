@@ -32,7 +32,12 @@ import time
 import uuid
 from pathlib import Path
 
-from rollstream.sandboxes import SandboxClient, SandboxSpec, create_sandbox, destroy_sandbox
+from rollstream.sandboxes import (
+    SandboxClient,
+    SandboxSpec,
+    create_sandbox,
+    destroy_sandbox,
+)
 from rollstream.sandboxes.backends.common import KERNEL_ARGS
 from rollstream.sandboxes.supervisor_spawn import stop_fork_server
 

@@ -203,13 +203,40 @@ CASES: dict[str, list[Call]] = {
     "functions_named_like_the_tools_helpers": [
         Call("printf() { echo fake; }; eval() { echo fake; }; __rs_n() { echo fake; }", "", 0),
         Call("echo ok", "ok\n", 0),
-        Call("unset -f printf eval __rs_n; __rs_n=junk __rs_st=junk __rs_la=junk; echo set", "set\n", 0),
+        Call("unset -f printf eval __rs_n; __rs_n=junk __rs_s=junk __rs_l=junk; echo set", "set\n", 0),
         Call("echo ok", "ok\n", 0),
+        Call("__rs_n=7; false", "", 1),
+        Call('echo "prev=$?"', "prev=1\n", 0),
     ],
     "exec_bash_replaces_the_shell_and_the_tool_carries_on": [
         Call("export -f torture_fn; exec bash --norc", exit_code=0, note="replaced by a new bash"),
         Call("false", "", 1),
         Call('echo "prev=$?"', "prev=1\n", 0),
+    ],
+    "xtrace_turned_on_by_a_function_shows_no_framing": [
+        Call("trace_on() { set -x; }", "", 0),
+        Call("trace_on", "", 0),
+        Call("echo traced", "echo traced\ntraced\n", 0),
+        Call("set +x", "set +x\n", 0),
+        Call("echo quiet", "quiet\n", 0),
+    ],
+    "xtrace_turned_on_by_a_sourced_file_with_a_ps4_shows_no_framing": [
+        Call("printf 'set -x\\n' > on.sh; PS4='+$LINENO: '", "", 0),
+        Call("printf partial; . ./on.sh", "partial", 0),
+        Call("echo traced", exit_code=0, contains=["echo traced\n", "traced\n"]),
+        Call("set +x", exit_code=0),
+        Call("echo quiet", "quiet\n", 0),
+    ],
+    "interactive_bash_inside_the_shell_and_exit_back": [
+        Call("bash", exit_code=0, note="interactive bash started inside the shell"),
+        Call("cd / && export INNER=in && inner_fn() { echo inner-fn; }; false", "", 1),
+        Call('echo "prev=$?" "$INNER" "$PWD"; inner_fn', "prev=1 in /\ninner-fn\n", 0),
+        Call("exit 3", exit_code=3, note="back in the outer shell"),
+        Call('echo "back=$?" "${INNER-unset}"', "back=3 unset\n", 0),
+    ],
+    "bash_dash_c_is_not_taken_for_an_interactive_one": [
+        Call("bash -c 'sleep 0.5; echo done'", "done\n", 0),
+        Call("bash --norc -c 'exit 4'", "", 4),
     ],
     "exec_redirecting_stdout_keeps_the_framing": [
         Call("exec 3>&1 >/dev/null; echo hidden", "", 0),

@@ -628,9 +628,14 @@ class BashSession:
                 "the exported variables and the functions (set -e is off)"
             )
         output = collector.render()
-        if lean and self.xtrace_on and not xtrace_before:
-            # Turned on where the framing could not see it coming: its trace printed.
+        if lean and self.xtrace_on and not xtrace_before and status == "done" and self.process is not None:
+            # Turned on where the framing could not see it coming: its trace printed. What
+            # PROMPT_COMMAND traces after the marker is read away by one more line, which
+            # turns xtrace off unseen (the next command turns it on again).
             output = strip_trace(output, number)
+            os.write(self.process.fd, b"{ \\builtin set +x; } 2>&-\n")
+            self._read_until_marker(OutputCollector(1 << 16), number, time.monotonic() + _STARTUP_TIMEOUT_S, None)
+            self.xtrace, self.xtrace_on = True, False
         if self._restore_terminal():
             # The command turned on "\n" -> "\r\n" (stty sane); a terminal shows both alike.
             output = output.replace(b"\r\n", b"\n")

@@ -333,7 +333,9 @@ async def test_framing_behind_a_pty_of_another_program_with_echo_and_crlf_on():
     """`docker exec -t` runs bash on a pty of its own, made inside the container with echo
     and CRLF on, and relays ours raw: util-linux `script` does the same on this host."""
     inner = " ".join(BASH_ARGS)
-    session = BashSession(["script", "-qfec", inner, "/dev/null"], {"PATH": os.environ["PATH"]}, "/tmp", {}, 65536)
+    session = BashSession(
+        ["script", "-qfec", inner, "/dev/null"], {"PATH": os.environ["PATH"]}, "/tmp", {}, 65536, interrupt_grace_s=1.0
+    )
     session.start()
     try:
         steps = [
@@ -346,5 +348,12 @@ async def test_framing_behind_a_pty_of_another_program_with_echo_and_crlf_on():
         interrupted = session.run(b"sleep 30", 1, None)
         assert interrupted["exit_code"] == 130 and interrupted["interrupted"], interrupted
         assert session.run(STATE_CHECK.encode(), 10, None)["output"].decode() == STATE_SEEN
+        # Raw mode (no ISIG): a typed Ctrl-C would be the editor's input; the signal comes
+        # from a second shell started the same way, and the shell keeps its state.
+        for ignore, code in (("", 130), ("signal.signal(signal.SIGINT, signal.SIG_IGN); ", 137)):
+            editor = session.run(EDITOR.format(ignore=ignore).encode(), 1, None)
+            assert editor["exit_code"] == code and "restarted" not in editor["note"], editor
+            after = session.run(STATE_CHECK.encode(), 10, None)
+            assert after["output"].decode() == STATE_SEEN, after
     finally:
         session.close()

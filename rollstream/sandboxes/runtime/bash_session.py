@@ -256,6 +256,7 @@ class BashSession:
         # the number of the command that started it (its marker comes when the inner exits)
         # and its process group and command line.
         self.outer: list[tuple[int, tuple[int, bytes] | None]] = []
+        self.inside_pid: int | None = None  # the shell's pid where it runs, behind a foreign pty
 
     # -- lifecycle -------------------------------------------------------------------
     def _preexec(self) -> None:
@@ -350,13 +351,18 @@ class BashSession:
             self._restore_terminal()
             self.shell = self._foreground()
             finish = (
-                f"if [[ -t 255 ]]; then {self._setup_line('>&255')}; "
+                # Behind a pty of someone else's, the shell's pid where it runs: _signal_inside.
+                ("\\builtin printf '\\036P%s\\036' \"$$\"; " if self.foreign else "")
+                + f"if [[ -t 255 ]]; then {self._setup_line('>&255')}; "
                 f"elif {{ : >/dev/tty; }} 2>/dev/null; then {self._setup_line('2>/dev/null >/dev/tty')}; "
                 f"else {self._setup_line('')}; fi\n"
             )
             os.write(fd, finish.encode())
             collector = OutputCollector(1 << 16)
             status = self._read_until_marker(collector, 0, time.monotonic() + _STARTUP_TIMEOUT_S, None)
+            if self.foreign:
+                found = re.search(rb"\x1eP(\d+)\x1e", collector.render())
+                self.inside_pid = int(found.group(1)) if found else None
         if status[0] != "done":
             output = collector.render().decode("utf-8", "replace")
             self.close()
@@ -467,6 +473,41 @@ class BashSession:
             return True
         except OSError:
             return False
+
+    def _signal_inside(self, signum: int) -> bool:
+        """Behind a pty of someone else's (`docker exec -t`): signal the foreground job of
+        the shell's own terminal from a second shell started the same way, since a typed
+        Ctrl-C is input where the agent turned ISIG off (raw mode) and the pty we hold is the
+        exec client's. Costs one more `docker exec` (a few hundred ms), only on a timeout."""
+        if self.inside_pid is None:
+            return False
+        line = (
+            # Field 8 of /proc/PID/stat: the foreground process group of PID's terminal.
+            f"read -r _ _ _ _ _ _ _ g _ </proc/{self.inside_pid}/stat && kill -{signum} -- -$g; exit\n"
+        ).encode()
+        try:
+            helper = self.spawner(
+                lambda: ptyprocess.PtyProcess.spawn(self.argv, cwd=self.cwd, env=self.env, echo=False,
+                                                    preexec_fn=self._preexec, dimensions=_DIMENSIONS)
+            )
+        except (OSError, ptyprocess.PtyProcessError):
+            return False
+        try:
+            os.write(helper.fd, line)
+            deadline = time.monotonic() + _STARTUP_TIMEOUT_S
+            while time.monotonic() < deadline and select.select([helper.fd], [], [], deadline - time.monotonic())[0]:
+                try:
+                    if not os.read(helper.fd, 1 << 16):
+                        break
+                except OSError:  # EIO: the helper exited
+                    break
+        finally:
+            helper.delayafterclose = helper.delayafterterminate = 0
+            try:
+                helper.close(force=True)
+            except (OSError, ptyprocess.PtyProcessError):
+                pass
+        return True
 
     # -- reading ---------------------------------------------------------------------
     def _completes(self, payload: bytes, number: int) -> int | None:
@@ -662,19 +703,20 @@ class BashSession:
         """SIGINT to the foreground job, then SIGKILL, then a new shell; returns the exit code.
 
         A signal, not a typed Ctrl-C: with `stty -isig` or raw mode the byte would be input,
-        glued to the next command. Behind a pty we do not own, Ctrl-C is typed (the shell
-        turned ISIG back on before this command).
+        glued to the next command. Behind a pty we do not own the signal is sent from a
+        second shell beside the first (_signal_inside); only where that fails is Ctrl-C typed.
         """
         assert self.process is not None
         fd = self.process.fd
-        if self.modes is None or not self._signal_foreground(signal.SIGINT):
+        foreign = self.modes is None
+        if not (self._signal_inside(signal.SIGINT) if foreign else self._signal_foreground(signal.SIGINT)):
             os.write(fd, b"\x03")
         grace = time.monotonic() + self.interrupt_grace_s
         status, exit_code = self._read_until_marker(collector, number, grace, None)
         if status in ("done", "outer"):
             return exit_code
         if status != "eof":
-            if self._signal_foreground(signal.SIGKILL):
+            if self._signal_inside(signal.SIGKILL) if foreign else self._signal_foreground(signal.SIGKILL):
                 notes.append("Ctrl-C was ignored, the foreground job was killed")
             grace = time.monotonic() + self.interrupt_grace_s
             status, exit_code = self._read_until_marker(collector, number, grace, None)

@@ -16,13 +16,11 @@ restores the modes itself with `stty` before each prompt, and Ctrl-C is typed.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
 import resource
 import select
 import signal
-import struct
 import termios
 import threading
 import time
@@ -38,6 +36,7 @@ if __package__:
         encode_command,
         strip_trace,
     )
+    from .bash_terminal import DIMENSIONS, Terminal, signal_from_beside, tool_modes
 else:  # python -S supervisor.py: sibling modules are top-level
     from bash_framing import (
         AFTER_MARKER,
@@ -47,70 +46,13 @@ else:  # python -S supervisor.py: sibling modules are top-level
         encode_command,
         strip_trace,
     )
+    from bash_terminal import DIMENSIONS, Terminal, signal_from_beside, tool_modes
 
 
 _STARTUP_TIMEOUT_S = 15.0
 # While a command that may `exec` or start `bash` runs quiet: how often to look whether a
 # new bash, which prints no marker, has replaced the shell or runs inside it.
 _EXEC_POLL_S = 0.2
-_DIMENSIONS = (50, 250)
-_WINSIZE = struct.pack("HHHH", *_DIMENSIONS, 0, 0)  # struct winsize
-# A buffer for the kernel's struct termios (36 bytes on x86-64): one ioctl and a bytes
-# comparison per command, where tcgetattr builds a list of 32 objects.
-_TERMIOS_BUFFER = bytes(64)
-# bash options that take the next argument: `bash -o vi` is interactive, `bash FILE` is not.
-_BASH_OPTIONS_WITH_ARGUMENT = {b"--rcfile", b"--init-file", b"-o", b"+o", b"-O", b"+O"}
-# Control characters of a fresh Linux tty (INIT_C_CC): an agent's `stty eol x` must not turn
-# a byte of the next command into a line end.
-_DEFAULT_CC = {
-    termios.VINTR: 0x03, termios.VQUIT: 0x1C, termios.VERASE: 0x7F, termios.VKILL: 0x15,
-    termios.VEOF: 0x04, termios.VTIME: 0, termios.VMIN: 1, termios.VSTART: 0x11,
-    termios.VSTOP: 0x13, termios.VSUSP: 0x1A, termios.VEOL: 0, termios.VREPRINT: 0x12,
-    termios.VDISCARD: 0x0F, termios.VWERASE: 0x17, termios.VLNEXT: 0x16, termios.VEOL2: 0,
-}
-
-
-def tool_modes(attributes: list) -> list:
-    """The termios the framing needs, from a tty's current ones: canonical input, no echo,
-    signals on, no flow control, output bytes unchanged ("\\n" stays "\\n")."""
-    iflag, oflag, cflag, lflag, ispeed, ospeed, cc = attributes
-    iflag = (iflag | termios.ICRNL) & ~(termios.IXON | termios.IXOFF | termios.INLCR | termios.IGNCR | termios.ISTRIP)
-    oflag = (oflag | termios.OPOST) & ~(termios.ONLCR | termios.OCRNL | termios.ONOCR | termios.ONLRET)
-    cflag = (cflag | termios.CS8 | termios.CREAD) & ~termios.PARENB
-    lflag = (lflag | termios.ICANON | termios.ISIG | termios.IEXTEN) & ~(
-        termios.ECHO | termios.ECHONL | termios.ECHOE | termios.ECHOK | termios.TOSTOP | termios.NOFLSH
-    )
-    cc = list(cc)
-    for index, value in _DEFAULT_CC.items():
-        cc[index] = value if isinstance(cc[index], int) else bytes([value])
-    return [iflag, oflag, cflag, lflag, ispeed, ospeed, cc]
-
-
-def interactive_bash(cmdline: bytes) -> bool:
-    """Whether a process's /proc cmdline is an interactive bash: no `-c`, and no script
-    argument unless `-i` or `-s` (bash's own rule, given that its stdin is a terminal)."""
-    argv = cmdline.split(b"\0")
-    if os.path.basename(argv[0]).lstrip(b"-") != b"bash":
-        return False
-    forced = False
-    index = 1
-    while index < len(argv) and argv[index]:
-        word = argv[index]
-        if word == b"--":
-            return forced or index + 1 >= len(argv) or not argv[index + 1]
-        if word in _BASH_OPTIONS_WITH_ARGUMENT:
-            index += 2
-            continue
-        if word[:1] in (b"-", b"+") and len(word) > 1 and not word.startswith(b"--"):
-            if word[:1] == b"-" and b"c" in word:
-                return False
-            forced = forced or b"i" in word or b"s" in word
-        elif not word.startswith(b"--"):
-            return forced  # a script file
-        index += 1
-    return True
-
-
 class OutputCollector:
     """Keeps the first and last `cap/2` bytes of a stream and counts the rest."""
 
@@ -242,10 +184,7 @@ class BashSession:
         # Its payload: bash_framing.MARKER_PAYLOAD (or "N:STATUS:r:FLAGS" where the shell is
         # being replaced by a new bash, errexit: see _setup_line).
         self.marker = re.compile(rb"\x1eRS" + self.token + rb":([^\x1e]{0,400})\x1e")
-        # The termios put back after each command (and as the kernel's bytes); None behind
-        # a pty of someone else's (docker exec -t), where the shell restores its modes itself.
-        self.modes: list | None = None
-        self.modes_bytes = b""
+        self.terminal: Terminal | None = None  # known once the shell answered its setup
         self.shell: tuple[int, bytes] | None = None  # its process group and command line
         self.foreign: bool | None = None
         self.replaced = False
@@ -288,7 +227,7 @@ class BashSession:
         while errexit is on: the trap cannot tell them apart).
         """
         if self.foreign:
-            rows, cols = _DIMENSIONS
+            rows, cols = DIMENSIONS
             prompt = (
                 f"__rs_x=$?; \\command stty sane -echo -onlcr -ixon rows {rows} cols {cols} 2>/dev/null; "
                 + self._marker_printf(MARKER_PAYLOAD.replace("$?", "$__rs_x"), output)
@@ -315,11 +254,10 @@ class BashSession:
                 env=self.env,
                 echo=False,
                 preexec_fn=self._preexec,
-                dimensions=_DIMENSIONS,
+                dimensions=DIMENSIONS,
             )
         )
-        self.modes = None
-        self.modes_bytes = b""
+        self.terminal = None
         self.foreign = None
         self.outer = []
         self._setup_shell()
@@ -347,9 +285,10 @@ class BashSession:
                 # A pty that echoed our setup line is not ours: `docker exec -t` made its
                 # own (echo and CRLF on) and reads our pty raw.
                 self.foreign = b"__rs_pre" in collector.render()
-                self.modes = None if self.foreign else wanted
-            self._restore_terminal()
-            self.shell = self._foreground()
+                self.terminal = Terminal(fd, None if self.foreign else wanted)
+            assert self.terminal is not None
+            self.terminal.restore()
+            self.shell = self.terminal.foreground()
             finish = (
                 # Behind a pty of someone else's, the shell's pid where it runs: _signal_inside.
                 ("\\builtin printf '\\036P%s\\036' \"$$\"; " if self.foreign else "")
@@ -409,105 +348,15 @@ class BashSession:
         except OSError:
             pass
 
-    # -- the terminal ----------------------------------------------------------------
-    def _restore_terminal(self) -> bool:
-        """Put back the tool's termios and window size if a command changed them (stty,
-        a program killed in raw mode), dropping input typed into a changed terminal.
-        Returns whether the tty was turning newlines into CRLF (`stty sane`, onlcr)."""
-        if self.modes is None or self.process is None:
-            return False
-        fd = self.process.fd
-        crlf = False
-        try:
-            if fcntl.ioctl(fd, termios.TCGETS, _TERMIOS_BUFFER) != self.modes_bytes:
-                current = termios.tcgetattr(fd)
-                if current != self.modes:
-                    crlf = bool(current[1] & termios.OPOST and current[1] & termios.ONLCR)
-                    termios.tcflush(fd, termios.TCIFLUSH)
-                    termios.tcsetattr(fd, termios.TCSANOW, self.modes)
-                self.modes_bytes = fcntl.ioctl(fd, termios.TCGETS, _TERMIOS_BUFFER)
-            if fcntl.ioctl(fd, termios.TIOCGWINSZ, _WINSIZE) != _WINSIZE:
-                self.process.setwinsize(*_DIMENSIONS)
-        except (termios.error, OSError):
-            pass
-        return crlf
-
-    def _foreground(self) -> tuple[int, bytes] | None:
-        """The pty's foreground process group and its leader's command line."""
-        assert self.process is not None
-        try:
-            group = os.tcgetpgrp(self.process.fd)
-            with open(f"/proc/{group}/cmdline", "rb") as handle:
-                return group, handle.read()
-        except OSError:
-            return None
-
-    def _bash_inside(self) -> bool:
-        """Whether the foreground job is an interactive bash the agent started (`bash`), left
-        waiting at its prompt: it has no setup and prints no marker until it exits."""
-        now = self._foreground()
-        if self.shell is None or now is None or now[0] == self.shell[0] or not interactive_bash(now[1]):
-            return False
-        try:  # reading the terminal (not `bash < file`)
-            return os.stat(f"/proc/{now[0]}/fd/0").st_rdev == os.stat(f"/proc/{self.shell[0]}/fd/0").st_rdev
-        except OSError:
-            return True
-
-    def _shell_replaced_by_bash(self) -> bool:
-        """Whether the shell, in the foreground again, now runs another command line, a
-        bash's: `exec bash` (a terminal's way to start afresh) left a shell without our setup."""
-        now = self._foreground()
-        if self.shell is None or now is None or now[0] != self.shell[0] or now[1] == self.shell[1]:
-            return False
-        return os.path.basename(now[1].split(b"\0", 1)[0]) == b"bash"
-
-    def _signal_foreground(self, signum: int) -> bool:
-        """Signal the pty's foreground process group, as the tty does for Ctrl-C when its
-        ISIG is on; works whatever the agent set. False where there is none to signal."""
-        assert self.process is not None
-        try:
-            group = os.tcgetpgrp(self.process.fd)
-            if group <= 0:
-                return False
-            os.killpg(group, signum)
-            return True
-        except OSError:
-            return False
-
     def _signal_inside(self, signum: int) -> bool:
-        """Behind a pty of someone else's (`docker exec -t`): signal the foreground job of
-        the shell's own terminal from a second shell started the same way, since a typed
-        Ctrl-C is input where the agent turned ISIG off (raw mode) and the pty we hold is the
-        exec client's. Costs one more `docker exec` (a few hundred ms), only on a timeout."""
+        """Behind a pty of someone else's (`docker exec -t`): signal the shell's terminal's
+        foreground job from a second shell started the same way (signal_from_beside)."""
         if self.inside_pid is None:
             return False
-        line = (
-            # Field 8 of /proc/PID/stat: the foreground process group of PID's terminal.
-            f"read -r _ _ _ _ _ _ _ g _ </proc/{self.inside_pid}/stat && kill -{signum} -- -$g; exit\n"
-        ).encode()
-        try:
-            helper = self.spawner(
-                lambda: ptyprocess.PtyProcess.spawn(self.argv, cwd=self.cwd, env=self.env, echo=False,
-                                                    preexec_fn=self._preexec, dimensions=_DIMENSIONS)
-            )
-        except (OSError, ptyprocess.PtyProcessError):
-            return False
-        try:
-            os.write(helper.fd, line)
-            deadline = time.monotonic() + _STARTUP_TIMEOUT_S
-            while time.monotonic() < deadline and select.select([helper.fd], [], [], deadline - time.monotonic())[0]:
-                try:
-                    if not os.read(helper.fd, 1 << 16):
-                        break
-                except OSError:  # EIO: the helper exited
-                    break
-        finally:
-            helper.delayafterclose = helper.delayafterterminate = 0
-            try:
-                helper.close(force=True)
-            except (OSError, ptyprocess.PtyProcessError):
-                pass
-        return True
+        spawn = lambda: ptyprocess.PtyProcess.spawn(
+            self.argv, cwd=self.cwd, env=self.env, echo=False, preexec_fn=self._preexec, dimensions=DIMENSIONS
+        )
+        return signal_from_beside(lambda: self.spawner(spawn), self.inside_pid, signum, _STARTUP_TIMEOUT_S)
 
     # -- reading ---------------------------------------------------------------------
     def _completes(self, payload: bytes, number: int) -> int | None:
@@ -562,10 +411,10 @@ class BashSession:
                 return reason, None
             ready, _, _ = select.select([fd], [], [], min(wait, _EXEC_POLL_S) if watch_bash else wait)
             if not ready:
-                if watch_bash and self._shell_replaced_by_bash():
+                if watch_bash and self.terminal is not None and self.terminal.replaced_by_bash(self.shell):
                     collector.add(pending)
                     return "exec", None
-                if watch_bash and self._bash_inside():
+                if watch_bash and self.terminal is not None and self.terminal.bash_inside(self.shell):
                     collector.add(pending)
                     return "inner", None
                 continue
@@ -677,7 +526,7 @@ class BashSession:
             os.write(self.process.fd, b"{ \\builtin set +x; } 2>&-\n")
             self._read_until_marker(OutputCollector(1 << 16), number, time.monotonic() + _STARTUP_TIMEOUT_S, None)
             self.xtrace, self.xtrace_on = True, False
-        if self._restore_terminal():
+        if self.terminal is not None and self.terminal.restore():
             # The command turned on "\n" -> "\r\n" (stty sane); a terminal shows both alike.
             output = output.replace(b"\r\n", b"\n")
         return {
@@ -708,15 +557,16 @@ class BashSession:
         """
         assert self.process is not None
         fd = self.process.fd
-        foreign = self.modes is None
-        if not (self._signal_inside(signal.SIGINT) if foreign else self._signal_foreground(signal.SIGINT)):
+        terminal = self.terminal
+        foreign = terminal is None or terminal.modes is None
+        if not (self._signal_inside(signal.SIGINT) if foreign else terminal.signal_foreground(signal.SIGINT)):
             os.write(fd, b"\x03")
         grace = time.monotonic() + self.interrupt_grace_s
         status, exit_code = self._read_until_marker(collector, number, grace, None)
         if status in ("done", "outer"):
             return exit_code
         if status != "eof":
-            if self._signal_inside(signal.SIGKILL) if foreign else self._signal_foreground(signal.SIGKILL):
+            if self._signal_inside(signal.SIGKILL) if foreign else terminal.signal_foreground(signal.SIGKILL):
                 notes.append("Ctrl-C was ignored, the foreground job was killed")
             grace = time.monotonic() + self.interrupt_grace_s
             status, exit_code = self._read_until_marker(collector, number, grace, None)

@@ -15,7 +15,9 @@ Each side runs its own code in its own process with its own sandbox; the two tak
 in windows of N calls, in alternating order. Last line: `RESULT {json}` with
 ``bash_echo_p50_ms_base``, ``bash_echo_p50_ms_new``, ``median_diff_ms`` (new - base, per
 pair of windows), ``new_faster_pairs``, ``pairs``, ``load_average``. With ``--in-process`` each side drives a bash
-session in its own process, without sandbox, socket or supervisor: the framing's own cost.
+session in its own process, without sandbox, socket or supervisor: the framing's own cost. With
+``--instructions`` (needs valgrind and strace) it counts what bash does a call instead, the same on
+a busy machine: ``bash_ir_per_call_*`` and ``bash_syscalls_per_call_*`` over ``--calls`` calls.
 """
 
 from __future__ import annotations
@@ -220,6 +222,61 @@ session.close()
 """
 
 
+# What bash itself does a call, counted rather than timed (the same on a busy machine): the
+# session's bash under valgrind's callgrind (instructions) or strace -c (system calls), for
+# 20 and for 20 + N calls of `echo hi`; the difference over N. Prints "Ir syscalls".
+AB_SIDE_INSTRUCTIONS = r"""
+import os, re, sys, tempfile
+from rollstream.sandboxes.runtime.bash_session import BashSession
+
+def total(tool, calls):
+    out = tempfile.mktemp(prefix="rs-count-")
+    prefix = (["valgrind", "--tool=callgrind", "--callgrind-out-file=" + out] if tool == "ir"
+              else ["strace", "-f", "-c", "-o", out])
+    session = BashSession([*prefix, "bash", "--noediting", "--noprofile", "--norc", "-i"],
+                          {"PATH": "/usr/bin:/bin", "HOME": "/tmp"}, "/tmp", {}, 1 << 20)
+    session.start()
+    for _ in range(calls):
+        assert session.run(b"echo hi", 60, None)["output"] == b"hi\n"
+    session.run(b"exit 0", 60, None)  # a clean exit: the tool writes its counts
+    session.close()
+    text = open(out).read()
+    os.unlink(out)
+    if tool == "ir":
+        return int(re.search(r"^(?:summary|totals): (\d+)", text, re.M).group(1))
+    return int(re.search(r"^\s*[\d.]+\s+[\d.]+\s+\d+\s+(\d+)\s+(?:\d+\s+)?total", text, re.M).group(1))
+
+calls = int(sys.argv[1])
+print(*[(total(tool, 20 + calls) - total(tool, 20)) / calls for tool in ("ir", "syscalls")], flush=True)
+"""
+
+
+def bash_instructions_ab(base: str, new: str, calls: int) -> None:
+    """What bash does a call under each side's framing: instructions and system calls."""
+    import sys
+
+    from pipeline_ab import REPO, checkout  # bench/pipeline_ab.py, beside this file
+
+    worktrees: list = []
+    counts = {}
+    try:
+        for name, rev in (("base", base), ("new", new)):
+            tree = checkout(rev, worktrees)
+            done = subprocess.run([sys.executable, "-c", AB_SIDE_INSTRUCTIONS, str(calls)], cwd=tree, check=True,
+                                  env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True)
+            counts[name] = [float(value) for value in done.stdout.split()]
+    finally:
+        for where in worktrees:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(where)], capture_output=True)
+    print(f"bash a call of `echo hi` ({calls} calls): instructions (callgrind Ir) and system calls (strace -c)")
+    for name, rev in (("base", base), ("new", new)):
+        print(f"{name:6} {rev:40} {counts[name][0]:10.0f} Ir {counts[name][1]:6.1f} syscalls")
+    print("RESULT " + json.dumps({
+        "bash_ir_per_call_base": round(counts["base"][0]), "bash_ir_per_call_new": round(counts["new"][0]),
+        "bash_syscalls_per_call_base": counts["base"][1], "bash_syscalls_per_call_new": counts["new"][1],
+    }))
+
+
 def bash_ab(base: str, new: str, pairs: int, window: int, in_process: bool = False) -> None:
     """Bash `echo` p50 of two commits (or folders), alternating windows, one table."""
     import sys
@@ -277,6 +334,8 @@ async def main() -> None:
     parser.add_argument("--ab", metavar="BASE_REV", help="compare bash echo with this commit (or folder) instead")
     parser.add_argument("--new", default=".", help="with --ab: the other side, a commit or folder (default: this checkout)")
     parser.add_argument("--in-process", action="store_true", help="with --ab: drive the bash session in this process, no sandbox")
+    parser.add_argument("--instructions", action="store_true",
+                        help="with --ab: count bash's instructions and system calls a call (valgrind, strace)")
     parser.add_argument("--pairs", type=int, default=30)
     parser.add_argument("--window", type=int, default=100)
     parser.add_argument("--calls", type=int, default=300)
@@ -287,7 +346,10 @@ async def main() -> None:
     args = parser.parse_args()
     if args.ab:
         new = str(Path(__file__).resolve().parent.parent) if args.new == "." else args.new
-        bash_ab(args.ab, new, args.pairs, args.window, args.in_process)
+        if args.instructions:
+            bash_instructions_ab(args.ab, new, args.calls)
+        else:
+            bash_ab(args.ab, new, args.pairs, args.window, args.in_process)
         return
     root_dir = tempfile.mkdtemp(prefix="rsb-", dir="/tmp")
     rows: list[tuple[str, list[float]]] = []

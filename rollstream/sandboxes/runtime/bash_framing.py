@@ -84,9 +84,10 @@ def encode_command(command: bytes, number: int, status: int = 0, xtrace: bool = 
     it is still on in the shell (a lean epilogue left it). Returns the bytes and whether the
     epilogue is the lean one (whose trace the session cuts off if xtrace got turned on)."""
     escaped = ansi_c_escape(command)
-    last_arg = _READS_LAST_ARG.search(command) is not None
-    lean = not (xtrace or _MAY_TRACE.search(command))
-    heredoc = _HEREDOC.search(command) is not None
+    # (`in` first: a regex search costs more than the rest of a short command's framing)
+    last_arg = b"$" in command and _READS_LAST_ARG.search(command) is not None
+    lean = not (xtrace or ((b"set" in command or b"shopt" in command) and _MAY_TRACE.search(command)))
+    heredoc = b"<<" in command and _HEREDOC.search(command) is not None
     head = "{ \\builtin set +x; } 2>&-;" if xtrace_on else ""
     restore = _restore(status, last_arg or xtrace)
     if xtrace:  # turned on inside the eval: the words above it are not traced

@@ -14,6 +14,7 @@ import tempfile
 import pytest
 
 from rollstream.sandboxes import SandboxClient, SandboxSpec, create_sandbox, destroy_sandbox
+from rollstream.sandboxes.runtime.identity import HostIdentity
 from rollstream.sandboxes.runtime.supervisor import Supervisor
 
 from sandboxes.conftest import needs_bwrap, root_dir  # noqa: F401  (fixture)
@@ -101,6 +102,9 @@ async def test_a_shell_starts_when_a_masked_folder_vanishes_before_bwrap_mounts_
             plan = json.load(file)
         assert folder in plan["bash_argv"], "the plan masks the service's folder"
         supervisor = Supervisor(plan)
+        owner = os.stat(os.path.join(handle.dir, "data", "work")).st_uid
+        if owner != os.geteuid():  # as the sandbox's own supervisor: bwrap under the sandbox's host uid
+            supervisor.identity = HostIdentity(owner, -1, shutil.which("setpriv"))
         supervisor.spawner = racing = _VanishingOnFirstSpawn(supervisor.spawner, folder, listener)
         shell = await asyncio.to_thread(supervisor.session, "racing")
         try:

@@ -16,12 +16,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from rollstream.client import AsyncClient
+from rollstream.config import load_settings
+from rollstream.pipeline.balancer import list_backends
 from rollstream.trainer.batch import build_batch
 from rollstream.trainer.checkpoint import CheckpointMeta, latest_checkpoint, load_checkpoint, model_dir, save_checkpoint
 from rollstream.trainer.config import TrainConfig
 from rollstream.trainer.loss import group_advantages, overlong_penalty
 from rollstream.trainer.metrics import MetricsLog, ProgressView, plot_reward_curve
 from rollstream.trainer.sampler import DynamicSampler, RolloutSource, SampledBatch
+from rollstream.trainer.source import ClientRolloutSource
 from rollstream.trainer.update import PolicyUpdater
 from rollstream.trainer.weight_sync import BuiltinServerBackend, WeightPublisher
 
@@ -122,10 +126,6 @@ class Trainer:
         return model, tokenizer
 
     async def _default_source(self) -> RolloutSource:
-        from rollstream.client import AsyncClient
-        from rollstream.config import load_settings
-        from rollstream.trainer.source import ClientRolloutSource
-
         settings = load_settings(namespace=self.config.namespace,
                                  **({"redis_url": self.config.redis_url} if self.config.redis_url else {}))
         self._client = AsyncClient(self.config.redis_url, submitter=self.config.submitter, settings=settings)
@@ -136,8 +136,6 @@ class Trainer:
     async def _default_publisher(self) -> WeightPublisher:
         backends = [spec.build() for spec in self.config.backends]
         if not backends and self._client is not None:
-            from rollstream.pipeline.balancer import list_backends
-
             backends = [BuiltinServerBackend(b.url) for b in await list_backends(self._client.r, self.config.namespace)]
         if not backends:
             log.warning("no inference backend to publish weights to: rollouts will stay on the initial "

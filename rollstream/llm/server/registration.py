@@ -7,6 +7,9 @@ import logging
 import socket
 from dataclasses import dataclass, field
 
+from rollstream.pipeline.balancer import add_backend, remove_backend
+from rollstream.pipeline.connection import async_redis, check_async
+
 logger = logging.getLogger(__name__)
 
 
@@ -18,9 +21,6 @@ class Registration:
     info: dict = field(default_factory=dict)
 
     async def register(self) -> None:
-        from rollstream.pipeline.balancer import add_backend
-        from rollstream.pipeline.connection import async_redis, check_async
-
         redis = async_redis(self.redis_url)
         try:
             await check_async(redis, self.redis_url)
@@ -30,9 +30,6 @@ class Registration:
         logger.info("registered %s with the balancer (namespace %s)", self.advertise_url, self.namespace)
 
     async def deregister(self) -> None:
-        from rollstream.pipeline.balancer import remove_backend
-        from rollstream.pipeline.connection import async_redis
-
         redis = async_redis(self.redis_url)
         try:
             await remove_backend(redis, self.advertise_url, namespace=self.namespace)

@@ -53,8 +53,6 @@ _STARTUP_TIMEOUT_S = 15.0
 # While a command that may `exec` or start `bash` runs quiet: how often to look whether a
 # new bash, which prints no marker, has replaced the shell or runs inside it.
 _EXEC_POLL_S = 0.2
-# How long the reader polls for the marker after output without it, before it sleeps.
-_SPIN_S = 50e-6
 class OutputCollector:
     """Keeps the first and last `cap/2` bytes of a stream and counts the rest."""
 
@@ -151,18 +149,6 @@ class Spawner:
         if not ok:
             raise value
         return value
-
-
-def _spin_until_readable(fd: int) -> bool:
-    """Poll `fd` for up to _SPIN_S without sleeping. After output without the marker, the
-    marker usually follows within a few microseconds (the epilogue and PROMPT_COMMAND):
-    a blocking select would put this thread to sleep and wake it again, which costs more
-    than the wait (tens of microseconds a call on a VM; see bench/README.md, #20)."""
-    until = time.perf_counter() + _SPIN_S
-    while time.perf_counter() < until:
-        if select.select([fd], [], [], 0)[0]:
-            return True
-    return False
 
 
 class SessionBusy(Exception):
@@ -413,7 +399,6 @@ class BashSession:
         fd = self.process.fd
         pending = b""
         last_output = time.monotonic()
-        spin = False
         while True:
             now = time.monotonic()
             wait = deadline - now
@@ -424,10 +409,7 @@ class BashSession:
             if wait <= 0:
                 collector.add(pending)
                 return reason, None
-            ready = spin and _spin_until_readable(fd)
-            spin = False
-            if not ready:
-                ready, _, _ = select.select([fd], [], [], min(wait, _EXEC_POLL_S) if watch_bash else wait)
+            ready, _, _ = select.select([fd], [], [], min(wait, _EXEC_POLL_S) if watch_bash else wait)
             if not ready:
                 if watch_bash and self.terminal is not None and self.terminal.replaced_by_bash(self.shell):
                     collector.add(pending)
@@ -457,7 +439,6 @@ class BashSession:
                     return "outer", self.last_status
                 # A marker of an earlier, interrupted command: its output is stale.
             data = data[start:]
-            spin = True  # the marker often follows within microseconds: see _spin_until_readable
             # Hold back a possible marker prefix (it starts with \x1e) until the next read.
             cut = data.rfind(b"\x1e", max(0, len(data) - 512))
             if cut == -1:

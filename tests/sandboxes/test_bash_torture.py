@@ -240,6 +240,11 @@ CASES: dict[str, list[Call]] = {
         Call("bash -c 'sleep 0.5; echo done'", "done\n", 0),
         Call("bash --norc -c 'exit 4'", "", 4),
     ],
+    "exec_redirecting_stdout_inside_a_function_keeps_the_framing": [
+        Call("quiet() { exec 3>&1 >/dev/null; }; loud() { exec >&3 3>&-; }", "", 0),
+        Call("quiet; echo hidden", "", 0),
+        Call("loud; echo shown", "shown\n", 0),
+    ],
     "exec_redirecting_stdout_keeps_the_framing": [
         Call("exec 3>&1 >/dev/null; echo hidden", "", 0),
         Call("exec >&3 3>&-; echo shown", "shown\n", 0),

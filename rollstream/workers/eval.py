@@ -30,7 +30,7 @@ class EvalStage(Stage):
                 tctx.sandbox = sandbox
                 reward = float(await get_task(env.job.task).score(env, tctx))
         finally:
-            await self.release(env)  # the job leaves the node: its task's teardown, then its sandbox
+            await self.release(env, tctx)  # the job leaves the node: its task's teardown, then its sandbox
         return completed_result(env, reward)
 
 

@@ -4,8 +4,6 @@ it. A handle read from a stream is never trusted: its paths are rebuilt from its
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from rollstream.config import Settings
@@ -35,18 +33,28 @@ class NodeSandboxes:
         """The job's sandbox, its folder and socket rebuilt from its id under ``root``."""
         return checked_handle(env.sandbox, self.root) if env.sandbox is not None else None
 
-    @asynccontextmanager
-    async def connected(self, env: Envelope) -> AsyncIterator[SandboxClient | None]:
-        """A client connected to the job's sandbox for the duration, or None if it has none."""
+    def connected(self, env: Envelope) -> SandboxClient | NoSandbox:
+        """``async with`` it: a client connected to the job's sandbox for the duration, or None
+        if it has none (every stage hop of a sandbox-less job passes here: no generator-based
+        context manager, whose set-up costs more than the rest of such a hop's stage work)."""
         handle = self.handle(env)
-        if handle is None:
-            yield None
-            return
-        async with SandboxClient(handle.socket_path) as client:
-            yield client
+        return NO_SANDBOX if handle is None else SandboxClient(handle.socket_path)
 
     async def destroy(self, env: Envelope) -> None:
         """Stop the job's sandbox and remove its folder; idempotent."""
         handle = self.handle(env)
         if handle is not None:
             await destroy_sandbox(handle)
+
+
+class NoSandbox:
+    """What ``connected`` gives for a job without a sandbox: entered, it is None."""
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        return None
+
+
+NO_SANDBOX = NoSandbox()

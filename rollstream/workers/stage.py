@@ -128,15 +128,17 @@ class Stage(ABC):
     @abstractmethod
     async def process(self, env: Envelope, tctx: TaskContext) -> Forward | Result: ...
 
-    async def release(self, env: Envelope) -> None:
+    async def release(self, env: Envelope, tctx: TaskContext | None = None) -> None:
         """Free what the job holds on this node: it is leaving the node. What its task's
-        ``setup`` made goes first (the task's ``teardown``), then its sandbox."""
+        ``setup`` made goes first (the task's ``teardown``, with ``tctx`` when the stage has
+        one), then its sandbox."""
         try:
             task = get_task(env.job.task)
         except Exception:  # a task unknown here made nothing here; a sandbox it has still goes
             task = None
         try:
             if task is not None:
-                await task.teardown(env, self.ctx.task_context())
+                await task.teardown(env, tctx or self.ctx.task_context())
         finally:
-            await self.ctx.sandboxes.destroy(env)
+            if env.sandbox is not None:
+                await self.ctx.sandboxes.destroy(env)

@@ -15,7 +15,7 @@ from rich.table import Table
 from rollstream.cli.common import namespace_option, settings_from
 from rollstream.sandboxes import supervisor_spawn
 from rollstream.sandboxes.reaper import Reaper
-from rollstream.sandboxes.spec import namespace_root_dir
+from rollstream.sandboxes.roots import namespace_root_dir
 
 app = typer.Typer(help="Inspect and clean up this node's sandboxes.", no_args_is_help=True)
 console = Console()

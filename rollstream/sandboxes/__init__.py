@@ -15,7 +15,7 @@ _EXPORTS = {
     "SandboxSpec": "rollstream.sandbox_spec",
     "SandboxLimits": "rollstream.sandbox_spec",
     "SandboxHandle": "rollstream.sandbox_spec",
-    "default_root_dir": "spec",
+    "default_root_dir": "roots",
     "SandboxClient": "sandbox_client",
     "create_sandbox": "lifecycle",
     "destroy_sandbox": "lifecycle",
@@ -54,5 +54,5 @@ if TYPE_CHECKING:
     from .reaper import Reaper, become_subreaper
     from .results import BashResult, EditResult, IPythonResult, ToolOutput
     from .sandbox_client import SandboxClient
-    from .spec import default_root_dir
+    from .roots import default_root_dir
     from .tools import call_tool, tool_schemas

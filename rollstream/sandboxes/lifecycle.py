@@ -22,7 +22,7 @@ from .errors import SandboxError, SandboxGone, SandboxSetupError, SandboxStartEr
 from .reaper import reap_finished_children, teardown
 from .runtime.supervisor import remove_tree
 from .sandbox_client import SandboxClient
-from .spec import default_root_dir
+from .roots import default_root_dir
 from .supervisor_spawn import ForkServerUnavailable, spawn_direct, spawn_supervisor
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ import psutil
 
 from .runtime.confine import Confinement, sweep_orphans
 from .runtime.supervisor import remove_tree
-from .spec import default_root_dir
+from .roots import default_root_dir
 
 log = logging.getLogger(__name__)
 

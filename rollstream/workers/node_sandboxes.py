@@ -12,7 +12,7 @@ from rollstream.sandbox_spec import SandboxHandle
 from rollstream.sandboxes.lifecycle import checked_handle, destroy_sandbox
 from rollstream.sandboxes.policy import OverridePolicy
 from rollstream.sandboxes.sandbox_client import SandboxClient
-from rollstream.sandboxes.spec import namespace_root_dir
+from rollstream.sandboxes.roots import namespace_root_dir
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ def test_sandboxes_commands_look_in_the_folder_of_their_namespace(monkeypatch):
     monkeypatch.delenv("ROLLSTREAM_SANDBOX_ROOT", raising=False)
     monkeypatch.setenv("ROLLSTREAM_NAMESPACE", "docsns")
     from rollstream.config import load_settings
-    from rollstream.sandboxes.spec import default_root_dir
+    from rollstream.sandboxes.roots import default_root_dir
     from rollstream.workers.node_sandboxes import NodeSandboxes
 
     expected = f"{default_root_dir()}/docsns"

@@ -1,18 +1,10 @@
-"""Where a node's sandboxes live (default_root_dir, namespace_root_dir). What a sandbox is made
-of and how to reach one (SandboxSpec, SandboxLimits, SandboxHandle) are part of the job's
-vocabulary, in rollstream/sandbox_spec.py; they are named here too for the backends."""
+"""Where a node's sandboxes live: the node's root folder and a deployment's folder under it.
+(What a sandbox is made of and how to reach one are part of the job's vocabulary, in
+rollstream/sandbox_spec.py.)"""
 
 from __future__ import annotations
 
 import os
-
-from rollstream.sandbox_spec import (  # noqa: F401  (the backends' names for them)
-    SANDBOX_ID_PATTERN,
-    BackendName,
-    SandboxHandle,
-    SandboxLimits,
-    SandboxSpec,
-)
 
 
 def default_root_dir() -> str:

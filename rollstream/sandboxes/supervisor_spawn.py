@@ -80,29 +80,37 @@ async def read_ready_line(read_fd: int, timeout_s: float) -> str:
         os.close(read_fd)
 
 
+async def _start_detached(
+    script: str, argument: str, extra: list[str], log_path: str, cwd: str, timeout_s: float
+) -> str:
+    """Run `python -S script ARGUMENT READY_FD EXTRA...` in a session of its own (it outlives
+    the caller and its Ctrl-C), its output appended to `log_path`; the first line it writes
+    to READY_FD (read_ready_line). Raises asyncio.TimeoutError."""
+    read_fd, write_fd = os.pipe()
+    with open(log_path, "ab") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-S", script, argument, str(write_fd), *extra],
+            pass_fds=(write_fd,),
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=log_file,
+            cwd=cwd,
+            env=runtime_env(),
+        )
+    os.close(write_fd)
+    register_child(process)  # collected by this process if it exits first
+    return await read_ready_line(read_fd, timeout_s)
+
+
 async def start_fork_server(root_dir: str, idle_exit_s: float | None = None) -> None:
     """Start the root's fork server, detached; returns once one (ours or another's) is up."""
     root_dir = os.path.abspath(root_dir)
     os.makedirs(root_dir, mode=0o700, exist_ok=True)
-    read_fd, write_fd = os.pipe()
-    argv = [sys.executable, "-S", FORKSERVER_SCRIPT, root_dir, str(write_fd)]
-    if idle_exit_s is not None:
-        argv.append(str(idle_exit_s))
-    with open(os.path.join(root_dir, ".forkserver.log"), "ab") as log_file:
-        process = subprocess.Popen(
-            argv,
-            pass_fds=(write_fd,),
-            start_new_session=True,  # outlives the worker that started it, and its Ctrl-C
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=log_file,
-            cwd=root_dir,
-            env=runtime_env(),
-        )
-    os.close(write_fd)
-    register_child(process)  # collected by this process if the server exits first
+    extra = [] if idle_exit_s is None else [str(idle_exit_s)]
+    log_path = os.path.join(root_dir, ".forkserver.log")
     try:
-        line = await read_ready_line(read_fd, _START_TIMEOUT_S)
+        line = await _start_detached(FORKSERVER_SCRIPT, root_dir, extra, log_path, root_dir, _START_TIMEOUT_S)
     except asyncio.TimeoutError:
         line = f"error it did not report ready within {_START_TIMEOUT_S:g} s"
     if line.startswith("ok ") or line.startswith("busy"):
@@ -194,21 +202,7 @@ async def spawn_supervisor(root_dir: str, plan_path: str, log_path: str, cwd: st
 
 async def spawn_direct(plan_path: str, log_path: str, cwd: str, timeout_s: float) -> str:
     """Start a supervisor as a new interpreter (slower; no fork server needed)."""
-    read_fd, write_fd = os.pipe()
-    with open(log_path, "ab") as log_file:
-        process = subprocess.Popen(
-            [sys.executable, "-S", SUPERVISOR_SCRIPT, plan_path, str(write_fd)],
-            pass_fds=(write_fd,),
-            start_new_session=True,  # survives the caller's death and its Ctrl-C
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=log_file,
-            cwd=cwd,
-            env=runtime_env(),
-        )
-    os.close(write_fd)
-    register_child(process)
     try:
-        return await read_ready_line(read_fd, timeout_s)
+        return await _start_detached(SUPERVISOR_SCRIPT, plan_path, [], log_path, cwd, timeout_s)
     except asyncio.TimeoutError:
         return f"error the supervisor did not report ready within {timeout_s:g} s"

@@ -41,7 +41,7 @@ async def serve_stage(stage: str, settings: Settings, concurrency: int, *, consu
         raise ValueError("a worker needs settings.redis_url")
     ctx = make_context(settings, settings.redis_url)
     await _wait_for_redis(ctx, settings)
-    (settings.data_dir / "work").mkdir(parents=True, exist_ok=True)
+    ctx.work_dir.mkdir(parents=True, exist_ok=True)
     loop = ConsumerLoop(STAGES[stage](ctx), ctx, concurrency, consumer=consumer)
     background = await loop.stage.start_services(loop.consumer)
     aloop = asyncio.get_running_loop()

@@ -75,16 +75,13 @@ class ResultsReader:
 
     async def stream(self, submitter: str, *, idle_timeout_s: float) -> AsyncIterator[str]:
         """Results as they come, as JSON texts, each acknowledged once it has been handed on."""
-        cursor = None
         last = time.monotonic()
         while time.monotonic() - last < idle_timeout_s:
             wait = min(5.0, max(0.05, idle_timeout_s - (time.monotonic() - last)))
-            items, new_cursor = await self.page(submitter, ack=cursor, wait_s=wait, count=100)
-            cursor = new_cursor or cursor
+            items, cursor = await self.page(submitter, ack=None, wait_s=wait, count=100)
             if items:
                 last = time.monotonic()
             for item in items:
                 yield item
-            if new_cursor:
-                await self._ack_through(self.keys.results(submitter), new_cursor)
-                cursor = None
+            if cursor:
+                await self._ack_through(self.keys.results(submitter), cursor)

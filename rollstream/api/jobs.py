@@ -14,8 +14,6 @@ from rollstream.pipeline.jobstate import JobState, read_state
 from rollstream.pipeline.submission import enqueue
 from rollstream.tasks.registry import validate_instance
 
-SUBMITTER = ID_PATTERN  # one id grammar for jobs, groups and submitters (messages.ID_RULE)
-
 router = APIRouter(tags=["jobs"])
 
 
@@ -39,7 +37,7 @@ class BatchRequest(BaseModel):
 class CancelRequest(BaseModel):
     job_id: str | None = Field(default=None, pattern=ID_PATTERN, description=ID_RULE)
     group_id: str | None = Field(default=None, pattern=ID_PATTERN, description=ID_RULE)
-    submitter: str | None = Field(default=None, pattern=SUBMITTER,
+    submitter: str | None = Field(default=None, pattern=ID_PATTERN,
                                   description="Cancel everything this submitter has in flight.")
 
 

@@ -9,9 +9,8 @@ from fastapi import APIRouter, HTTPException, Path, Query
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field
 
-from rollstream.api.jobs import SUBMITTER
 from rollstream.api.state import Shared
-from rollstream.messages import Result
+from rollstream.messages import ID_PATTERN, Result
 
 
 class ResultsPage(BaseModel):
@@ -25,7 +24,7 @@ def router(api_max_wait_s: float) -> APIRouter:
     api = APIRouter(tags=["results"])
 
     @api.get("/v1/results/{submitter}", response_model=ResultsPage)
-    async def results(state: Shared, submitter: str = Path(..., pattern=SUBMITTER),
+    async def results(state: Shared, submitter: str = Path(..., pattern=ID_PATTERN),
                       ack: str | None = Query(None, pattern=r"^[0-9]{1,20}-[0-9]{1,20}$", description="Cursor of the previous page."),
                       wait_s: float = Query(min(10.0, api_max_wait_s), ge=0, le=api_max_wait_s),
                       max: int = Query(100, ge=1, le=1000)) -> Response:
@@ -39,7 +38,7 @@ def router(api_max_wait_s: float) -> APIRouter:
                         media_type="application/json")
 
     @api.get("/v1/results/{submitter}/stream")
-    async def results_stream(state: Shared, submitter: str = Path(..., pattern=SUBMITTER),
+    async def results_stream(state: Shared, submitter: str = Path(..., pattern=ID_PATTERN),
                              idle_timeout_s: float = Query(min(30.0, api_max_wait_s), ge=0.1, le=api_max_wait_s)):
         """NDJSON: one result per line as they arrive; ends after idle_timeout_s without one."""
         async def lines():

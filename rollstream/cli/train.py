@@ -4,12 +4,12 @@ calls ``register``."""
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from rollstream.cli.common import setup_logging
 from rollstream.trainer.config import TrainConfig
 
 
@@ -27,8 +27,7 @@ def train_command(
     # Imported here: the training loop loads torch (seconds), which only this command needs.
     from rollstream.trainer.loop import train
 
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(verbose)
     overrides: dict = {"resume": resume}
     if steps is not None:
         overrides["steps"] = steps

@@ -53,6 +53,8 @@ _STARTUP_TIMEOUT_S = 15.0
 # While a command that may `exec` or start `bash` runs quiet: how often to look whether a
 # new bash, which prints no marker, has replaced the shell or runs inside it.
 _EXEC_POLL_S = 0.2
+
+
 class OutputCollector:
     """Keeps the first and last `cap/2` bytes of a stream and counts the rest."""
 
@@ -246,8 +248,9 @@ class BashSession:
             f"trap -- {ansi_c_quote(on_exit.encode())} EXIT"
         )
 
-    def start(self) -> None:
-        self.process = self.spawner(
+    def _spawn_pty(self) -> ptyprocess.PtyProcess:
+        """A new shell on a pty of its own, started by the spawner thread."""
+        return self.spawner(
             lambda: ptyprocess.PtyProcess.spawn(
                 self.argv,
                 cwd=self.cwd,
@@ -257,6 +260,9 @@ class BashSession:
                 dimensions=DIMENSIONS,
             )
         )
+
+    def start(self) -> None:
+        self.process = self._spawn_pty()
         self.terminal = None
         self.foreign = None
         self.outer = []
@@ -353,10 +359,7 @@ class BashSession:
         foreground job from a second shell started the same way (signal_from_beside)."""
         if self.inside_pid is None:
             return False
-        spawn = lambda: ptyprocess.PtyProcess.spawn(
-            self.argv, cwd=self.cwd, env=self.env, echo=False, preexec_fn=self._preexec, dimensions=DIMENSIONS
-        )
-        return signal_from_beside(lambda: self.spawner(spawn), self.inside_pid, signum, _STARTUP_TIMEOUT_S)
+        return signal_from_beside(self._spawn_pty, self.inside_pid, signum, _STARTUP_TIMEOUT_S)
 
     # -- reading ---------------------------------------------------------------------
     def _completes(self, payload: bytes, number: int) -> int | None:

@@ -135,6 +135,7 @@ def submit(
         fail(str(exc))
     raise typer.Exit(code)
 
+
 def cancel(
     job: Optional[str] = typer.Option(None, "--job", help="Cancel this job id."),
     group: Optional[str] = typer.Option(None, "--group", help="Cancel every job of this group id."),

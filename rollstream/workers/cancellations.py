@@ -64,18 +64,21 @@ class Cancellations:
                 await asyncio.sleep(1.0)
             raise_if_cancelled()
 
+    def _interruptible(self) -> list[tuple[str, Job]]:
+        """(message id, job) of the jobs at work that nothing has interrupted yet."""
+        return [(m, env.job) for m, (_t, env) in list(self.inflight.items())
+                if env is not None and m in self.at_work and m not in self.reasons]
+
     def _interrupt_cancelled(self) -> None:
-        for msg_id, (_task, env) in list(self.inflight.items()):
-            if env is not None and msg_id in self.at_work and msg_id not in self.reasons:
-                reason = self.book.reason(env.job)
-                if reason:
-                    self.interrupt(msg_id, reason)
+        for msg_id, job in self._interruptible():
+            reason = self.book.reason(job)
+            if reason:
+                self.interrupt(msg_id, reason)
 
     async def watch(self) -> None:
         """Backstop to the notices: flags raised without one (by hand with redis-cli) still
         stop jobs at work within a second."""
-        jobs = [(m, env.job) for m, (_t, env) in list(self.inflight.items())
-                if env is not None and m in self.at_work and m not in self.reasons]
+        jobs = self._interruptible()
         if not jobs:
             return
         reasons = await cancel.check_many(self.r, self.keys, [job for _m, job in jobs])

@@ -15,6 +15,8 @@ import re
 _CHUNK_CHARS = 1000
 _SAFE = re.compile(rb"[^\x20-\x26\x28-\x5b\x5d-\x7e]")
 _HEREDOC = re.compile(rb"<<(?!<)")
+# The pieces a long escaped command is split between: an escape, or a run of other characters.
+_CHUNK_TOKEN = re.compile(r"\\x[0-9a-f]{2}|\\.|[^\\]{1,256}")
 # Words that may turn xtrace on in the shell itself (`set -x`, `shopt -so xtrace`): such a
 # command gets the epilogue that hides itself from xtrace. A function or a sourced file can
 # turn it on as well; then the lean epilogue's trace is cut off by the session (strip_trace).
@@ -107,7 +109,7 @@ def encode_command(command: bytes, number: int, status: int = 0, xtrace: bool = 
     chunks: list[str] = []
     current = ""
     # Split only between escapes so that a chunk never ends inside "\xHH".
-    for token in re.findall(r"\\x[0-9a-f]{2}|\\.|[^\\]{1,256}", text):
+    for token in _CHUNK_TOKEN.findall(text):
         if len(current) + len(token) > _CHUNK_CHARS and current:
             chunks.append(current)
             current = ""

@@ -21,11 +21,12 @@ from .backends import SandboxLayout, select_backend
 from .errors import SandboxError, SandboxGone, SandboxSetupError, SandboxStartError
 from .reaper import reap_finished_children, teardown
 from .runtime.supervisor import remove_tree
-from .sandbox_client import SandboxClient
 from .roots import default_root_dir
+from .sandbox_client import SandboxClient
 from .supervisor_spawn import ForkServerUnavailable, spawn_direct, spawn_supervisor
 
 log = logging.getLogger(__name__)
+
 
 async def create_sandbox(
     spec: SandboxSpec,

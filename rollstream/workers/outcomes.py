@@ -20,6 +20,12 @@ from rollstream.workers.stage import Stage, WorkerContext, ended_result
 log = logging.getLogger(__name__)
 
 
+def _from_init(env: Envelope, **update) -> Envelope:
+    """The job as init takes it again: nothing this node made for it (sandbox, state,
+    trajectory, node) goes with it."""
+    return env.model_copy(update={"sandbox": None, "state": {}, "trajectory": None, "node": None, **update})
+
+
 class Outcomes:
     def __init__(self, stage: Stage, ctx: WorkerContext, consumer: str):
         self.stage = stage
@@ -84,14 +90,12 @@ class Outcomes:
         if env.attempt + 1 >= attempts:
             env.errors.pop()
             return await self.give_up(src, env, f"{error} (attempt {env.attempt + 1} of {attempts})", failure)
-        restarted = env.model_copy(update={"attempt": env.attempt + 1, "sandbox": None, "state": {},
-                                           "trajectory": None, "node": None})
-        await self.handoff.requeue(src, restarted, self.ctx.keys.init_stream, "init", error, count=count)
+        await self.handoff.requeue(src, _from_init(env, attempt=env.attempt + 1), self.ctx.keys.init_stream, "init",
+                                   error, count=count)
 
     async def hand_back(self, src: Source, env: Envelope) -> None:
         count = await self.release(env)
-        fresh = env.model_copy(update={"sandbox": None, "state": {}, "trajectory": None, "node": None})
-        await self.handoff.requeue(src, fresh, self.ctx.keys.init_stream, "init",
+        await self.handoff.requeue(src, _from_init(env), self.ctx.keys.init_stream, "init",
                                    f"handed back by {self.consumer} at shutdown", count=count)
 
     async def undecodable(self, src: Source, fields: dict, exc: Exception) -> None:

@@ -13,7 +13,7 @@ from typing import Any, Literal, TypeAlias
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollstream.episode_settings import AgentOverrides
-from rollstream.sampling import SamplingParams  # noqa: F401  (re-exported: the job's sampling)
+from rollstream.sampling import SamplingParams
 from rollstream.sandbox_spec import SandboxHandle, SandboxOverrides
 from rollstream.trajectory import Trajectory
 

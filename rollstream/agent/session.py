@@ -8,8 +8,9 @@ import asyncio
 import logging
 import time
 
-from rollstream.llm.inference_client import BackendError, CompletionBackend, Generation, SamplingParams
+from rollstream.llm.inference_client import BackendError, CompletionBackend, Generation
 from rollstream.pipeline.balancer import Balancer, Lease, NoBackendAvailable
+from rollstream.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 

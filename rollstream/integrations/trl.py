@@ -27,7 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from rollstream.episode_settings import AgentSettings
 from rollstream.config import Settings
 from rollstream.integrations.trl_bridge import RollstreamConnection
-from rollstream.messages import Job, Result, SamplingParams
+from rollstream.messages import Job, Result
+from rollstream.sampling import SamplingParams
 from rollstream.tasks.registry import get_task
 
 log = logging.getLogger(__name__)

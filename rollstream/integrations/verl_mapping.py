@@ -12,8 +12,8 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from rollstream.errors import InvalidJob
-from rollstream.llm.inference_client import SamplingParams
 from rollstream.messages import Job, Result
+from rollstream.sampling import SamplingParams
 from rollstream.trajectory import Trajectory
 
 ROW_KEY = "rollstream"  # extra_info[ROW_KEY] holds what the job needs

@@ -9,7 +9,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from rollstream.client import AsyncClient
-from rollstream.messages import Job, Result, SamplingParams
+from rollstream.messages import Job, Result
+from rollstream.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import redis
 import redis.asyncio as aioredis
 
 from rollstream.messages import Result
-from rollstream.pipeline.keys import Keys
+from rollstream.pipeline.keys import STAGES, Keys
 
 # Seconds: from a fast tool call to a long agent episode.
 BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
@@ -85,7 +85,7 @@ def result_latencies(keys: Keys, result: Result) -> list[tuple[str, float]]:
     (/metrics), as (histogram key, seconds)."""
     timings = result.timings_s
     out = [(keys.stage_histogram(stage), timings[f"{stage}_s"])
-           for stage in ("init", "run", "eval") if f"{stage}_s" in timings]
+           for stage in STAGES if f"{stage}_s" in timings]
     for call in result.trajectory.tool_calls if result.trajectory else []:
         if call.duration_ms > 0:
             out.append((keys.tool_histogram(call.name), call.duration_ms / 1000))

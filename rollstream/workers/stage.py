@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 from rollstream.config import Settings
 from rollstream.messages import Envelope, FailureKind, Result
 from rollstream.pipeline.handoff import Handoff
-from rollstream.pipeline.keys import Keys
+from rollstream.pipeline.keys import STAGES, Keys
 from rollstream.tasks.base import ProcessServices, TaskContext
 from rollstream.tasks.registry import get_task
 from rollstream.workers.node_sandboxes import NodeSandboxes
@@ -60,7 +60,6 @@ class WorkerContext:
 # Finish reasons of an episode that ended on one of the policy's own limits: its result is
 # scored and trained on, and says failure="agent".
 AGENT_LIMIT_FINISHES = frozenset({"max_turns", "context", "length", "timeout", "harness_error"})
-STAGE_ORDER = ("init", "run", "eval")
 
 
 def completed_result(env: Envelope, reward: float) -> Result:
@@ -90,13 +89,13 @@ def active_s(env: Envelope, stage: str) -> float:
     """Seconds this attempt of the job has spent at work in the stages before ``stage``: what
     its ``timeout_s`` counts (queue time does not). Each attempt restarts from init, so the
     earlier stages' timings are always this attempt's own."""
-    return sum(env.timings_s.get(f"{s}_s", 0.0) for s in STAGE_ORDER[:STAGE_ORDER.index(stage)])
+    return sum(env.timings_s.get(f"{s}_s", 0.0) for s in STAGES[:STAGES.index(stage)])
 
 
 def queued_s(env: Envelope, stage: str) -> float:
     """Seconds the job has waited in stage queues up to the start of ``stage`` (that stage's
     own wait included): what its ``queue_timeout_s`` bounds."""
-    return sum(env.timings_s.get(f"{s}_wait_s", 0.0) for s in STAGE_ORDER[:STAGE_ORDER.index(stage) + 1])
+    return sum(env.timings_s.get(f"{s}_wait_s", 0.0) for s in STAGES[:STAGES.index(stage) + 1])
 
 
 class Stage(ABC):

@@ -8,7 +8,6 @@ import asyncio
 import json
 import sys
 import time
-from importlib import resources
 from pathlib import Path
 from typing import Optional
 
@@ -23,15 +22,10 @@ from rollstream.messages import Result
 from rollstream.pipeline import cancel as cancel_flags
 from rollstream.pipeline.connection import async_redis
 from rollstream.pipeline.keys import Keys
+from rollstream.tasks.registry import shipped_task_sets
 
 EXIT_FAILED = 1  # some job failed or was cancelled
 EXIT_TIMEOUT = 3  # the deadline passed before every result came
-
-
-def shipped_task_sets() -> dict[str, Path]:
-    """The task files inside the package (``rollstream/data/tasks/NAME.jsonl``) by name."""
-    folder = resources.files("rollstream") / "data" / "tasks"
-    return {Path(str(f)).stem: Path(str(f)) for f in folder.iterdir() if str(f).endswith(".jsonl")}
 
 
 def task_file(spec: str) -> Path:

@@ -16,9 +16,7 @@ from rollstream.config import Settings
 from rollstream.demo.training import ARITH_HIGH, TRAIN_AGENT, TRAIN_SAMPLING
 from rollstream.messages import Result
 from rollstream.tasks import arith
-from rollstream.tasks.registry import available_tasks
-
-DATA_TASKS = Path(__file__).resolve().parent.parent / "data" / "tasks"
+from rollstream.tasks.registry import available_tasks, shipped_task_sets
 
 
 def demo_jobs(n_arith: int, group_size: int, seed: int) -> list[tuple[dict, int]]:
@@ -30,9 +28,10 @@ def demo_jobs(n_arith: int, group_size: int, seed: int) -> list[tuple[dict, int]
         jobs.append(({"task": "arith", "instance": inst, "sampling": TRAIN_SAMPLING, "agent": TRAIN_AGENT},
                      group_size))
     jobs += [({"task": "echo", "instance": {"prompt": f"hello {i}"}}, 1) for i in range(4)]
+    shipped = shipped_task_sets()
     for name in ("math", "code", "swe"):
-        path = DATA_TASKS / f"{name}.jsonl"
-        if name in available_tasks() and path.exists():
+        path = shipped.get(name)
+        if name in available_tasks() and path is not None:
             for line in path.read_text().splitlines()[:2]:
                 if line.strip():
                     job = json.loads(line)

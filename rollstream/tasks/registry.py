@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 from functools import lru_cache
+from importlib import resources
 from importlib.metadata import entry_points
+from pathlib import Path
 
 from rollstream.errors import InvalidJob, UnknownTask
 from rollstream.tasks.base import Task
@@ -21,6 +23,12 @@ def register_task(cls: type[Task]) -> type[Task]:
     _registered[cls.name] = cls
     _instances.cache_clear()
     return cls
+
+
+def shipped_task_sets() -> dict[str, Path]:
+    """The task files inside the package (``rollstream/data/tasks/NAME.jsonl``) by name."""
+    folder = resources.files("rollstream") / "data" / "tasks"
+    return {Path(str(f)).stem: Path(str(f)) for f in folder.iterdir() if str(f).endswith(".jsonl")}
 
 
 def _entry_points() -> dict[str, object]:

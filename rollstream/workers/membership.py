@@ -69,17 +69,17 @@ class Membership:
             await self.r.xack(self.stream, self.group, *deleted)
         if not claimed:
             return []
+        ids = [message_id(m) for m, _fields in claimed]
         # Delivery counts of everything claimed, in one round trip (off the critical path).
         async with self.r.pipeline(transaction=False) as pipe:
-            for msg_id, _fields in claimed:
-                pipe.xpending_range(self.stream, self.group, min=message_id(msg_id), max=message_id(msg_id), count=1)
+            for msg_id in ids:
+                pipe.xpending_range(self.stream, self.group, min=msg_id, max=msg_id, count=1)
             infos = await pipe.execute()
         entries = []
-        for (msg_id, fields), info in zip(claimed, infos):
-            msg_id = message_id(msg_id)
+        for msg_id, (_m, fields), info in zip(ids, claimed, infos):
             deliveries = info[0]["times_delivered"] if info else self.settings.max_deliveries + 1
             log.info("%s reclaimed %s (delivery %d)", self.consumer, msg_id, deliveries)
-            entries.append((msg_id, fields or {}, deliveries))
+            entries.append((msg_id, fields, deliveries))  # autoclaim keeps only entries with fields
         return entries
 
     async def leave(self) -> None:

@@ -16,7 +16,11 @@ import subprocess
 import pytest
 
 from rollstream.sandboxes import Reaper, SandboxClient, SandboxLimits, SandboxSpec, ToolError, create_sandbox, destroy_sandbox
+from rollstream.sandboxes.backends.base import SandboxLayout
+from rollstream.sandboxes.backends.bwrap import BwrapBackend
+from rollstream.sandboxes.reaper import live_supervisors
 from rollstream.sandboxes.runtime import confine
+from rollstream.sandboxes.supervisor_spawn import spawn_supervisor
 
 from .conftest import needs_bwrap, processes_mentioning
 
@@ -163,6 +167,34 @@ async def test_reaper_releases_the_cgroup_and_tmpfs_of_a_killed_supervisor(root_
     await asyncio.sleep(0.2)
     assert Reaper(root_dir).reap(lambda sandbox_id, owner: True) == ["crash"]
     assert_released(handle, record)
+
+
+@needs_root
+async def test_reaper_releases_a_supervisor_killed_while_its_shell_was_starting(root_dir):
+    """A node cancelled mid-creation: the supervisor had mounted the sandbox's tmpfs and was
+    waiting for its shell when it was SIGKILLed. The reaper must see a dead supervisor (not a
+    sandbox still being created, which it leaves alone for minutes) and release the mount."""
+    layout = SandboxLayout.of(root_dir, "halfmade")
+    layout.make()
+    plan = BwrapBackend().plan(SandboxSpec(backend="bwrap"), layout, "halfmade", "job-h").to_json_dict()
+    plan["bash_argv"] = ["sleep", "1000"]  # a shell that never answers: start() waits for it
+    with open(layout.plan_path, "w") as handle:
+        json.dump(plan, handle)
+    starting = asyncio.ensure_future(spawn_supervisor(root_dir, layout.plan_path, layout.log_path, layout.dir, 60))
+    try:
+        for _ in range(300):
+            if _mounted_under(layout.dir) and live_supervisors(root_dir):
+                break
+            await asyncio.sleep(0.02)
+        assert _mounted_under(layout.dir), "the supervisor never mounted the sandbox's tmpfs"
+        record = _record(layout)
+        for supervisor in live_supervisors(root_dir):
+            supervisor.kill()
+        await starting
+    finally:
+        starting.cancel()
+    assert Reaper(root_dir).reap(lambda sandbox_id, owner: True) == ["halfmade"]
+    assert_released(layout, record)
 
 
 async def test_info_names_the_mechanism_behind_each_limit(sb):

@@ -79,6 +79,11 @@ class Supervisor:
 
     # -- startup -----------------------------------------------------------------------
     def start(self) -> None:
+        # The pid file comes first: a supervisor killed from here on may leave a mounted tmpfs,
+        # a cgroup or a container, and the reaper tears down at once only a sandbox whose
+        # supervisor it can see is dead (one with no pid file may still be being created).
+        with open(os.path.join(self.dir, "supervisor.pid"), "w") as handle:
+            handle.write(str(os.getpid()))
         self.confinement = confine.Confinement.create(self.plan)
         if self.plan.get("unprivileged_via") and os.geteuid() == 0:
             self.identity = identity.allocate(self.plan["unprivileged_via"])
@@ -103,8 +108,6 @@ class Supervisor:
         os.chmod(path, 0o600)
         self.listener.listen(128)
         self.session("main")  # start the default shell now so the first call is fast
-        with open(os.path.join(self.dir, "supervisor.pid"), "w") as handle:
-            handle.write(str(os.getpid()))
 
     def session(self, name: str) -> BashSession:
         with self.sessions_lock:

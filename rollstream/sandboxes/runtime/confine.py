@@ -166,6 +166,10 @@ class Confinement:
 
     def __init__(self, record: dict) -> None:
         self.record = record
+        # The pids cgroup's counters are read around every bash call: found once, and read
+        # with one pread on a descriptor kept open (opening them costs each call ~50 µs).
+        self._pids_dir: str | None | bool = False  # False: not looked for yet
+        self._descriptors: dict[str, int] = {}
 
     # -- creation (supervisor) ---------------------------------------------------------
     @classmethod
@@ -270,39 +274,49 @@ class Confinement:
         return bool(self.record["tmpfs"])
 
     def _pids_path(self) -> str | None:
-        for path in self.record["cgroups"]:
-            if os.path.exists(os.path.join(path, "pids.max")):
-                return path
-        return None
+        if self._pids_dir is False:
+            self._pids_dir = next(
+                (path for path in self.record["cgroups"] if os.path.exists(os.path.join(path, "pids.max"))), None
+            )
+        return self._pids_dir  # type: ignore[return-value]
+
+    def _read_pids_file(self, name: str) -> bytes | None:
+        """The content of the pids cgroup's file `name`; None without one (or once removed)."""
+        path = self._pids_path()
+        if path is None:
+            return None
+        try:
+            fd = self._descriptors.get(name)
+            if fd is None:
+                fd = self._descriptors[name] = os.open(os.path.join(path, name), os.O_RDONLY | os.O_CLOEXEC)
+            return os.pread(fd, 4096, 0)
+        except OSError:
+            return None
+
+    def close_counters(self) -> None:
+        descriptors, self._descriptors = self._descriptors, {}
+        for fd in descriptors.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def pid_limit_hits(self) -> int:
         """How often a fork failed at the process limit so far (pids.events 'max')."""
-        path = self._pids_path()
-        if path is None:
-            return 0
-        try:
-            with open(os.path.join(path, "pids.events")) as handle:
-                for line in handle:
-                    key, _, value = line.partition(" ")
-                    if key == "max":
-                        return int(value)
-        except (OSError, ValueError):
-            pass
+        events = self._read_pids_file("pids.events")
+        for line in (events or b"").splitlines():
+            key, _, value = line.partition(b" ")
+            if key == b"max" and value.strip().isdigit():
+                return int(value)
         return 0
 
     def at_process_limit(self) -> bool:
         """True while the sandbox holds as many processes as pids.max allows (or one less)."""
-        path = self._pids_path()
-        if path is None:
-            return False
-        try:
-            with open(os.path.join(path, "pids.max")) as handle:
-                limit = handle.read().strip()
-            with open(os.path.join(path, "pids.current")) as handle:
-                current = int(handle.read())
-        except (OSError, ValueError):
-            return False
-        return limit != "max" and current >= int(limit) - 1
+        limit = (self._read_pids_file("pids.max") or b"").strip()
+        if not limit.isdigit():
+            return False  # "max", or no pids cgroup
+        current = (self._read_pids_file("pids.current") or b"").strip()
+        return current.isdigit() and int(current) >= int(limit) - 1
 
     def wait_below_process_limit(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
@@ -395,6 +409,7 @@ class Confinement:
     def kill_and_remove_cgroups(self, timeout_s: float = 5.0) -> list[str]:
         """Kill what is inside, then remove the cgroups; returns those that would not go."""
         self.kill_all(timeout_s)
+        self.close_counters()
         stuck = []
         for path in self.record["cgroups"]:
             deadline = time.monotonic() + timeout_s

@@ -23,6 +23,7 @@ if __package__:
     from .unix_path import bind_unix
     from .bash_session import BashSession, SessionBusy, Spawner, kill_session_processes
     from .editor import Editor, EditorError, PathMap
+    from .standby_threads import StandbyThreads
 else:  # python -S supervisor.py: sibling modules are top-level
     import confine
     import identity
@@ -30,6 +31,7 @@ else:  # python -S supervisor.py: sibling modules are top-level
     from unix_path import bind_unix
     from bash_session import BashSession, SessionBusy, Spawner, kill_session_processes
     from editor import Editor, EditorError, PathMap
+    from standby_threads import StandbyThreads
 
 MAX_SESSIONS = 16
 EDITOR_LOCK_WAIT_S = 30.0
@@ -67,6 +69,7 @@ class Supervisor:
         self.listener: socket.socket | None = None
         self.held_connections: list[socket.socket] = []
         self.spawner = Spawner()
+        self.readers: StandbyThreads | None = None  # started with serving
         # Written to wake the accept loop at once on shutdown (a signal or the shutdown op).
         self.wake_read, self.wake_write = os.pipe()
 
@@ -173,6 +176,7 @@ class Supervisor:
     def serve(self) -> None:
         assert self.listener is not None
         threading.Thread(target=self._watchdog, daemon=True, name="watchdog").start()
+        self.readers = StandbyThreads("reader")
         while not self.stopping.is_set():
             readable, _, _ = select.select([self.listener, self.wake_read], [], [])
             if self.wake_read in readable:
@@ -182,13 +186,14 @@ class Supervisor:
             except OSError:
                 break
             connection.settimeout(None)
-            threading.Thread(target=self._connection, args=(connection,), daemon=True).start()
+            self.readers.run(self._connection, connection)
 
     def _connection(self, connection: socket.socket, write_lock: threading.Lock | None = None) -> None:
         """Read requests of one connection; slow ones run here while a new thread reads on.
 
         Handing the reading over (rather than the request) keeps the request on the thread
-        that is already awake: one scheduler wake-up less per tool call on a busy node.
+        that is already awake: one scheduler wake-up less per tool call on a busy node; the
+        reading goes to a thread already waiting (standby_threads.py), not a new one.
         """
         write_lock = write_lock or threading.Lock()
         handed_over = False
@@ -207,9 +212,8 @@ class Supervisor:
                 if op in ("ping", "info", "read_file", "write_file", "edit"):
                     self._handle(connection, write_lock, request)  # quick: answer inline
                     continue
-                threading.Thread(
-                    target=self._connection, args=(connection, write_lock), daemon=True
-                ).start()
+                assert self.readers is not None
+                self.readers.run(self._connection, connection, write_lock)
                 handed_over = True
                 self._handle(connection, write_lock, request)
                 return

@@ -91,6 +91,8 @@ async def test_sessions_are_independent_and_run_side_by_side(sb):
     await asyncio.sleep(0.2)
     fast = await sb.bash("pwd", session="b")
     assert fast.output == "/workspace\n"
+    assert not slow.done()  # answered on the same connection while the other command ran
+    assert (await sb.ping()) > 0 and not slow.done()
     assert (await slow).output == "/tmp\n"
 
 

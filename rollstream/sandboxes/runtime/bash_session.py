@@ -24,6 +24,7 @@ import signal
 import termios
 import threading
 import time
+from typing import Protocol
 
 import ptyprocess
 
@@ -53,6 +54,16 @@ _STARTUP_TIMEOUT_S = 15.0
 # While a command that may `exec` or start `bash` runs quiet: how often to look whether a
 # new bash, which prints no marker, has replaced the shell or runs inside it.
 _EXEC_POLL_S = 0.2
+
+
+class Caller(Protocol):
+    """Who waits for a command: the supervisor's connection (its descriptor), and what to do
+    once it sends more or this call turns slow (hand its reading to another thread)."""
+
+    fd: int
+    done: bool
+
+    def busy(self) -> None: ...
 
 
 class OutputCollector:
@@ -390,6 +401,7 @@ class BashSession:
         deadline: float,
         no_output_s: float | None,
         watch_bash: bool = False,
+        caller: "Caller | None" = None,
     ) -> tuple[str, int | None]:
         """Read output into `collector` until the marker of command `number`.
 
@@ -397,9 +409,11 @@ class BashSession:
         ("outer", exit_code) where an inner bash exited and the one below it finished the
         command that started it; with `watch_bash` ("exec", None) once the shell has exec'd a
         new bash and ("inner", None) once it runs an interactive bash waiting at its prompt.
+        `caller`: see run.
         """
         assert self.process is not None
         fd = self.process.fd
+        watched = [fd] if caller is None or caller.done else [fd, caller.fd]
         pending = b""
         last_output = time.monotonic()
         while True:
@@ -412,7 +426,13 @@ class BashSession:
             if wait <= 0:
                 collector.add(pending)
                 return reason, None
-            ready, _, _ = select.select([fd], [], [], min(wait, _EXEC_POLL_S) if watch_bash else wait)
+            ready, _, _ = select.select(watched, [], [], min(wait, _EXEC_POLL_S) if watch_bash else wait)
+            if len(watched) > 1 and watched[1] in ready:
+                assert caller is not None
+                caller.busy()
+                watched = [fd]
+                if fd not in ready:
+                    continue
             if not ready:
                 if watch_bash and self.terminal is not None and self.terminal.replaced_by_bash(self.shell):
                     collector.add(pending)
@@ -452,18 +472,29 @@ class BashSession:
                 pending = data[cut:]
 
     # -- the tool --------------------------------------------------------------------
-    def run(self, command: bytes, timeout_s: float, no_output_timeout_s: float | None) -> dict:
+    def run(
+        self,
+        command: bytes,
+        timeout_s: float,
+        no_output_timeout_s: float | None,
+        caller: "Caller | None" = None,
+    ) -> dict:
+        """Run `command`. With a `caller`, its descriptor is watched while the command runs,
+        and `caller.busy()` called (once) when it becomes readable or the call turns slow
+        (an interrupt, a new shell to set up)."""
         if not self.lock.acquire(blocking=False):
             raise SessionBusy(
                 "this bash session is still running a command; wait for it, or pass another "
                 "session name to run commands side by side"
             )
         try:
-            return self._run(command, timeout_s, no_output_timeout_s)
+            return self._run(command, timeout_s, no_output_timeout_s, caller)
         finally:
             self.lock.release()
 
-    def _run(self, command: bytes, timeout_s: float, no_output_timeout_s: float | None) -> dict:
+    def _run(
+        self, command: bytes, timeout_s: float, no_output_timeout_s: float | None, caller: "Caller | None"
+    ) -> dict:
         started = time.monotonic()
         notes: list[str] = []
         if not self.alive:
@@ -480,7 +511,11 @@ class BashSession:
         xtrace_before = self.xtrace
         os.write(self.process.fd, line)
         watch = not self.foreign and (b"exec" in command or b"bash" in command)
-        status, exit_code = self._read_until_marker(collector, number, started + timeout_s, no_output_timeout_s, watch)
+        status, exit_code = self._read_until_marker(
+            collector, number, started + timeout_s, no_output_timeout_s, watch, caller
+        )
+        if caller is not None and (status != "done" or self.replaced):
+            caller.busy()  # what follows may take seconds
         if status == "exec":
             self._setup_shell()
             status, exit_code = "done", 0

@@ -19,9 +19,11 @@ import time
 
 from_package = bool(__package__)
 if from_package:
-    from .bash_session import OutputCollector, SessionBusy, join_cgroups, kill_session_processes
+    from .bash_session import SessionBusy
+    from .child_processes import OutputCollector, join_cgroups, kill_session_processes
 else:  # run as a script by the supervisor (python -S supervisor.py)
-    from bash_session import OutputCollector, SessionBusy, join_cgroups, kill_session_processes
+    from bash_session import SessionBusy
+    from child_processes import OutputCollector, join_cgroups, kill_session_processes
 
 def _loads(data: bytes) -> dict:
     """JSON of a kernel message; undecodable bytes (a print of a lone surrogate) become U+FFFD."""

@@ -11,6 +11,7 @@ the next one first, off the caller's path. Used by supervisor.py.
 from __future__ import annotations
 
 import queue
+import socket
 import threading
 import traceback
 from collections.abc import Callable
@@ -48,3 +49,22 @@ class StandbyThreads:
                 traceback.print_exc()
             with self.lock:
                 self.waiting += 1
+
+
+class HandOff:
+    """The connection of a request being answered (a bash session's `Caller`): `busy()`
+    hands the reading of its next requests to a waiting thread, the first time."""
+
+    __slots__ = ("args", "done", "fd", "threads")
+
+    def __init__(self, threads: StandbyThreads, read: Callable[..., None], connection: socket.socket,
+                 write_lock: threading.Lock) -> None:
+        self.threads = threads
+        self.args = (read, connection, write_lock)
+        self.fd = connection.fileno()
+        self.done = False
+
+    def busy(self) -> None:
+        if not self.done:
+            self.done = True
+            self.threads.run(*self.args)

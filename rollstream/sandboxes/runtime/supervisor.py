@@ -22,17 +22,21 @@ from collections.abc import Callable
 if __package__:
     from . import confine, identity, protocol
     from .unix_path import bind_unix
-    from .bash_session import BashSession, SessionBusy, Spawner, kill_session_processes
+    from .bash_session import BashSession, SessionBusy
+    from .child_processes import Spawner, kill_session_processes
     from .editor import Editor, EditorError, PathMap
-    from .standby_threads import StandbyThreads
+    from .host_masks import MASK_RACE_RETRIES, without_vanished_masks
+    from .standby_threads import HandOff, StandbyThreads
 else:  # python -S supervisor.py: sibling modules are top-level
     import confine
     import identity
     import protocol
     from unix_path import bind_unix
-    from bash_session import BashSession, SessionBusy, Spawner, kill_session_processes
+    from bash_session import BashSession, SessionBusy
+    from child_processes import Spawner, kill_session_processes
     from editor import Editor, EditorError, PathMap
-    from standby_threads import StandbyThreads
+    from host_masks import MASK_RACE_RETRIES, without_vanished_masks
+    from standby_threads import HandOff, StandbyThreads
 
 MAX_SESSIONS = 16
 EDITOR_LOCK_WAIT_S = 30.0
@@ -131,7 +135,7 @@ class Supervisor:
         """A started bash. The host paths the plan masks are checked just before bwrap runs,
         but one can still vanish before bwrap mounts over it (another service stopping right
         then) and bwrap fails: then the masks are planned again and the start retried."""
-        for attempt in range(_MASK_RACE_RETRIES + 1):
+        for attempt in range(MASK_RACE_RETRIES + 1):
             masked = without_vanished_masks(self.plan["bash_argv"])
             shell = BashSession(
                 self._as_sandbox_user(masked),
@@ -146,7 +150,7 @@ class Supervisor:
                 shell.start()
                 return shell
             except RuntimeError:
-                if attempt == _MASK_RACE_RETRIES or without_vanished_masks(self.plan["bash_argv"]) == masked:
+                if attempt == MASK_RACE_RETRIES or without_vanished_masks(self.plan["bash_argv"]) == masked:
                     raise
         raise AssertionError("unreachable")
 
@@ -200,7 +204,7 @@ class Supervisor:
         for each costs it ~35 µs on two cores (the threads take turns at the GIL).
         """
         write_lock = write_lock or threading.Lock()
-        hand_off: _HandOff | None = None
+        hand_off: HandOff | None = None
         try:
             while not self.stopping.is_set():
                 request = protocol.recv_message(connection)
@@ -217,7 +221,7 @@ class Supervisor:
                     self._handle(connection, write_lock, request)  # quick: answer inline
                     continue
                 assert self.readers is not None
-                hand_off = _HandOff(self.readers, self._connection, connection, write_lock)
+                hand_off = HandOff(self.readers, self._connection, connection, write_lock)
                 if op != "bash":
                     hand_off.busy()
                 self._handle(connection, write_lock, request, hand_off)
@@ -235,7 +239,7 @@ class Supervisor:
                     pass
 
     def _handle(
-        self, connection: socket.socket, write_lock: threading.Lock, request: dict, hand_off: _HandOff | None = None
+        self, connection: socket.socket, write_lock: threading.Lock, request: dict, hand_off: HandOff | None = None
     ) -> None:
         with self.activity_lock:
             self.in_flight += 1
@@ -264,7 +268,7 @@ class Supervisor:
         if request.get("op") == "shutdown":
             self.stop()
 
-    def _dispatch(self, request: dict, hand_off: _HandOff | None = None):
+    def _dispatch(self, request: dict, hand_off: HandOff | None = None):
         op = request.get("op")
         args = request.get("args") or {}
         if op == "ping":
@@ -321,7 +325,7 @@ class Supervisor:
             "read_file, close_session, info, shutdown"
         )
 
-    def _bash(self, args: dict, hand_off: _HandOff | None) -> dict:
+    def _bash(self, args: dict, hand_off: HandOff | None) -> dict:
         """`hand_off`: see _connection; called before anything that may take long (starting
         a shell, killing one), and by the session while the command runs."""
         command = args.get("command")
@@ -475,52 +479,6 @@ class Supervisor:
                 os.unlink(self.plan["socket_path"])
             except FileNotFoundError:
                 pass
-
-
-class _HandOff:
-    """The connection of a request being answered (a bash session's `Caller`): `busy()`
-    hands the reading of its next requests to a waiting thread, the first time."""
-
-    __slots__ = ("args", "done", "fd", "threads")
-
-    def __init__(self, threads: StandbyThreads, read: Callable[..., None], connection: socket.socket,
-                 write_lock: threading.Lock) -> None:
-        self.threads = threads
-        self.args = (read, connection, write_lock)
-        self.fd = connection.fileno()
-        self.done = False
-
-    def busy(self) -> None:
-        if not self.done:
-            self.done = True
-            self.threads.run(*self.args)
-
-
-def without_vanished_masks(argv: list[str]) -> list[str]:
-    """Drop masks whose host path is gone: bwrap could not mount them.
-
-    The bwrap backend masks host files and sockets (`--ro-bind /dev/null PATH`) and folders
-    holding sockets (`--tmpfs FOLDER`, then their other entries bound back) that existed when
-    the sandbox was planned; one removed since (a Redis that stopped) needs no mask any more.
-    """
-    if "/dev/null" not in argv and "--tmpfs" not in argv:
-        return argv
-    options, command = identity.split_options(argv)
-    result: list[str] = []
-    for option, values in options:
-        vanished = bool(values) and not os.path.lexists(values[-1])
-        if vanished and ((option == "--ro-bind" and values[0] == "/dev/null")
-                         or (option == "--tmpfs" and values[0] not in _STANDARD_TMPFS)):
-            continue
-        result += [option, *values]
-    return result + command
-
-
-# Starts of a shell retried when a masked host path vanished during the first.
-_MASK_RACE_RETRIES = 2
-
-# Fresh folders every bwrap sandbox gets, whether or not the host has them.
-_STANDARD_TMPFS = ("/root", "/home", "/run", "/tmp")
 
 
 class _disk_full_as_bad_request:

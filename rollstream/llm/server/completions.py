@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from rollstream.llm.server.detokenizer import IncrementalText
 from rollstream.llm.server.engine import ContextTooLong, Engine, EngineError, GenerateRequest, GenerateResult
 from rollstream.llm.server.protocol import (
     CompletionChoice,
@@ -193,6 +194,7 @@ class _StreamedChoice:
     def __init__(self, engine: Engine, sample: Sample, names: TokenNames):
         self.engine, self.sample, self.names = engine, sample, names
         self.ids: list[int] = []
+        self.text = IncrementalText(engine.tokenizer, sample.request.skip_special_tokens)
         self.sent_text = ""
         self.offset = 0
         self.pending: tuple[int, float, list[tuple[int, float]]] | None = None
@@ -206,7 +208,8 @@ class _StreamedChoice:
         self.pending = None
         before = self.ids[:-1]
         if final is None:
-            text = self.engine.text_of(self.ids, self.sample.request)
+            self.text.catch_up(self.ids)
+            text = self.text.text
             text = text[: max(len(self.sent_text), len(text) - self.holdback)]
             piece = text[len(self.sent_text):] if text.startswith(self.sent_text) else ""
         else:

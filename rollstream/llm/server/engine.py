@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from rollstream.llm.server.cache import KV, PrefixCache, kv_length
+from rollstream.llm.server.detokenizer import IncrementalText
 from rollstream.llm.server.sampling import Choice, LogprobsMode, SequenceSampling, choose_next
 
 logger = logging.getLogger(__name__)
@@ -82,6 +83,11 @@ class _Sequence:
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    # Stop strings only: the output's text so far, how much of it was searched already, and
+    # where matches may end (the text of the first min_tokens ids), found once.
+    text: IncrementalText | None = None
+    stop_searched: int = 0
+    stop_floor: int | None = None
 
     def kv_ids(self) -> list[int]:
         # The last sampled token has not been through the model yet: its key/value is absent.
@@ -375,11 +381,19 @@ class Engine:
             finish, stop_reason = "stop", last
         elif not req.ignore_eos and last in self.eos_ids:
             finish = "stop"
+        if req.stop:
+            if seq.text is None:
+                seq.text = IncrementalText(self.tokenizer, req.skip_special_tokens)
+            seq.text.catch_up(seq.output_ids)
         if finish is None and req.stop and len(seq.output_ids) > req.sampling.min_tokens:
-            text = self.text_of(seq.output_ids, req)
-            # As in vLLM, stop strings count only once min_tokens have been generated.
-            floor = len(self.text_of(seq.output_ids[: req.sampling.min_tokens], req)) if req.sampling.min_tokens else 0
-            hits = [(at, s) for s in req.stop if s for at in [text.find(s, max(0, floor - len(s) + 1))] if at >= 0]
+            assert seq.text is not None
+            text = seq.text.text
+            if seq.stop_floor is None:
+                # As in vLLM, stop strings count only once min_tokens have been generated.
+                seq.stop_floor = len(self.text_of(seq.output_ids[: req.sampling.min_tokens], req)) if req.sampling.min_tokens else 0
+            # Only where the newest text can complete a match: the rest was searched before.
+            searched, seq.stop_searched = max(seq.stop_floor, seq.stop_searched), len(text)
+            hits = [(at, s) for s in req.stop if s for at in [text.find(s, max(0, searched - len(s) + 1))] if at >= 0]
             if hits:
                 at, matched = min(hits)
                 finish, stop_reason = "stop", matched

@@ -4,7 +4,12 @@ Run: python bench/tools.py [--calls 300] [--live 64]. Prints a table, then a las
 `RESULT {json}` with bash_echo_p50_ms, bash_echo_p99_ms, tmux_echo_p50_ms,
 subprocess_echo_p50_ms, ipython_p50_ms (and raw kernels': ipython_raw_kernel_p50_ms with ipykernel's
 defaults, ipython_raw_tuned_kernel_p50_ms with the sandbox's KERNEL_ARGS),
-sandbox_create_destroy_p50_ms, live_sandboxes.
+sandbox_create_destroy_p50_ms, live_sandboxes. Where a Docker engine (podman here, from
+scripts/install-podman) has the base image, also bash behind `docker exec -t`:
+docker_bash_echo_p50_ms (the round trip), and with sessions driven in this process on the same
+container, docker_session_reached_p50_ms (the container's pty reached from the host) against
+docker_session_stty_per_prompt_p50_ms (the fallback, a `stty` in the container per prompt:
+what every call paid before session 9), and their ratio.
 
 A/B of the bash `echo` round trip between two commits, side by side in one run (a busy
 machine changes speed from one minute to the next more than most changes do):
@@ -41,6 +46,9 @@ from rollstream.sandboxes import (
     destroy_sandbox,
 )
 from rollstream.sandboxes.backends.common import KERNEL_ARGS
+from rollstream.sandboxes.backends.docker import DockerBackend
+from rollstream.sandboxes.env_images import DEFAULT_BASE_IMAGE
+from rollstream.sandboxes.runtime.bash_session import BashSession
 from rollstream.sandboxes.supervisor_spawn import stop_fork_server
 
 
@@ -161,6 +169,49 @@ async def bench_live(root_dir: str, count: int) -> int:
     finally:
         await asyncio.gather(*(destroy_sandbox(h) for h in handles))
     return answering
+
+
+def bench_session(session: BashSession, calls: int) -> list[float]:
+    """`echo hi` through a bash session driven in this process."""
+    for _ in range(20):
+        session.run(b"echo hi", 30, None)
+    times = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        result = session.run(b"echo hi", 30, None)
+        times.append((time.perf_counter() - started) * 1000)
+        assert result["output"] == b"hi\n", result
+    return times
+
+
+async def bench_docker(root_dir: str, calls: int) -> list[tuple[str, list[float]]]:
+    """bash `echo hi` behind `docker exec -t` (podman here), where the container's pty is
+    reached from the host, against the fallback that runs stty in the container before each
+    prompt (what every call paid before): the same container, sessions driven in this
+    process, then the whole round trip through the supervisor. Empty without an engine."""
+    names = ("docker bash `echo hi`, session, container pty reached", "docker bash `echo hi`, session, stty per prompt",
+             "docker bash `echo hi` (socket -> docker exec pty)")
+    if not DockerBackend().available() or subprocess.run(
+            ["docker", "image", "inspect", DEFAULT_BASE_IMAGE], capture_output=True).returncode != 0:
+        return [(name, []) for name in names]
+    handle = await create_sandbox(SandboxSpec(backend="docker", image=DEFAULT_BASE_IMAGE), sandbox_id="dk",
+                                  root_dir=root_dir)
+    rows = []
+    try:
+        with open(os.path.join(handle.dir, "plan.json")) as plan_file:
+            plan = json.load(plan_file)
+        for name, reach in zip(names, (True, False)):
+            session = BashSession(plan["bash_argv"], plan["spawn_env"], plan["spawn_cwd"], {}, 1 << 20, reach_inside=reach)
+            session.start()
+            try:
+                rows.append((name, bench_session(session, calls)))
+            finally:
+                session.close()
+        async with SandboxClient(handle.socket_path) as sb:
+            rows.append((names[2], await bench_sandbox_bash(sb, "echo hi", calls)))
+    finally:
+        await destroy_sandbox(handle)
+    return rows
 
 
 # Runs in each A/B side's process, on that side's code: makes a sandbox, then reads a
@@ -374,6 +425,7 @@ async def main() -> None:
         rows.append(("tmux send-keys + capture-pane/10 ms `echo hi`", bench_tmux("echo hi", args.baseline_calls)))
         rows.append(("subprocess.run bash -c `echo hi`", bench_subprocess("echo hi", args.baseline_calls)))
         rows.append(("bwrap sandbox create + destroy", await bench_create_destroy(root_dir, args.create_rounds)))
+        rows += await bench_docker(root_dir, args.calls)
         live = await bench_live(root_dir, args.live)
     finally:
         await stop_fork_server(root_dir)  # started by the first create_sandbox in root_dir
@@ -402,6 +454,11 @@ async def main() -> None:
         "sandbox_create_destroy_p50_ms": round(percentile(by_name["bwrap sandbox create + destroy"], .5), 3),
         "live_sandboxes": live,
     }
+    docker = [by_name[name] for name in by_name if name.startswith("docker bash")]
+    if all(docker):
+        reached, stty, round_trip = (round(percentile(values, .5), 3) for values in docker)
+        result.update(docker_bash_echo_p50_ms=round_trip, docker_session_reached_p50_ms=reached,
+                      docker_session_stty_per_prompt_p50_ms=stty, docker_stty_per_prompt_ratio=round(stty / reached, 1))
     print("RESULT " + json.dumps(result))
 
 

@@ -334,15 +334,22 @@ async def test_exec_of_a_program_ends_the_shell_and_the_next_call_gets_a_new_one
 
 
 @pytest.mark.skipif(shutil.which("script") is None, reason="util-linux script is not installed")
-async def test_framing_behind_a_pty_of_another_program_with_echo_and_crlf_on():
+@pytest.mark.parametrize("reach_inside", [True, False], ids=["inner-pty-reached", "stty-per-prompt"])
+async def test_framing_behind_a_pty_of_another_program_with_echo_and_crlf_on(reach_inside):
     """`docker exec -t` runs bash on a pty of its own, made inside the container with echo
-    and CRLF on, and relays ours raw: util-linux `script` does the same on this host."""
+    and CRLF on, and relays ours raw: util-linux `script` does the same on this host. Both
+    ways: that pty reached from here (its modes put back, its foreground job signalled
+    directly), and, where it cannot be, the shell's own stty before each prompt and signals
+    from a second shell started beside it."""
     inner = " ".join(BASH_ARGS)
     session = BashSession(
-        ["script", "-qfec", inner, "/dev/null"], {"PATH": os.environ["PATH"]}, "/tmp", {}, 65536, interrupt_grace_s=1.0
+        ["script", "-qfec", inner, "/dev/null"], {"PATH": os.environ["PATH"]}, "/tmp", {}, 65536, interrupt_grace_s=1.0,
+        reach_inside=reach_inside,
     )
     session.start()
     try:
+        expected = "reached from the host" if reach_inside else "stty before each prompt"
+        assert expected in session.terminal_kind, session.terminal_kind
         steps = [
             (STATE, ""), ("false", ""), ('echo "prev=$?"', "prev=1\n"), ("stty echo", ""),
             ("echo $((6*7))", "42\n"), ("stty -isig", ""), (STATE_CHECK, STATE_SEEN),

@@ -10,8 +10,10 @@ previous command to the next one, and interrupts signal the pty's foreground pro
 (SIGINT, then SIGKILL, then a new shell) rather than type a Ctrl-C byte that `stty -isig`
 or raw mode would turn into input. An interactive bash the agent starts inside the shell
 gets the same setup, and its `exit` goes back to the outer shell. Behind a pty the
-supervisor does not own (`docker exec -t` makes its own inside the container) the shell
-restores the modes itself with `stty` before each prompt, and Ctrl-C is typed.
+supervisor does not own (`docker exec -t` makes its own inside the container) it reaches
+that pty through /proc where it can (on the container's host) and holds it the same way;
+elsewhere the shell restores the modes itself with `stty` before each prompt, and an
+interrupt's signal comes from a second shell started beside it (bash_terminal.py).
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ if __package__:
         encode_command,
         strip_trace,
     )
-    from .bash_terminal import DIMENSIONS, Terminal, signal_from_beside, tool_modes
+    from .bash_terminal import DIMENSIONS, ContainerTerminal, Terminal, reach_container_terminal, signal_from_beside
+    from .bash_terminal import tool_modes
     from .child_processes import OutputCollector, Spawner, join_cgroups, kill_session_processes
 else:  # python -S supervisor.py: sibling modules are top-level
     from bash_framing import (
@@ -48,7 +51,8 @@ else:  # python -S supervisor.py: sibling modules are top-level
         encode_command,
         strip_trace,
     )
-    from bash_terminal import DIMENSIONS, Terminal, signal_from_beside, tool_modes
+    from bash_terminal import DIMENSIONS, ContainerTerminal, Terminal, reach_container_terminal, signal_from_beside
+    from bash_terminal import tool_modes
     from child_processes import OutputCollector, Spawner, join_cgroups, kill_session_processes
 
 
@@ -85,7 +89,10 @@ class BashSession:
         interrupt_grace_s: float = 2.0,
         spawner: Callable[[Callable[[], T]], T] | None = None,  # noqa: F821 (typing not imported: startup time)
         cgroup_procs: list[str] | None = None,
+        reach_inside: bool = True,
     ) -> None:
+        """`reach_inside`: behind a pty of someone else's (`docker exec -t`), reach the
+        shell's own terminal from here where possible (False: always the fallback)."""
         self.argv = argv
         self.env = env
         self.cwd = cwd
@@ -94,6 +101,7 @@ class BashSession:
         self.interrupt_grace_s = interrupt_grace_s
         self.spawner = spawner or (lambda function: function())
         self.cgroup_procs = cgroup_procs or []
+        self.reach_inside = reach_inside
         self.lock = threading.Lock()
         self.process: ptyprocess.PtyProcess | None = None
         self.number = 0
@@ -201,28 +209,26 @@ class BashSession:
         os.write(fd, first.encode())
         collector = OutputCollector(1 << 16)
         status = self._read_until_marker(collector, 0, time.monotonic() + _STARTUP_TIMEOUT_S, None)
+        if status[0] == "done" and self.foreign is None:
+            # A pty that echoed our setup line is not ours: `docker exec -t` made its own
+            # (echo and CRLF on) and reads our pty raw.
+            if b"__rs_pre" in collector.render():
+                status = self._reach_inside(collector)
+            else:
+                self.foreign = False
+                self.terminal = Terminal(fd, wanted)
         if status[0] == "done":
-            if self.foreign is None:
-                # A pty that echoed our setup line is not ours: `docker exec -t` made its
-                # own (echo and CRLF on) and reads our pty raw.
-                self.foreign = b"__rs_pre" in collector.render()
-                self.terminal = Terminal(fd, None if self.foreign else wanted)
             assert self.terminal is not None
             self.terminal.restore()
             self.shell = self.terminal.foreground()
             finish = (
-                # Behind a pty of someone else's, the shell's pid where it runs: _signal_inside.
-                ("\\builtin printf '\\036P%s\\036' \"$$\"; " if self.foreign else "")
-                + f"if [[ -t 255 ]]; then {self._setup_line('>&255')}; "
+                f"if [[ -t 255 ]]; then {self._setup_line('>&255')}; "
                 f"elif {{ : >/dev/tty; }} 2>/dev/null; then {self._setup_line('2>/dev/null >/dev/tty')}; "
                 f"else {self._setup_line('')}; fi\n"
             )
             os.write(fd, finish.encode())
             collector = OutputCollector(1 << 16)
             status = self._read_until_marker(collector, 0, time.monotonic() + _STARTUP_TIMEOUT_S, None)
-            if self.foreign:
-                found = re.search(rb"\x1eP(\d+)\x1e", collector.render())
-                self.inside_pid = int(found.group(1)) if found else None
         if status[0] != "done":
             output = collector.render().decode("utf-8", "replace")
             self.close()
@@ -242,6 +248,37 @@ class BashSession:
             pass
         return self.process.isalive()  # it has exited: let ptyprocess reap it and keep its status
 
+    def _reach_inside(self, collector: OutputCollector) -> tuple[str, int | None]:
+        """Behind `docker exec -t`: the shell's pid and pid namespace where it runs. From
+        them, its terminal where the supervisor can reach it (on the container's host: then
+        the pty is handled as one of our own), else the shell restores its modes with
+        `stty` before each prompt and interrupts come from a second exec (_signal_inside)."""
+        assert self.process is not None
+        os.write(
+            self.process.fd,
+            b"\\builtin printf '\\036P%s:%s\\036' \"$$\" \"$(\\command readlink /proc/$$/ns/pid 2>/dev/null)\"\n",
+        )
+        status = self._read_until_marker(collector, 0, time.monotonic() + _STARTUP_TIMEOUT_S, None)
+        found = re.search(rb"\x1eP(\d+):([^\x1e]*)\x1e", collector.render())
+        self.inside_pid = int(found.group(1)) if found else None
+        inside = None
+        if found is not None and self.reach_inside:
+            inside = reach_container_terminal(int(found.group(1)), found.group(2).decode("ascii", "replace"))
+        self.foreign = inside is None
+        self.terminal = inside or Terminal(self.process.fd, None)
+        return status
+
+    @property
+    def terminal_kind(self) -> str:
+        """How the supervisor holds this shell's terminal, for `info`."""
+        if self.terminal is None:
+            return "not started"
+        if self.foreign:
+            return "another program's pty (the shell runs stty before each prompt)"
+        if isinstance(self.terminal, ContainerTerminal):
+            return "the pty of the program in between (docker exec -t), reached from the host"
+        return "a pty of the supervisor's own"
+
     @property
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
@@ -251,6 +288,8 @@ class BashSession:
         process, self.process = self.process, None
         if process is None:
             return
+        if self.terminal is not None:
+            self.terminal.close()
         if kill_session:
             kill_session_processes(process.pid)
         try:

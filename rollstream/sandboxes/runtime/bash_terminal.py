@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import select
 import struct
 import termios
@@ -83,6 +84,12 @@ class Terminal:
         self.modes = modes
         self.modes_bytes = b""
 
+    def close(self) -> None:
+        """The master belongs to the shell's pty process: nothing of its own to close."""
+
+    def _foreground_group(self) -> int:
+        return os.tcgetpgrp(self.fd)
+
     def restore(self) -> bool:
         """Put back the tool's termios and window size if a command changed them (stty,
         a program killed in raw mode), dropping input typed into a changed terminal.
@@ -107,7 +114,7 @@ class Terminal:
     def foreground(self) -> tuple[int, bytes] | None:
         """The pty's foreground process group and its leader's command line."""
         try:
-            group = os.tcgetpgrp(self.fd)
+            group = self._foreground_group()
             with open(f"/proc/{group}/cmdline", "rb") as handle:
                 return group, handle.read()
         except OSError:
@@ -137,13 +144,69 @@ class Terminal:
         """Signal the pty's foreground process group, as the tty does for Ctrl-C when its
         ISIG is on; works whatever the agent set. False where there is none to signal."""
         try:
-            group = os.tcgetpgrp(self.fd)
+            group = self._foreground_group()
             if group <= 0:
                 return False
             os.killpg(group, signum)
             return True
         except OSError:
             return False
+
+
+class ContainerTerminal(Terminal):
+    """The terminal of a shell that `docker exec -t` runs in a container, reached from the
+    host: the slave side of the container's pty (the shell's fd 255, opened through /proc),
+    whose modes and window size the supervisor then puts back as for a pty of its own, with no
+    `stty` process in the container per command. The foreground job is read from /proc
+    (TIOCGPGRP answers only a session's own terminal); /proc gives host pids, signalled from
+    here."""
+
+    def __init__(self, fd: int, modes: list, shell_pid: int) -> None:
+        super().__init__(fd, modes)
+        self.shell_pid = shell_pid
+
+    def close(self) -> None:
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+    def _foreground_group(self) -> int:
+        with open(f"/proc/{self.shell_pid}/stat", "rb") as handle:
+            stat = handle.read()
+        return int(stat[stat.rindex(b")") + 2 :].split()[5])  # tpgid
+
+
+def reach_container_terminal(inside_pid: int, pid_namespace: str) -> ContainerTerminal | None:
+    """The terminal of the shell whose pid is `inside_pid` in the pid namespace named
+    `pid_namespace` (as `readlink /proc/$$/ns/pid` gives it there, e.g. "pid:[4026532252]"),
+    when this process can reach it (on the container's host, with the rights to open another
+    process's descriptors); None otherwise, and the shell restores its modes itself."""
+    if not re.fullmatch(r"pid:\[\d+\]", pid_namespace):
+        return None
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status", "rb") as handle:
+                status = handle.read()
+            found = re.search(rb"^NSpid:[\t ]*([\d\t ]+)$", status, re.M)
+            if found is None or int(found.group(1).split()[-1]) != inside_pid:
+                continue
+            if os.readlink(f"/proc/{entry}/ns/pid") != pid_namespace:
+                continue
+            for number in (255, 0):
+                fd = os.open(f"/proc/{entry}/fd/{number}", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+                if os.isatty(fd):
+                    return ContainerTerminal(fd, tool_modes(termios.tcgetattr(fd)), int(entry))
+                os.close(fd)
+        except (OSError, ValueError, termios.error):
+            continue
+    return None
 
 
 def signal_from_beside(spawn: Callable[[], ptyprocess.PtyProcess], pid: int, signum: int, timeout_s: float) -> bool:

@@ -313,6 +313,7 @@ class Supervisor:
             return {
                 "pid": os.getpid(),
                 "sessions": sorted(self.sessions),
+                "terminals": {name: session.terminal_kind for name, session in sorted(self.sessions.items())},
                 "kernel_alive": bool(self.kernel and self.kernel.alive),
                 "uptime_s": time.monotonic() - self.started,
                 "disk_exceeded": self.disk_exceeded,

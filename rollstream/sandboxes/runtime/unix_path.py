@@ -7,12 +7,14 @@ the kernel resolves like the folder itself; a short path is used as it is.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import socket
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import asyncio
 
 MAX_SOCKET_ADDRESS_BYTES = 107
 
@@ -36,5 +38,7 @@ def bind_unix(listener: socket.socket, path: str) -> None:
 
 
 async def open_unix_connection(path: str, **kwargs: Any) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    import asyncio  # loaded already where this runs; the supervisor, which binds, does without (~20 ms)
+
     with socket_address(path) as address:
         return await asyncio.open_unix_connection(address, **kwargs)

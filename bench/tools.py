@@ -49,6 +49,7 @@ from rollstream.sandboxes.backends.common import KERNEL_ARGS
 from rollstream.sandboxes.backends.docker import DockerBackend
 from rollstream.sandboxes.env_images import DEFAULT_BASE_IMAGE
 from rollstream.sandboxes.runtime.bash_session import BashSession
+from rollstream.sandboxes.runtime.bash_terminal import container_pid_namespace
 from rollstream.sandboxes.supervisor_spawn import stop_fork_server
 
 
@@ -200,8 +201,10 @@ async def bench_docker(root_dir: str, calls: int) -> list[tuple[str, list[float]
     try:
         with open(os.path.join(handle.dir, "plan.json")) as plan_file:
             plan = json.load(plan_file)
-        for name, reach in zip(names, (True, False)):
-            session = BashSession(plan["bash_argv"], plan["spawn_env"], plan["spawn_cwd"], {}, 1 << 20, reach_inside=reach)
+        namespace = container_pid_namespace(plan["inspect_argv"], plan["host_env"])
+        for name, inside in zip(names, (namespace, None)):
+            session = BashSession(plan["bash_argv"], plan["spawn_env"], plan["spawn_cwd"], {}, 1 << 20,
+                                  inside_namespace=inside)
             session.start()
             try:
                 rows.append((name, bench_session(session, calls)))

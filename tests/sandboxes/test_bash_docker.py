@@ -36,7 +36,7 @@ async def test_where_the_containers_pty_cannot_be_reached_the_shell_restores_it_
     with open(os.path.join(docker_sandbox.dir, "plan.json")) as handle:
         plan = json.load(handle)
     session = BashSession(plan["bash_argv"], plan["spawn_env"], plan["spawn_cwd"], {}, 65536,
-                          interrupt_grace_s=1.0, reach_inside=False)
+                          interrupt_grace_s=1.0)  # no namespace from the engine: the old way
     session.start()
     try:
         assert "stty before each prompt" in session.terminal_kind

@@ -28,6 +28,7 @@ from rollstream.sandboxes import (
 )
 from rollstream.sandboxes.backends.common import BASH_ARGS
 from rollstream.sandboxes.runtime.bash_session import BashSession
+from rollstream.sandboxes.runtime.bash_terminal import container_pid_namespace
 from rollstream.sandboxes.supervisor_spawn import stop_fork_server
 
 from .conftest import needs_bwrap
@@ -333,6 +334,31 @@ async def test_exec_of_a_program_ends_the_shell_and_the_next_call_gets_a_new_one
     assert again.output == "/workspace\nok\n" and "new one" in again.note
 
 
+async def test_an_engine_answer_this_host_cannot_confirm_names_no_namespace():
+    """A remote engine's pids, or an answer that is not a container's: nothing is reached."""
+    env = {"PATH": os.environ["PATH"]}
+    stranger = "a" * 64  # an id no cgroup here is named by
+    assert container_pid_namespace(["echo", f"1 {stranger}"], env) is None
+    assert container_pid_namespace(["echo", f"{os.getpid()} {stranger}"], env) is None
+    assert container_pid_namespace(["echo", "1 not-an-id"], env) is None
+    assert container_pid_namespace(["false"], env) is None
+
+
+@pytest.mark.skipif(shutil.which("script") is None, reason="util-linux script is not installed")
+async def test_a_shell_is_reached_only_in_the_namespace_its_engine_named():
+    """The shell names its pid, the engine its namespace: a pid that is not the shell's in
+    that namespace (a lie, or another namespace's process) is never reached."""
+    inner = " ".join(BASH_ARGS)
+    session = BashSession(["script", "-qfec", inner, "/dev/null"], {"PATH": os.environ["PATH"]}, "/tmp", {}, 65536,
+                          inside_namespace="pid:[1]")
+    session.start()
+    try:
+        assert "stty before each prompt" in session.terminal_kind
+        assert session.run(b"stty echo; echo $((6*7))", 10, None)["output"] == b"42\n"
+    finally:
+        session.close()
+
+
 @pytest.mark.skipif(shutil.which("script") is None, reason="util-linux script is not installed")
 @pytest.mark.parametrize("reach_inside", [True, False], ids=["inner-pty-reached", "stty-per-prompt"])
 async def test_framing_behind_a_pty_of_another_program_with_echo_and_crlf_on(reach_inside):
@@ -344,7 +370,7 @@ async def test_framing_behind_a_pty_of_another_program_with_echo_and_crlf_on(rea
     inner = " ".join(BASH_ARGS)
     session = BashSession(
         ["script", "-qfec", inner, "/dev/null"], {"PATH": os.environ["PATH"]}, "/tmp", {}, 65536, interrupt_grace_s=1.0,
-        reach_inside=reach_inside,
+        inside_namespace=os.readlink("/proc/self/ns/pid") if reach_inside else None,
     )
     session.start()
     try:

@@ -102,6 +102,10 @@ class LaunchPlan:
     start_argv: list[str] | None = None
     stop_argv: list[str] | None = None
     cleanup_argv: list[str] | None = None  # what a reaper runs when the supervisor died uncleanly
+    # Prints the host pid of the container's first process and the container's id (docker
+    # inspect): how the supervisor learns, from the engine, which pid namespace the shell is
+    # in, to reach its terminal (runtime/bash_terminal.py).
+    inspect_argv: list[str] | None = None
     created_at: float = 0.0
     ready_fd: int = -1
     remove_dir_on_exit: bool = True

@@ -149,4 +149,5 @@ class DockerBackend:
             start_argv=self.run_argv(spec, layout, sandbox_id, owner, env),
             stop_argv=[docker, "rm", "--force", name],
             cleanup_argv=[docker, "rm", "--force", name],
+            inspect_argv=[docker, "inspect", "--format", "{{.State.Pid}} {{.Id}}", name],
         )

@@ -89,10 +89,12 @@ class BashSession:
         interrupt_grace_s: float = 2.0,
         spawner: Callable[[Callable[[], T]], T] | None = None,  # noqa: F821 (typing not imported: startup time)
         cgroup_procs: list[str] | None = None,
-        reach_inside: bool = True,
+        inside_namespace: str | None = None,
     ) -> None:
-        """`reach_inside`: behind a pty of someone else's (`docker exec -t`), reach the
-        shell's own terminal from here where possible (False: always the fallback)."""
+        """`inside_namespace`: the pid namespace the shell runs in behind a pty of someone
+        else's (`docker exec -t`), as its engine names it ("pid:[N]"; never taken from the
+        shell): then the shell's terminal is reached from here (bash_terminal.py). None:
+        the shell restores its modes itself."""
         self.argv = argv
         self.env = env
         self.cwd = cwd
@@ -101,7 +103,7 @@ class BashSession:
         self.interrupt_grace_s = interrupt_grace_s
         self.spawner = spawner or (lambda function: function())
         self.cgroup_procs = cgroup_procs or []
-        self.reach_inside = reach_inside
+        self.inside_namespace = inside_namespace
         self.lock = threading.Lock()
         self.process: ptyprocess.PtyProcess | None = None
         self.number = 0
@@ -249,21 +251,19 @@ class BashSession:
         return self.process.isalive()  # it has exited: let ptyprocess reap it and keep its status
 
     def _reach_inside(self, collector: OutputCollector) -> tuple[str, int | None]:
-        """Behind `docker exec -t`: the shell's pid and pid namespace where it runs. From
-        them, its terminal where the supervisor can reach it (on the container's host: then
-        the pty is handled as one of our own), else the shell restores its modes with
-        `stty` before each prompt and interrupts come from a second exec (_signal_inside)."""
+        """Behind `docker exec -t`: the shell's pid where it runs. With the namespace its
+        engine named, its terminal, where the supervisor can reach it (on the container's
+        host: then the pty is handled as one of our own); else the shell restores its modes
+        with `stty` before each prompt and interrupts come from a second exec (_signal_inside).
+        The pid is the shell's word, so it can only ever name a process of that namespace."""
         assert self.process is not None
-        os.write(
-            self.process.fd,
-            b"\\builtin printf '\\036P%s:%s\\036' \"$$\" \"$(\\command readlink /proc/$$/ns/pid 2>/dev/null)\"\n",
-        )
+        os.write(self.process.fd, b"\\builtin printf '\\036P%s\\036' \"$$\"\n")
         status = self._read_until_marker(collector, 0, time.monotonic() + _STARTUP_TIMEOUT_S, None)
-        found = re.search(rb"\x1eP(\d+):([^\x1e]*)\x1e", collector.render())
+        found = re.search(rb"\x1eP(\d+)\x1e", collector.render())
         self.inside_pid = int(found.group(1)) if found else None
         inside = None
-        if found is not None and self.reach_inside:
-            inside = reach_container_terminal(int(found.group(1)), found.group(2).decode("ascii", "replace"))
+        if self.inside_pid is not None and self.inside_namespace:
+            inside = reach_container_terminal(self.inside_pid, self.inside_namespace)
         self.foreign = inside is None
         self.terminal = inside or Terminal(self.process.fd, None)
         return status

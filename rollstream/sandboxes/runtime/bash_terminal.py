@@ -11,6 +11,7 @@ import os
 import re
 import select
 import struct
+import subprocess
 import termios
 import time
 from collections.abc import Callable
@@ -177,11 +178,35 @@ class ContainerTerminal(Terminal):
         return int(stat[stat.rindex(b")") + 2 :].split()[5])  # tpgid
 
 
+def container_pid_namespace(inspect_argv: list[str], env: dict[str, str]) -> str | None:
+    """The pid namespace of a container (e.g. "pid:[4026532252]"), from its engine:
+    `inspect_argv` prints the host pid of the container's first process and the container's
+    id. Trusted only where this process sees that pid as the first of its namespace, in a
+    cgroup named by the id: the engine runs on this host, in this view of its pids (not a
+    remote engine, nor one whose pids are another namespace's). None otherwise."""
+    try:
+        done = subprocess.run(inspect_argv, capture_output=True, text=True, timeout=30, env=env)
+        pid_text, container_id = done.stdout.split()
+        pid = int(pid_text)
+        if pid <= 0 or not re.fullmatch(r"[0-9a-f]{64}", container_id):
+            return None
+        with open(f"/proc/{pid}/cgroup") as handle:
+            if container_id not in handle.read():
+                return None
+        with open(f"/proc/{pid}/status") as handle:
+            found = re.search(r"^NSpid:[\t ]*([\d\t ]+)$", handle.read(), re.M)
+        if found is None or found.group(1).split()[-1] != "1":
+            return None
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+
+
 def reach_container_terminal(inside_pid: int, pid_namespace: str) -> ContainerTerminal | None:
-    """The terminal of the shell whose pid is `inside_pid` in the pid namespace named
-    `pid_namespace` (as `readlink /proc/$$/ns/pid` gives it there, e.g. "pid:[4026532252]"),
-    when this process can reach it (on the container's host, with the rights to open another
-    process's descriptors); None otherwise, and the shell restores its modes itself."""
+    """The terminal of the shell whose pid is `inside_pid` in the pid namespace
+    `pid_namespace` (container_pid_namespace), when this process can reach it (on the
+    container's host, with the rights to open another process's descriptors); None
+    otherwise, and the shell restores its modes itself."""
     if not re.fullmatch(r"pid:\[\d+\]", pid_namespace):
         return None
     try:

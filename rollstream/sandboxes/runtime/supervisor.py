@@ -23,6 +23,7 @@ if __package__:
     from . import confine, identity, protocol
     from .unix_path import bind_unix
     from .bash_session import BashSession, SessionBusy
+    from .bash_terminal import container_pid_namespace
     from .child_processes import Spawner, kill_session_processes
     from .editor import Editor, EditorError, PathMap
     from .host_masks import MASK_RACE_RETRIES, without_vanished_masks
@@ -33,6 +34,7 @@ else:  # python -S supervisor.py: sibling modules are top-level
     import protocol
     from unix_path import bind_unix
     from bash_session import BashSession, SessionBusy
+    from bash_terminal import container_pid_namespace
     from child_processes import Spawner, kill_session_processes
     from editor import Editor, EditorError, PathMap
     from host_masks import MASK_RACE_RETRIES, without_vanished_masks
@@ -71,6 +73,7 @@ class Supervisor:
         self.limit_hits_told = 0
         self.confinement: confine.Confinement | None = None
         self.identity: identity.HostIdentity | None = None
+        self.container_namespace: str | None = None  # where the engine says the shells run
         self.listener: socket.socket | None = None
         self.held_connections: list[socket.socket] = []
         self.spawner = Spawner()
@@ -108,6 +111,8 @@ class Supervisor:
                     f"starting the container failed ({completed.returncode}): "
                     f"{completed.stderr.decode('utf-8', 'replace')[-2000:]}"
                 )
+        if self.plan.get("inspect_argv"):
+            self.container_namespace = container_pid_namespace(self.plan["inspect_argv"], self.plan["host_env"])
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         path = self.plan["socket_path"]
         if os.path.exists(path):
@@ -145,6 +150,7 @@ class Supervisor:
                 self.plan["output_bytes"],
                 spawner=self.spawner,
                 cgroup_procs=self._cgroup_procs(),
+                inside_namespace=self.container_namespace,
             )
             try:
                 shell.start()

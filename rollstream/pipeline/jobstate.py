@@ -59,6 +59,12 @@ async def read_state(r: aioredis.Redis, keys: Keys, job_id: str) -> JobState | N
     return parse_state(job_id, raw, ttl)
 
 
+def entry_token(stream: str, msg_id: str) -> str:
+    """Which stream entry holds a job, as its state hash's msg_id says it: the stream and the
+    entry id (ids are per stream; two streams' entries can have the same one)."""
+    return f"{stream} {msg_id}"
+
+
 _RUNNING = resources.files("rollstream.pipeline").joinpath("lua/running.lua").read_text()
 
 
@@ -79,7 +85,8 @@ class RunningMarks:
             await self._fast.close()
 
     async def mark(self, marks: list[tuple[str, str, dict]]) -> None:
-        """``marks``: (job_id, stage message id, fields) per job, in one round trip."""
+        """``marks``: (job_id, entry_token of the stage message, fields) per job, in one
+        round trip."""
         if self._fast is not None:
             commands = []
             for job_id, msg_id, fields in marks:

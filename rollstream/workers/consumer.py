@@ -24,6 +24,7 @@ from rollstream.pipeline.codec import DecodeError, decode_envelope
 from rollstream.pipeline.connection import SOCKET_TIMEOUT_S, Outage, raise_if_cancelled, transient_problem
 from rollstream.pipeline.groups import ensure_group
 from rollstream.pipeline.handoff import Source, sandbox_of
+from rollstream.pipeline.jobstate import entry_token
 from rollstream.pipeline.rescue import rescue_dead_nodes
 from rollstream.pipeline.wire import FastRedis, stream_entries
 from rollstream.workers.cancellations import Cancellations
@@ -242,7 +243,7 @@ class ConsumerLoop:
             except (DecodeError, ValidationError, InvalidJob) as exc:
                 self._track(msg_id, None, self._guard(src, None, self.outcomes.undecodable(src, fields, exc)))
                 continue
-            marks[msg_id] = (env.job.job_id, msg_id, {"stage": stage, "status": "running", "worker": self.consumer,
+            marks[msg_id] = (env.job.job_id, entry_token(self.stream, msg_id), {"stage": stage, "status": "running", "worker": self.consumer,
                                                       "node": self.ctx.node, f"{stage}_started_at": started})
             self._track(msg_id, env, self._guard(src, env, self._run_job(src, env, deliveries)))
         self.running_marks.send_soon()

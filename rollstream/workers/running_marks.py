@@ -26,7 +26,7 @@ class LateRunningMarks:
         self.marks = RunningMarks(r, keys)
         self.outage = outage
         self.consumer = consumer
-        # message id -> (job id, message id, state fields): the marks not yet sent. The loop
+        # message id -> (job id, entry token, state fields): the marks not yet sent. The loop
         # adds a batch's marks here, then calls ``send_soon``.
         self.unsent: dict[str, tuple[str, str, dict]] = {}
         self._timer: asyncio.TimerHandle | None = None

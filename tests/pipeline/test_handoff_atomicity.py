@@ -5,6 +5,7 @@ job's state, and the lean connection keeps replies in order through cancels and 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import redis
@@ -15,7 +16,7 @@ from rollstream.pipeline import cancel
 from rollstream.pipeline.codec import pack
 from rollstream.pipeline.connection import async_redis
 from rollstream.pipeline.handoff import Handoff, Source
-from rollstream.pipeline.jobstate import RunningMarks, read_state
+from rollstream.pipeline.jobstate import RunningMarks, entry_token, read_state
 from rollstream.pipeline.keys import Keys
 from rollstream.pipeline.wire import FastRedis
 from rollstream.sandbox_spec import SandboxHandle
@@ -94,11 +95,34 @@ async def test_a_late_running_mark_never_rewinds_the_state(broker):
     marks = RunningMarks(r, keys)
     env = _env()
     src = await _take(r, keys, "init", env)
-    await marks.mark([(env.job.job_id, src.msg_id, {"stage": "init", "status": "running"})])
+    token = entry_token(src.stream, src.msg_id)
+    await marks.mark([(env.job.job_id, token, {"stage": "init", "status": "running"})])
     assert (await read_state(r, keys, env.job.job_id)).status == "running"
     assert await handoff.forward(src, env, keys.run_stream("n1"), "run")
     # The same mark arriving after the hand-off (it is sent without waiting) is dropped.
-    await marks.mark([(env.job.job_id, src.msg_id, {"stage": "init", "status": "running"})])
+    await marks.mark([(env.job.job_id, token, {"stage": "init", "status": "running"})])
+    state = await read_state(r, keys, env.job.job_id)
+    assert (state.stage, state.status) == ("run", "queued")
+    await marks.aclose()
+
+
+async def test_a_late_mark_is_dropped_when_the_next_entry_has_the_same_id_in_another_stream(broker):
+    """Entry ids are per stream: a hand-off within the millisecond gives the job's run entry
+    the id its init entry had (this flaked once in CI when the mark matched by id alone)."""
+    r, keys, handoff = broker
+    marks = RunningMarks(r, keys)
+    env = _env()
+    later = int(time.time() * 1000) + 60_000  # ids above the clock: XADD * then counts on from them
+    init_stream, run_stream = keys.stage_stream("init", "n1"), keys.run_stream("n1")
+    await r.xgroup_create(init_stream, "init", id="0", mkstream=True)
+    await r.xadd(init_stream, {"data": pack(env)}, id=f"{later}-1")
+    [(_s, [(msg_id, _f)])] = await r.xreadgroup("init", "w1", {init_stream: ">"}, count=1)
+    src = Source(init_stream, "init", msg_id.decode(), "w1", started_at=123.5)
+    await r.xadd(run_stream, {"filler": "1"}, id=f"{later}-0")  # the run stream's next id: {later}-1
+    assert await handoff.forward(src, env, run_stream, "run")
+    assert (await r.xrange(run_stream))[-1][0].decode() == src.msg_id  # the same id, another stream
+    assert (await r.hget(keys.job(env.job.job_id), "msg_id")).decode() == entry_token(run_stream, src.msg_id)
+    await marks.mark([(env.job.job_id, entry_token(src.stream, src.msg_id), {"stage": "init", "status": "running"})])
     state = await read_state(r, keys, env.job.job_id)
     assert (state.stage, state.status) == ("run", "queued")
     await marks.aclose()

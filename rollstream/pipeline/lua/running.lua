@@ -1,9 +1,10 @@
 -- Mark a job "running" in a stage, unless it has already moved on. Workers send this
 -- without waiting for it, so it may reach Redis after the job's hand-off (transition.lua);
--- the hand-off stores the id of the job's next stream entry as msg_id, and a mark whose
--- message id no longer matches is dropped instead of overwriting a later state.
+-- the hand-off stores the job's next stream entry as msg_id, and a mark whose entry no
+-- longer matches is dropped instead of overwriting a later state.
 --
--- KEYS[1] job state hash   ARGV[1] the stage message id being worked on
+-- KEYS[1] job state hash   ARGV[1] "<stream> <entry id>" of the stage message being worked
+--                          on (jobstate.entry_token)
 -- ARGV[2 ..] state fields and values
 -- Returns 1 when marked, 0 when the job had moved on.
 

@@ -18,8 +18,10 @@
 -- Returns 1 when moved; 0 when this consumer no longer owns the message (stale delivery);
 -- 2, 3 or 4 when the job was cancelled (by job, group or submitter) and nothing moved: the
 -- message stays pending with the caller, who ends the job.
--- The job hash's msg_id becomes the id of the first destination entry: the token that the
--- "running" mark (running.lua) of a stage must match, so a late mark never overwrites this.
+-- The job hash's msg_id becomes "<first destination stream> <its entry id>": the token that
+-- the "running" mark (running.lua) of a stage must match, so a late mark never overwrites
+-- this. The stream is part of it because entry ids are per stream: a job's entry here and
+-- its next one can have the same id (a hand-off within the millisecond).
 
 if ARGV[3] ~= '' then
   local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
@@ -67,7 +69,7 @@ if n > 0 then
     fields[j + 1] = ARGV[12 + j]
   end
   fields[2 * n + 1] = 'msg_id'
-  fields[2 * n + 2] = first_id or ''
+  fields[2 * n + 2] = first_id and (KEYS[8] .. ' ' .. first_id) or ''
   redis.call('HSET', KEYS[2], unpack(fields))
 end
 if tonumber(ARGV[4]) > 0 then

@@ -41,7 +41,7 @@ if __package__:
     )
     from .bash_terminal import DIMENSIONS, ContainerTerminal, Terminal, reach_container_terminal, signal_from_beside
     from .bash_terminal import tool_modes
-    from .child_processes import OutputCollector, Spawner, join_cgroups, kill_session_processes
+    from .child_processes import OutputCollector, join_cgroups, kill_session_processes
 else:  # python -S supervisor.py: sibling modules are top-level
     from bash_framing import (
         AFTER_MARKER,
@@ -53,7 +53,7 @@ else:  # python -S supervisor.py: sibling modules are top-level
     )
     from bash_terminal import DIMENSIONS, ContainerTerminal, Terminal, reach_container_terminal, signal_from_beside
     from bash_terminal import tool_modes
-    from child_processes import OutputCollector, Spawner, join_cgroups, kill_session_processes
+    from child_processes import OutputCollector, join_cgroups, kill_session_processes
 
 
 _STARTUP_TIMEOUT_S = 15.0

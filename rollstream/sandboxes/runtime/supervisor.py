@@ -17,7 +17,6 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
 
 if __package__:
     from . import confine, identity, protocol

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from .conftest import needs_bwrap
 
 pytestmark = needs_bwrap
@@ -32,3 +34,14 @@ async def test_state_output_errors_images_timeout_and_restart(sb):
     assert "died" in died.note
     fresh = await sb.ipython("'x' in globals()")
     assert fresh.result == "False" and "restarted" in fresh.note
+
+
+async def test_a_running_cell_leaves_the_connection_answering(sb):
+    """The thread running a cell watches its connection: a bash call and a ping sent on the
+    same connection meanwhile are read by another thread and answered at once."""
+    await sb.ipython("1")  # the kernel is up
+    slow = asyncio.create_task(sb.ipython("import time; time.sleep(1.5); 'slept'"))
+    await asyncio.sleep(0.3)
+    assert (await sb.bash("echo beside")).output == "beside\n"
+    assert (await sb.ping()) > 0 and not slow.done()
+    assert (await slow).result == "'slept'"

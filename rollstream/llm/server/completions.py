@@ -192,9 +192,8 @@ class _StreamedChoice:
     back until the next event says whether it was the last."""
 
     def __init__(self, engine: Engine, sample: Sample, names: TokenNames):
-        self.engine, self.sample, self.names = engine, sample, names
-        self.ids: list[int] = []
-        self.text = IncrementalText(engine.tokenizer, sample.request.skip_special_tokens)
+        self.sample, self.names = sample, names
+        self.text = IncrementalText(engine.tokenizer, sample.request.skip_special_tokens)  # and the ids so far
         self.sent_text = ""
         self.offset = 0
         self.pending: tuple[int, float, list[tuple[int, float]]] | None = None
@@ -206,9 +205,8 @@ class _StreamedChoice:
             return None
         token_id, logprob, alternatives = self.pending
         self.pending = None
-        before = self.ids[:-1]
+        before = self.text.ids[:-1]
         if final is None:
-            self.text.catch_up(self.ids)
             text = self.text.text
             text = text[: max(len(self.sent_text), len(text) - self.holdback)]
             piece = text[len(self.sent_text):] if text.startswith(self.sent_text) else ""
@@ -226,7 +224,7 @@ class _StreamedChoice:
                                   "top_logprobs": [top]}
             self.offset += len(name)
         if body.return_token_ids:
-            choice["prompt_token_ids"] = self.sample.prompt_ids if len(self.ids) == 1 else None
+            choice["prompt_token_ids"] = self.sample.prompt_ids if len(self.text.ids) == 1 else None
             choice["token_ids"] = [token_id]
         return choice
 
@@ -262,7 +260,7 @@ async def stream_chunks(engine: Engine, body: CompletionRequest, request_id: str
             else:
                 final = streamed.chunk(body, None)  # the token before this one was not the last
                 streamed.pending = item
-                streamed.ids.append(item[0])
+                streamed.text.append(item[0])
             if final is not None:
                 yield event([final])
     finally:

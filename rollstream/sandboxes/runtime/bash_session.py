@@ -31,26 +31,12 @@ from typing import Protocol
 import ptyprocess
 
 if __package__:
-    from .bash_framing import (
-        AFTER_MARKER,
-        MARKER_PAYLOAD,
-        SETUP,
-        ansi_c_quote,
-        encode_command,
-        strip_trace,
-    )
+    from .bash_framing import AFTER_MARKER, MARKER_PAYLOAD, SETUP, ansi_c_quote, encode_command, strip_trace
     from .bash_terminal import DIMENSIONS, ContainerTerminal, Terminal, reach_container_terminal, signal_from_beside
     from .bash_terminal import tool_modes
     from .child_processes import OutputCollector, join_cgroups, kill_session_processes
 else:  # python -S supervisor.py: sibling modules are top-level
-    from bash_framing import (
-        AFTER_MARKER,
-        MARKER_PAYLOAD,
-        SETUP,
-        ansi_c_quote,
-        encode_command,
-        strip_trace,
-    )
+    from bash_framing import AFTER_MARKER, MARKER_PAYLOAD, SETUP, ansi_c_quote, encode_command, strip_trace
     from bash_terminal import DIMENSIONS, ContainerTerminal, Terminal, reach_container_terminal, signal_from_beside
     from bash_terminal import tool_modes
     from child_processes import OutputCollector, join_cgroups, kill_session_processes
@@ -113,7 +99,6 @@ class BashSession:
         self.marker = re.compile(rb"\x1eRS" + self.token + rb":([^\x1e]{0,400})\x1e")
         self.terminal: Terminal | None = None  # known once the shell answered its setup
         self.shell: tuple[int, bytes] | None = None  # its process group and command line
-        self.foreign: bool | None = None
         self.replaced = False
         self.xtrace = False  # the agent's `set -x` is in effect
         self.xtrace_on = False  # ... and still on in the shell (PROMPT_COMMAND saw it)
@@ -189,7 +174,6 @@ class BashSession:
     def start(self) -> None:
         self.process = self._spawn_pty()
         self.terminal = None
-        self.foreign = None
         self.outer = []
         self._setup_shell()
 
@@ -211,13 +195,12 @@ class BashSession:
         os.write(fd, first.encode())
         collector = OutputCollector(1 << 16)
         status = self._read_until_marker(collector, 0, time.monotonic() + _STARTUP_TIMEOUT_S, None)
-        if status[0] == "done" and self.foreign is None:
+        if status[0] == "done" and self.terminal is None:
             # A pty that echoed our setup line is not ours: `docker exec -t` made its own
             # (echo and CRLF on) and reads our pty raw.
             if b"__rs_pre" in collector.render():
                 status = self._reach_inside(collector)
             else:
-                self.foreign = False
                 self.terminal = Terminal(fd, wanted)
         if status[0] == "done":
             assert self.terminal is not None
@@ -264,9 +247,14 @@ class BashSession:
         inside = None
         if self.inside_pid is not None and self.inside_namespace:
             inside = reach_container_terminal(self.inside_pid, self.inside_namespace)
-        self.foreign = inside is None
         self.terminal = inside or Terminal(self.process.fd, None)
         return status
+
+    @property
+    def foreign(self) -> bool:
+        """Behind a pty the supervisor does not hold (no modes of its own to put back): the
+        shell restores them itself and interrupts come from beside it."""
+        return self.terminal is None or self.terminal.modes is None
 
     @property
     def terminal_kind(self) -> str:
@@ -539,7 +527,7 @@ class BashSession:
         assert self.process is not None
         fd = self.process.fd
         terminal = self.terminal
-        foreign = terminal is None or terminal.modes is None
+        foreign = self.foreign
         if not (self._signal_inside(signal.SIGINT) if foreign else terminal.signal_foreground(signal.SIGINT)):
             os.write(fd, b"\x03")
         grace = time.monotonic() + self.interrupt_grace_s

@@ -193,9 +193,7 @@ def container_pid_namespace(inspect_argv: list[str], env: dict[str, str]) -> str
         with open(f"/proc/{pid}/cgroup") as handle:
             if container_id not in handle.read():
                 return None
-        with open(f"/proc/{pid}/status") as handle:
-            found = re.search(r"^NSpid:[\t ]*([\d\t ]+)$", handle.read(), re.M)
-        if found is None or found.group(1).split()[-1] != "1":
+        if _innermost_pid(pid) != 1:
             return None
         return os.readlink(f"/proc/{pid}/ns/pid")
     except (OSError, ValueError, subprocess.SubprocessError):
@@ -217,21 +215,26 @@ def reach_container_terminal(inside_pid: int, pid_namespace: str) -> ContainerTe
         if not entry.isdigit():
             continue
         try:
-            with open(f"/proc/{entry}/status", "rb") as handle:
-                status = handle.read()
-            found = re.search(rb"^NSpid:[\t ]*([\d\t ]+)$", status, re.M)
-            if found is None or int(found.group(1).split()[-1]) != inside_pid:
-                continue
-            if os.readlink(f"/proc/{entry}/ns/pid") != pid_namespace:
+            if _innermost_pid(int(entry)) != inside_pid or os.readlink(f"/proc/{entry}/ns/pid") != pid_namespace:
                 continue
             for number in (255, 0):
                 fd = os.open(f"/proc/{entry}/fd/{number}", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
-                if os.isatty(fd):
-                    return ContainerTerminal(fd, tool_modes(termios.tcgetattr(fd)), int(entry))
+                try:
+                    if os.isatty(fd):
+                        return ContainerTerminal(fd, tool_modes(termios.tcgetattr(fd)), int(entry))
+                except termios.error:
+                    pass
                 os.close(fd)
-        except (OSError, ValueError, termios.error):
+        except OSError:
             continue
     return None
+
+
+def _innermost_pid(pid: int) -> int | None:
+    """Process `pid`'s pid in its own (innermost) pid namespace: the last of its NSpid."""
+    with open(f"/proc/{pid}/status", "rb") as handle:
+        found = re.search(rb"^NSpid:[\t ]*([\d\t ]+)$", handle.read(), re.M)
+    return int(found.group(1).split()[-1]) if found else None
 
 
 def signal_from_beside(spawn: Callable[[], ptyprocess.PtyProcess], pid: int, signum: int, timeout_s: float) -> bool:

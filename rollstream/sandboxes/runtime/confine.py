@@ -166,9 +166,8 @@ class Confinement:
 
     def __init__(self, record: dict) -> None:
         self.record = record
-        # The pids cgroup's counters are read around every bash call: found once, and read
-        # with one pread on a descriptor kept open (opening them costs each call ~50 µs).
-        self._pids_dir: str | None | bool = False  # False: not looked for yet
+        # The pids cgroup's counters are read around every bash call: with one pread on a
+        # descriptor kept open (opening them costs each call ~50 µs).
         self._descriptors: dict[str, int] = {}
 
     # -- creation (supervisor) ---------------------------------------------------------
@@ -274,20 +273,19 @@ class Confinement:
         return bool(self.record["tmpfs"])
 
     def _pids_path(self) -> str | None:
-        if self._pids_dir is False:
-            self._pids_dir = next(
-                (path for path in self.record["cgroups"] if os.path.exists(os.path.join(path, "pids.max"))), None
-            )
-        return self._pids_dir  # type: ignore[return-value]
+        for path in self.record["cgroups"]:
+            if os.path.exists(os.path.join(path, "pids.max")):
+                return path
+        return None
 
     def _read_pids_file(self, name: str) -> bytes | None:
         """The content of the pids cgroup's file `name`; None without one (or once removed)."""
-        path = self._pids_path()
-        if path is None:
-            return None
         try:
             fd = self._descriptors.get(name)
             if fd is None:
+                path = self._pids_path()
+                if path is None:
+                    return None
                 fd = self._descriptors[name] = os.open(os.path.join(path, name), os.O_RDONLY | os.O_CLOEXEC)
             return os.pread(fd, 4096, 0)
         except OSError:

@@ -199,7 +199,7 @@ class Supervisor:
             self.readers.run(self._connection, connection)
 
     def _connection(self, connection: socket.socket, write_lock: threading.Lock | None = None) -> None:
-        """Read requests of one connection; slow ones run here while a new thread reads on.
+        """Read requests of one connection; slow ones run here while another thread reads on.
 
         Handing the reading over (rather than the request) keeps the request on the thread
         that is already awake: one scheduler wake-up less per tool call on a busy node; the
@@ -232,7 +232,7 @@ class Supervisor:
                 self._handle(connection, write_lock, request, hand_off)
                 if hand_off.done:
                     return
-                # A bash call that ended before its command was sent: this thread reads on.
+                # A bash call that nothing else on its connection waited for: this thread reads on.
         except (OSError, protocol.ProtocolError):
             return
         finally:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 
 import psutil
 import pytest
 
 from rollstream.sandboxes import SandboxClient, SandboxSpec, create_sandbox, destroy_sandbox
+from rollstream.sandboxes.backends.base import SandboxLayout
 from rollstream.sandboxes.backends.bwrap import BwrapBackend
 
 needs_bwrap = pytest.mark.skipif(not BwrapBackend().available(), reason="bubblewrap (bwrap) is not usable here")
@@ -45,3 +47,15 @@ def processes_mentioning(text: str) -> list[psutil.Process]:
         except psutil.NoSuchProcess:
             continue
     return found
+
+
+def planned_bwrap_sandbox(root_dir: str, sandbox_id: str, **changes) -> tuple[SandboxLayout, dict]:
+    """A bwrap sandbox's folder and plan.json as create_sandbox leaves them before it starts
+    the supervisor (owner ``job-<id>``); ``changes`` replace fields of the plan."""
+    layout = SandboxLayout.of(root_dir, sandbox_id)
+    layout.make()
+    plan = BwrapBackend().plan(SandboxSpec(backend="bwrap"), layout, sandbox_id, f"job-{sandbox_id}").to_json_dict()
+    plan.update(changes)
+    with open(layout.plan_path, "w") as handle:
+        json.dump(plan, handle)
+    return layout, plan

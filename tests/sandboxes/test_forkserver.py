@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 import signal
@@ -20,11 +19,9 @@ from rollstream.sandboxes import reaper
 from rollstream.sandboxes import Reaper, SandboxClient, SandboxHandle, SandboxSpec, SandboxStartError, create_sandbox, destroy_sandbox
 from rollstream.cli.sandboxes import app as sandboxes_app
 from rollstream.sandboxes.runtime import protocol
-from rollstream.sandboxes.backends.base import SandboxLayout
-from rollstream.sandboxes.backends.bwrap import BwrapBackend
 from rollstream.sandboxes.supervisor_spawn import server_pid, socket_path, spawn_direct, start_fork_server
 
-from .conftest import needs_bwrap, processes_mentioning
+from .conftest import needs_bwrap, planned_bwrap_sandbox, processes_mentioning
 
 pytestmark = needs_bwrap
 
@@ -201,15 +198,11 @@ def test_cli_starts_shows_and_stops_the_fork_server(root_dir):
 async def test_a_supervisor_started_directly_serves_every_tool(root_dir):
     """Without a fork server, `python -S supervisor.py` runs with its siblings as top-level
     modules: every one it imports must be importable that way too."""
-    layout = SandboxLayout.of(root_dir, "direct")
-    layout.make()
-    plan = BwrapBackend().plan(SandboxSpec(backend="bwrap"), layout, "direct", "job-d")
-    with open(layout.plan_path, "w") as handle:
-        json.dump(plan.to_json_dict(), handle)
+    layout, plan = planned_bwrap_sandbox(root_dir, "direct")
     line = await spawn_direct(layout.plan_path, layout.log_path, layout.dir, 60)
     assert line.startswith("ok "), (line, open(layout.log_path).read()[-2000:])
     handle = SandboxHandle(id="direct", backend="bwrap", socket_path=layout.socket_path,
-                           supervisor_pid=int(line.split()[1]), workdir=plan.workdir_inner, owner="job-d",
+                           supervisor_pid=int(line.split()[1]), workdir=plan["workdir_inner"], owner=plan["owner"],
                            created_at=0.0, dir=layout.dir, host_workdir=layout.work)
     try:
         async with SandboxClient(layout.socket_path) as sb:

@@ -16,13 +16,11 @@ import subprocess
 import pytest
 
 from rollstream.sandboxes import Reaper, SandboxClient, SandboxLimits, SandboxSpec, ToolError, create_sandbox, destroy_sandbox
-from rollstream.sandboxes.backends.base import SandboxLayout
-from rollstream.sandboxes.backends.bwrap import BwrapBackend
 from rollstream.sandboxes.reaper import live_supervisors
 from rollstream.sandboxes.runtime import confine
 from rollstream.sandboxes.supervisor_spawn import spawn_supervisor
 
-from .conftest import needs_bwrap, processes_mentioning
+from .conftest import needs_bwrap, planned_bwrap_sandbox, processes_mentioning
 
 HIERARCHIES, WHY_NOT = confine.hierarchies()
 CONTROLLERS = {name for hierarchy in HIERARCHIES for name in hierarchy.controllers}
@@ -174,12 +172,8 @@ async def test_reaper_releases_a_supervisor_killed_while_its_shell_was_starting(
     """A node cancelled mid-creation: the supervisor had mounted the sandbox's tmpfs and was
     waiting for its shell when it was SIGKILLed. The reaper must see a dead supervisor (not a
     sandbox still being created, which it leaves alone for minutes) and release the mount."""
-    layout = SandboxLayout.of(root_dir, "halfmade")
-    layout.make()
-    plan = BwrapBackend().plan(SandboxSpec(backend="bwrap"), layout, "halfmade", "job-h").to_json_dict()
-    plan["bash_argv"] = ["sleep", "1000"]  # a shell that never answers: start() waits for it
-    with open(layout.plan_path, "w") as handle:
-        json.dump(plan, handle)
+    # A shell that never answers: start() waits for it.
+    layout, _plan = planned_bwrap_sandbox(root_dir, "halfmade", bash_argv=["sleep", "1000"])
     starting = asyncio.ensure_future(spawn_supervisor(root_dir, layout.plan_path, layout.log_path, layout.dir, 60))
     try:
         for _ in range(300):

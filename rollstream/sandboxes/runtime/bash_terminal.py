@@ -215,7 +215,8 @@ def reach_container_terminal(inside_pid: int, pid_namespace: str) -> ContainerTe
         if not entry.isdigit():
             continue
         try:
-            if _innermost_pid(int(entry)) != inside_pid or os.readlink(f"/proc/{entry}/ns/pid") != pid_namespace:
+            # The namespace first: one readlink rules out the host's other processes.
+            if os.readlink(f"/proc/{entry}/ns/pid") != pid_namespace or _innermost_pid(int(entry)) != inside_pid:
                 continue
             for number in (255, 0):
                 fd = os.open(f"/proc/{entry}/fd/{number}", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)

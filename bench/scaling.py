@@ -2,7 +2,10 @@
 much a single Redis can feed. A tiny real HTTP server stands in for an inference server
 (fixed latency per request); each job makes TURNS requests to it from the run stage.
 
-    python bench/scaling.py [--workers 1,2,4,8] [--latency-ms 50] [--turns 4] [--concurrency 4]
+    python bench/scaling.py [--workers auto|1,2,4,8] [--latency-ms 50] [--turns 4] [--concurrency 4]
+
+--workers auto (the default) doubles the run processes from 1 up to twice the CPUs and stops one
+step after the CPU saturation point, so a 2-core laptop and a 16-core GPU node both reach it.
 
 For each worker count: 1 init + 1 eval process (never the bottleneck) and W run processes,
 each with CONCURRENCY jobs in flight; steady-state jobs/s is measured between the 10th and
@@ -145,8 +148,8 @@ async def run_config(url: str, data_dir: Path, workers: int, args, server_url: s
         pool.start("eval", concurrency=256)
         pool.start("run", processes=workers, concurrency=args.concurrency)
         async with AsyncClient(settings=settings, validate_tasks=False) as client:
-            while await client.r.zcard(client.keys.workers) < workers + 2:
-                await asyncio.sleep(0.1)
+            await pool.wait_registered(client.r, client.keys.workers, workers + 2, timeout_s=args.start_timeout_s)
+            say(f"  {workers} run worker(s) registered; {n_jobs} jobs")
             sync_r = redis.Redis.from_url(url)
             calls0 = redis_calls(sync_r)
             pids = [os.getpid(), *other_pids, *(p.pid for _stage, p in pool.procs)]
@@ -156,7 +159,7 @@ async def run_config(url: str, data_dir: Path, workers: int, args, server_url: s
                     for _ in range(n_jobs)]
             for start in range(0, n_jobs, 500):
                 await client.submit_many(jobs[start:start + 500])
-            results = await client.collect(n_jobs, timeout_s=600)
+            results = await collect_watching(client, pool, n_jobs, args.collect_timeout_s)
             cpu = psutil.cpu_percent(interval=None)
             # CPU of this benchmark's own processes, as a share of the whole machine: the
             # machine may be shared, so the system-wide figure alone would mislead.
@@ -170,6 +173,36 @@ async def run_config(url: str, data_dir: Path, workers: int, args, server_url: s
     lo, hi = int(0.1 * len(done)), int(0.9 * len(done))
     return {"workers": workers, "jobs": n_jobs, "jobs_per_s": (hi - lo) / (done[hi] - done[lo]),
             "cpu_percent": cpu, "own_cpu_percent": own, "ideal_jobs_per_s": ideal * workers, "redis_cmds_per_job": calls / n_jobs}
+
+
+def saturated(rows: list[dict], base: float) -> bool:
+    """Whether the row before the last already saturated the CPUs (see the module docstring)."""
+    row = rows[-2]
+    return row["own_cpu_percent"] >= 85 or row["jobs_per_s"] / (row["workers"] * base) < 0.85
+
+
+def say(line: str) -> None:
+    """Progress on stderr, flushed: a run that stalls shows where."""
+    print(line, file=sys.stderr, flush=True)
+
+
+async def collect_watching(client: AsyncClient, pool: WorkerPool, n: int, timeout_s: float) -> list:
+    """All ``n`` results, checking between batches that no worker died (whose jobs would
+    otherwise wait out the visibility timeout in silence) and saying how far it got."""
+    results: list = []
+    deadline = time.monotonic() + timeout_s
+    last_said = time.monotonic()
+    while len(results) < n:
+        pool.check_alive()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(results)} of {n} results after {timeout_s:.0f} s; worker logs are kept "
+                               f"in {pool.log_dir}")
+        async for result in client.results(timeout_s=2.0, max_results=n - len(results)):
+            results.append(result)
+        if time.monotonic() - last_said > 10:
+            say(f"    {len(results)} of {n} results")
+            last_said = time.monotonic()
+    return results
 
 
 def redis_stream_throughput(url: str, n: int = 200_000, batch: int = 1000) -> dict:
@@ -212,12 +245,20 @@ def redis_stream_throughput(url: str, n: int = 200_000, batch: int = 1000) -> di
 
 
 async def main(args) -> None:
-    counts = [int(x) for x in args.workers.split(",")]
+    if args.workers == "auto":
+        counts = [1]
+        while counts[-1] < 2 * (psutil.cpu_count() or 1):
+            counts.append(counts[-1] * 2)
+    else:
+        counts = [int(x) for x in args.workers.split(",")]
     port = args.port
     server = subprocess.Popen([sys.executable, __file__, "--serve-http", str(port), "--latency-ms", str(args.latency_ms)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     data_dir = Path(tempfile.mkdtemp(prefix="rs-bench-scaling-"))
+    say(f"bench/scaling.py: {sys.executable} (Python {sys.version.split()[0]}), {psutil.cpu_count()} CPUs, "
+        f"run workers {counts}; work folder {data_dir}")
     rows = []
+    failed = True
     import socket
 
     for _ in range(200):  # the simulated server answers before any worker calls it
@@ -225,20 +266,30 @@ async def main(args) -> None:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
             break
         except OSError:
+            if server.poll() is not None:
+                raise SystemExit(f"the simulated inference server exited with {server.returncode} at start")
             time.sleep(0.05)
     try:
         with EmbeddedRedis(data_dir / "redis") as redis_server:
+            say(f"  redis-server {redis_server.url}")
             for workers in counts:
+                if args.workers == "auto" and len(rows) >= 2 and saturated(rows, rows[0]["jobs_per_s"]):
+                    break  # one step past saturation is measured; more would only queue
                 rows.append(await run_config(redis_server.url, data_dir, workers, args,
                                              f"http://127.0.0.1:{port}/v1/completions",
                                              [server.pid, redis_server.proc.pid if redis_server.proc else 0]))
                 print(f"  {workers} run worker(s): {rows[-1]['jobs_per_s']:.1f} jobs/s, "
                       f"cpu {rows[-1]['own_cpu_percent']:.0f}% ours, {rows[-1]['cpu_percent']:.0f}% machine", file=sys.stderr, flush=True)
+            say("  Redis stream throughput")
             streams = redis_stream_throughput(redis_server.url)
+        failed = False
     finally:
         server.terminate()
         server.wait(10)
-        shutil.rmtree(data_dir, ignore_errors=True)
+        if failed:
+            say(f"bench/scaling.py failed; the workers' logs are kept in {data_dir}")
+        else:
+            shutil.rmtree(data_dir, ignore_errors=True)
 
     base = rows[0]["jobs_per_s"] / rows[0]["workers"]
     for row in rows:
@@ -291,12 +342,17 @@ async def main(args) -> None:
 
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workers", default="1,2,4,8", help="run-worker process counts to measure")
+    p.add_argument("--workers", default="auto",
+                   help="run-worker process counts to measure, or auto (1, 2, 4, ... up to 2 x CPUs, stopping one "
+                        "step past saturation)")
     p.add_argument("--latency-ms", type=float, default=50.0, help="simulated inference latency per request")
     p.add_argument("--turns", type=int, default=4, help="inference requests per job")
     p.add_argument("--concurrency", type=int, default=4, help="jobs in flight per run process")
     p.add_argument("--seconds", type=float, default=8.0, help="target length of each measurement")
     p.add_argument("--port", type=int, default=0, help="simulated server port (0: pick a free one)")
+    p.add_argument("--start-timeout-s", type=float, default=120.0,
+                   help="how long worker processes may take to register before the run fails with their logs")
+    p.add_argument("--collect-timeout-s", type=float, default=600.0, help="how long one measurement may take")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--serve-http", type=int, help=argparse.SUPPRESS)
     return p.parse_args()

@@ -3,12 +3,20 @@ tests, benchmarks): each is ``python -m rollstream worker STAGE`` with the same 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from rollstream.errors import RollstreamError
+
+
+class WorkerStartFailed(RollstreamError):
+    """A worker process of a pool died, or did not register, while the pool was starting."""
 
 
 @dataclass
@@ -53,6 +61,37 @@ class WorkerPool:
 
     def alive(self) -> list[tuple[str, subprocess.Popen]]:
         return [(s, p) for s, p in self.procs if p.poll() is None]
+
+    def _log_tail(self, index: int, stage: str, chars: int = 3000) -> str:
+        if not self.log_dir:
+            return "(no log_dir was given: the process's output went nowhere)"
+        path = self.log_dir / f"{stage}-{index}.log"
+        try:
+            return path.read_text(errors="replace")[-chars:] or f"({path} is empty)"
+        except OSError as exc:
+            return f"({path}: {exc})"
+
+    def check_alive(self) -> None:
+        """Raises WorkerStartFailed, with the end of its log, for the first process that exited."""
+        for index, (stage, proc) in enumerate(self.procs):
+            if proc.poll() is not None:
+                raise WorkerStartFailed(
+                    f"the {stage} worker (pid {proc.pid}, {' '.join(proc.args)}) exited with {proc.returncode} "
+                    f"at start; its output:\n{self._log_tail(index, stage)}")
+
+    async def wait_registered(self, redis_client, workers_key: str, count: int, *, timeout_s: float = 120.0) -> None:
+        """Waits until ``count`` workers heart-beat in ``workers_key`` (a ZSET), failing at once with
+        the process's own output when one exits, and with every log after ``timeout_s``: a
+        benchmark or a test never waits in silence for a pool that cannot start."""
+        deadline = time.monotonic() + timeout_s
+        while await redis_client.zcard(workers_key) < count:
+            self.check_alive()
+            if time.monotonic() > deadline:
+                logs = "\n".join(f"--- {stage}-{i}:\n{self._log_tail(i, stage, 800)}"
+                                  for i, (stage, _p) in enumerate(self.procs))
+                raise WorkerStartFailed(f"{count} workers did not register within {timeout_s:.0f} s "
+                                        f"({await redis_client.zcard(workers_key)} did); their output:\n{logs}")
+            await asyncio.sleep(0.05)
 
     def stop(self, timeout_s: float = 30.0) -> None:
         for _stage, proc in self.alive():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 from collections import Counter
 
 from rollstream.client import AsyncClient
@@ -113,3 +114,29 @@ async def test_jobs_stranded_on_a_dead_node_are_rescued_to_another(settings, wor
         results = await client.collect(20, timeout_s=60)
     assert sorted(r.job_id for r in results) == sorted(ids)
     assert all(r.status == "completed" and r.attempts == 2 for r in results)
+
+
+async def test_a_pool_whose_worker_cannot_start_fails_with_its_output(settings, worker_pool):
+    """A benchmark or a deployment on a machine missing a dependency (a GPU node with another
+    Python) must say why at once, not wait in silence for workers that never register."""
+    from rollstream.workers.pool import WorkerStartFailed
+
+    pool = worker_pool()
+    pool.program = [sys.executable, "-c", "import sys; sys.exit('no module named missing_dependency')"]
+    pool.start("run")
+    async with AsyncClient(settings=settings) as client:
+        try:
+            await pool.wait_registered(client.r, client.keys.workers, 1, timeout_s=60)
+        except WorkerStartFailed as exc:
+            message = str(exc)
+        else:
+            raise AssertionError("wait_registered returned for a worker that exited")
+    assert "exited with 1" in message and "no module named missing_dependency" in message
+
+
+async def test_a_started_pool_is_waited_for_until_its_workers_register(settings, worker_pool):
+    pool = worker_pool()
+    pool.start_all()
+    async with AsyncClient(settings=settings) as client:
+        await pool.wait_registered(client.r, client.keys.workers, 3, timeout_s=120)
+        assert await client.r.zcard(client.keys.workers) >= 3

@@ -84,3 +84,50 @@ def test_scripts_install_refuses_a_python_older_than_the_floor_with_one_line():
     result = subprocess.run(["bash", "scripts/install"], cwd=ROOT, env={**_system_env(), "PYTHON": old},
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1 and "needs Python >= 3.11" in result.stderr
+
+
+def _torch_source(extra_env: dict[str, str]) -> list[str]:
+    """What scripts/install passes pip for torch, on a machine whose pip has no configuration."""
+    env = {**_system_env(), "PIP_CONFIG_FILE": os.devnull, **extra_env}
+    env.pop("PIP_FIND_LINKS", None)
+    out = subprocess.run(["bash", "scripts/torch-source", sys.executable, "2.13.0"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    return out.split()
+
+
+def test_a_local_torch_wheel_pip_is_not_configured_to_see_is_used_not_the_cuda_build(tmp_path):
+    wheel = tmp_path / "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+    wheel.write_bytes(b"")  # only its name is looked at; pip reads it at install time
+    assert _torch_source({"ROLLSTREAM_LOCAL_WHEELS": str(tmp_path)}) == ["--find-links", str(tmp_path)]
+    # Without one, a machine with no NVIDIA driver takes the CPU-only index, never PyPI's CUDA build.
+    no_gpu_path = {"PATH": "/usr/bin:/bin"} if not Path("/usr/bin/nvidia-smi").exists() else {}
+    if no_gpu_path:
+        assert _torch_source({"ROLLSTREAM_LOCAL_WHEELS": str(tmp_path / "none"), **no_gpu_path}) == [
+            "--index-url", "https://download.pytorch.org/whl/cpu"]
+
+
+def test_the_venv_is_made_from_debians_python_whatever_is_first_on_path(tmp_path):
+    """CI's PATH starts with another python3 (pyenv): the suite must still run on Debian's own."""
+    if not SYSTEM_PYTHON.exists():
+        pytest.fail("this check needs Debian's /usr/bin/python3 (a stock Debian 12)")
+    shadow = tmp_path / "bin"
+    shadow.mkdir()
+    (shadow / "python3").symlink_to(sys.executable if Path(sys.executable).resolve() != SYSTEM_PYTHON.resolve()
+                                    else "/bin/false")
+    env = {**_system_env(), "PATH": f"{shadow}:/usr/bin:/bin"}
+    env.pop("PYTHON", None)
+    chosen = subprocess.run(["bash", "scripts/python-for-venv"], cwd=ROOT, env=env, capture_output=True,
+                            text=True, check=True).stdout.strip()
+    assert chosen == "/usr/bin/python3"
+    assert subprocess.run(["bash", "scripts/python-for-venv"], cwd=ROOT, env={**env, "PYTHON": "/x/python3.12"},
+                          capture_output=True, text=True, check=True).stdout.strip() == "/x/python3.12"
+
+
+def test_the_suite_runs_on_the_interpreter_the_readme_names():
+    """scripts/test runs pytest in .venv, made from scripts/python-for-venv's choice: on Debian 12
+    that is /usr/bin/python3 (3.11.2), so CI tests what the README promises."""
+    expected = subprocess.run(["bash", "scripts/python-for-venv"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    expected_path = shutil.which(expected) or expected
+    base = getattr(sys, "_base_executable", sys.executable)
+    assert os.path.realpath(base) == os.path.realpath(expected_path), (base, expected_path)

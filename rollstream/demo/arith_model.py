@@ -22,6 +22,7 @@ from rollstream.agent.chat import ChatRenderer
 from rollstream.agent.tools import submit_tool_schema
 from rollstream.llm.sequences import common_prefix_length
 from rollstream.llm.tiny_model import build_tiny_model
+from rollstream.llm.transformers_compat import cache_kwargs, output_cache
 from rollstream.tasks import arith
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,7 @@ def _warm_up(model_dir: Path, episodes: list[list[dict]], tools: list[dict], out
     model.train()
     for step in range(steps):
         with torch.no_grad():
-            cache = model(input_ids=prefix, use_cache=True).past_key_values
+            cache = output_cache(model(input_ids=prefix, use_cache=True))
         cache.batch_repeat_interleave(batch_size)
         batch = [data[rng.randrange(len(data))] for _ in range(batch_size)]
         width = max(len(ids) for ids, _ in batch) - prefix_len
@@ -110,7 +111,7 @@ def _warm_up(model_dir: Path, episodes: list[list[dict]], tools: list[dict], out
             input_ids[row, :len(ids)] = torch.tensor(ids)
             attention[row, prefix_len:prefix_len + len(ids)] = 1
             labels[row, :len(ids)] = torch.tensor([t if m else -100 for t, m in zip(ids, mask)])
-        loss = model(input_ids=input_ids, attention_mask=attention, past_key_values=cache, labels=labels).loss
+        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels, **cache_kwargs(model, cache)).loss
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from rollstream.llm.server.cache import KV, PrefixCache, kv_length
+from rollstream.llm.transformers_compat import cache_kwargs, output_cache
 from rollstream.llm.server.detokenizer import IncrementalText
 from rollstream.llm.server.sampling import Choice, LogprobsMode, SequenceSampling, choose_next
 
@@ -299,11 +300,11 @@ class Engine:
             input_ids=input_ids,
             position_ids=position_ids,
             attention_mask=attention_mask,
-            past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **cache_kwargs(self.model, cache),
         )
-        return out.logits[:, -1, :], _kv_from(out.past_key_values)
+        return out.logits[:, -1, :], _kv_from(output_cache(out))
 
     def _prefill(self, seq: _Sequence) -> None:
         prompt = seq.request.prompt_ids

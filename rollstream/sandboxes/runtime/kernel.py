@@ -3,6 +3,9 @@
 The kernel runs in the sandbox (same rootfs, workdir and limits as bash) and talks ipc
 through a host folder bound into the sandbox; jupyter_client is imported only here and
 only when the kernel is first needed, so sandboxes that never use Python start fast.
+That folder is the sandbox's (its code may plant anything there): the supervisor, root on
+the host, reaches into it only through a descriptor of the folder, never by a path an entry
+could redirect (`ConnectionFolder`).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import os
 import re
 import resource
 import secrets
+import stat
 import subprocess
 import threading
 import time
@@ -35,10 +39,89 @@ def _loads(data: bytes) -> dict:
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _POLL_S = 0.25
+CONNECTION_FILE = "kernel.json"
+# The kernel's ipc sockets are `k-PORT` in the connection folder; we use shell, iopub and control.
+SOCKET_PREFIX = "k"
+_PORTS = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
+_CONNECTED_PORTS = (1, 2, 4)
 
 
 class KernelStartError(RuntimeError):
     """The kernel process did not come up inside the sandbox."""
+
+
+class ConnectionFolder:
+    """The host side of the folder the kernel shares with us, which the sandbox can write.
+
+    Everything goes through a descriptor of the folder, without following an entry's symlink:
+    the connection file is created afresh (O_EXCL | O_NOFOLLOW: one the sandbox planted, a
+    symlink to /etc/passwd, is removed first and never opened), and the kernel's sockets are
+    opened as O_PATH descriptors that must be sockets, then connected through /proc/self/fd/N,
+    which names that very inode. A socket path a zmq reconnect would follow again later
+    cannot be swapped for a symlink to a host socket (Redis, the container engine).
+    """
+
+    def __init__(self, host_dir: str) -> None:
+        self.host_dir = host_dir
+        # The folder itself sits in the sandbox's own folder, which the sandbox cannot write.
+        self.fd = os.open(host_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        self.socket_fds: dict[int, int] = {}
+
+    def write_connection_file(self, info: dict) -> None:
+        """`kernel.json`, a new file of ours whatever the sandbox left under that name."""
+        data = json.dumps(info).encode()
+        for _ in range(3):
+            self._remove(CONNECTION_FILE)
+            for port in _PORTS.values():
+                self._remove(f"{SOCKET_PREFIX}-{port}")
+            try:
+                fd = os.open(CONNECTION_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             0o644, dir_fd=self.fd)
+            except FileExistsError:
+                continue  # made again in between, by something running in the sandbox
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+            return
+        raise KernelStartError(
+            f"something in the sandbox keeps recreating {CONNECTION_FILE} in the kernel's folder; "
+            "stop it (or restart the sandbox) and run the cell again"
+        )
+
+    def _remove(self, name: str) -> None:
+        try:
+            os.unlink(name, dir_fd=self.fd)  # unlinkat: a symlink goes, not what it names
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError:
+            raise KernelStartError(
+                f"the kernel's folder in the sandbox holds a folder named {name}; remove it and run the cell again"
+            ) from None
+
+    def socket_addresses(self) -> dict[int, str] | None:
+        """zmq addresses of the kernel's sockets once it has bound them all, else None."""
+        for port in _CONNECTED_PORTS:
+            if port in self.socket_fds:
+                continue
+            try:
+                fd = os.open(f"{SOCKET_PREFIX}-{port}", os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
+            except FileNotFoundError:
+                return None
+            if stat.S_ISSOCK(os.fstat(fd).st_mode):
+                self.socket_fds[port] = fd
+            else:  # not bound yet (the kernel's bind replaces what was planted there), or never
+                os.close(fd)
+                return None
+        return {port: f"ipc:///proc/self/fd/{fd}" for port, fd in self.socket_fds.items()}
+
+    def close(self) -> None:
+        for fd in [*self.socket_fds.values(), self.fd]:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.socket_fds = {}
 
 
 class Kernel:
@@ -76,6 +159,7 @@ class Kernel:
         self.lock = threading.Lock()
         self.process: subprocess.Popen | None = None
         self.context = None
+        self.folder: ConnectionFolder | None = None
         self._cached_poller = None
 
     # -- lifecycle -------------------------------------------------------------------
@@ -85,24 +169,19 @@ class Kernel:
             resource.setrlimit(getattr(resource, name), (value, value))
 
     def start(self) -> None:
-        os.makedirs(self.host_dir, exist_ok=True)
+        if not os.path.isdir(self.host_dir):
+            os.makedirs(self.host_dir)
+        self.folder = ConnectionFolder(self.host_dir)
         key = secrets.token_hex(16)
-        info = {
-            "transport": "ipc",
-            "shell_port": 1,
-            "iopub_port": 2,
-            "stdin_port": 3,
-            "control_port": 4,
-            "hb_port": 5,
-            "key": key,
-            "signature_scheme": "hmac-sha256",
-            "kernel_name": "python3",
-        }
+        info = dict(_PORTS, transport="ipc", key=key, signature_scheme="hmac-sha256", kernel_name="python3")
         # Host and sandbox see the same folder under different paths: the kernel gets the
-        # sandbox path, we connect through the host path.
-        with open(os.path.join(self.host_dir, "kernel.json"), "w") as handle:
-            json.dump(dict(info, ip=os.path.join(self.inner_dir, "k")), handle)
-        argv = [a.replace("{connection_file}", os.path.join(self.inner_dir, "kernel.json"))
+        # sandbox path, we connect through the folder's descriptor.
+        try:
+            self.folder.write_connection_file(dict(info, ip=os.path.join(self.inner_dir, SOCKET_PREFIX)))
+        except BaseException:
+            self.close()
+            raise
+        argv = [a.replace("{connection_file}", os.path.join(self.inner_dir, CONNECTION_FILE))
                 for a in self.kernel_argv]
         log = open(self.log_path, "ab")
         try:
@@ -128,15 +207,23 @@ class Kernel:
         self.zmq = zmq
         self.session = Session(key=key.encode(), signature_scheme="hmac-sha256", username="rollstream")
         self.context = zmq.Context()
-        base = "ipc://" + os.path.join(self.host_dir, "k")
         self.shell = self.context.socket(zmq.DEALER)
         self.control = self.context.socket(zmq.DEALER)
         self.iopub = self.context.socket(zmq.SUB)
         self.iopub.setsockopt(zmq.SUBSCRIBE, b"")
-        for sock, port in ((self.shell, 1), (self.iopub, 2), (self.control, 4)):
+        for sock in (self.shell, self.iopub, self.control):
             sock.linger = 0
-            sock.connect(f"{base}-{port}")
         self._wait_ready(time.monotonic() + self.start_timeout_s)
+
+    def _connect(self) -> bool:
+        """Connect to the kernel's sockets once it has bound them; False while it has not."""
+        assert self.folder is not None
+        addresses = self.folder.socket_addresses()
+        if addresses is None:
+            return False
+        for sock, port in ((self.shell, 1), (self.iopub, 2), (self.control, 4)):
+            sock.connect(addresses[port])
+        return True
 
     def _wait_ready(self, deadline: float) -> None:
         """Send kernel_info until its status reaches us on iopub (so no output is lost)."""
@@ -147,6 +234,7 @@ class Kernel:
         poller.register(self.shell, zmq.POLLIN)
         pending: set[str] = set()
         next_send = 0.0
+        connected = False
         while True:
             now = time.monotonic()
             if self.process.poll() is not None:
@@ -161,6 +249,11 @@ class Kernel:
                 raise KernelStartError(
                     f"the IPython kernel did not answer within {self.start_timeout_s:g} s; see {self.log_path}"
                 )
+            if not connected:
+                connected = self._connect()
+                if not connected:
+                    time.sleep(0.005)
+                    continue
             if now >= next_send:
                 message = self.session.msg("kernel_info_request", content={})
                 self.session.send(self.shell, message)
@@ -195,6 +288,9 @@ class Kernel:
             self.context.term()
             self.context = None
             self._cached_poller = None
+        if self.folder is not None:
+            self.folder.close()
+            self.folder = None
         process, self.process = self.process, None
         if process is not None:
             if kill_session:

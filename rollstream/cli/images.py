@@ -1,6 +1,6 @@
 """``rollstream images ...``: prepare sandbox images (SIF files, unpacked rootfs folders, SWE
-environment images). They are built by rq jobs (queue ``rollstream-images``) on the nodes
-unless --now builds them here."""
+environment images). They are built by image workers on the nodes (``rollstream images worker``
+reads typed requests from Redis: sandboxes/image_jobs.py) unless --now builds them here."""
 
 from __future__ import annotations
 
@@ -13,20 +13,29 @@ from rich.console import Console
 from rich.table import Table
 
 from rollstream.cli.common import redis_option, redis_url_alias, require_redis, settings_from
-from rollstream.sandboxes import images
+from rollstream.sandboxes import image_jobs, images
 from rollstream.tasks import swe_env, swe_repos
 from rollstream.tasks.swe import load_instances
 
-app = typer.Typer(help="Prepare sandbox images (SIF files, unpacked rootfs folders) as background jobs.",
+app = typer.Typer(help="Prepare sandbox images (SIF files, unpacked rootfs folders) as requests to image workers.",
                   no_args_is_help=True)
 console = Console()
 
-REDIS_HELP = ("Redis URL of the rq queue; default $REDIS_URL, else the embedded Redis that 'rollstream up' "
+REDIS_HELP = ("Redis URL of the image requests; default $REDIS_URL, else the embedded Redis that 'rollstream up' "
               "runs in the data folder.")
 
 
 def _redis_url(redis: str | None, redis_url: str | None) -> str:
-    return require_redis(settings_from(redis or redis_url), "queueing an image job (or pass --now)").redis_url
+    return require_redis(settings_from(redis or redis_url), "queueing an image request (or pass --now)").redis_url
+
+
+WORKER_OWNS = ("a queued request runs with the worker's own folders: pass {flag} to 'rollstream images worker', "
+               "or build here with --now")
+
+
+def _queued(request_id: str, what: str) -> None:
+    console.print(f"queued image request {request_id} ({what}) on {image_jobs.STREAM}; "
+                  "a node's 'rollstream images worker' runs it")
 
 
 @app.command()
@@ -45,8 +54,10 @@ def pull(
         with console.status(f"pulling {source} ..."):
             console.print(images.pull_image(source, backend, images_dir))  # type: ignore[arg-type]
         return
-    job = images.enqueue_pull(_redis_url(redis, redis_url), source, backend, images_dir)  # type: ignore[arg-type]
-    console.print(f"queued rq job {job.id} on {images.IMAGES_QUEUE}; run 'rq worker {images.IMAGES_QUEUE}' on the node")
+    if images_dir is not None:
+        raise typer.BadParameter(WORKER_OWNS.format(flag="--images-dir"))
+    request = image_jobs.PullRequest(source=source, backend=backend)  # type: ignore[arg-type]
+    _queued(image_jobs.enqueue(_redis_url(redis, redis_url), request), f"pull {source} for {backend}")
 
 
 @app.command()
@@ -74,8 +85,11 @@ def build(
         with console.status(f"building {name} ..."):
             console.print(images.build_image(definition=source, name=name, images_dir=images_dir))
         return
-    job = images.enqueue_build(_redis_url(redis, redis_url), source, name, images_dir)
-    console.print(f"queued rq job {job.id} on {images.IMAGES_QUEUE}")
+    if images_dir is not None:
+        raise typer.BadParameter(WORKER_OWNS.format(flag="--images-dir"))
+    request_id = image_jobs.enqueue(_redis_url(redis, redis_url),
+                                    image_jobs.SifBuildRequest(definition=source, name=name))
+    _queued(request_id, f"build {name}")
 
 
 def _build_environments(source: str, backends: tuple[str, ...], mirror: str | None, images_dir: str | None,
@@ -84,8 +98,8 @@ def _build_environments(source: str, backends: tuple[str, ...], mirror: str | No
     if unknown:
         raise typer.BadParameter(f"--backend takes docker, bwrap or singularity, not {sorted(unknown)}")
     instances = load_instances(Path(source))
-    mirror_path = Path(mirror) if mirror else swe_repos.default_mirror()
     if now:
+        mirror_path = Path(mirror) if mirror else swe_repos.default_mirror()
         with console.status(f"building the environments of {len(instances)} instance(s) ..."):
             built = swe_env.build_for_instances(instances, mirror_path, backends, images_dir, force)
         if as_json:
@@ -97,11 +111,51 @@ def _build_environments(source: str, backends: tuple[str, ...], mirror: str | No
                           ", ".join(entry["instances"]))
         console.print(table)
         return
-    queue = images.images_queue(_redis_url(redis, redis_url))
+    for flag, value in (("--mirror", mirror), ("--images-dir", images_dir)):
+        if value is not None:
+            raise typer.BadParameter(WORKER_OWNS.format(flag=flag))
+    url = _redis_url(redis, redis_url)
     for instance in instances:
-        job = queue.enqueue(swe_env.build_for_instances, [instance], mirror_path, backends, images_dir, force,
-                            job_timeout=3600, description=f"environment of {instance.get('instance_id')}")
-        console.print(f"queued rq job {job.id} for {instance.get('instance_id')} on {images.IMAGES_QUEUE}")
+        request = image_jobs.EnvironmentsRequest(instances=[instance], backends=list(backends),  # type: ignore[arg-type]
+                                                 force=force)
+        _queued(image_jobs.enqueue(url, request), f"environment of {instance.get('instance_id')}")
+
+
+@app.command()
+def worker(
+    images_dir: str = typer.Option(None, help="where images go; default $ROLLSTREAM_IMAGES_DIR, else ~/.cache/rollstream/images (as root /var/cache/rollstream/images)"),
+    mirror: Optional[str] = typer.Option(None, help="repository mirror of environment builds; default $ROLLSTREAM_SWE_MIRROR"),
+    source_dir: list[str] = typer.Option([], "--source-dir", help="a folder queued pulls may take local tarballs and "
+                                         "SIFs (and SIF builds their definition files) from; repeatable; none by "
+                                         "default: registry URIs only"),
+    burst: bool = typer.Option(False, "--burst", help="stop once no request is waiting"),
+    redis: Optional[str] = redis_option(REDIS_HELP),
+    redis_url: Optional[str] = redis_url_alias(),
+) -> None:
+    """Run queued image requests on this node: pulls, SIF builds and environment images.
+
+    A request is typed data (JSON of one of three kinds), never a function or a pickle: whoever can
+    write to Redis can ask for an image, not run code here. Folders come from these flags only."""
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    url = require_redis(settings_from(redis or redis_url), "running an image worker").redis_url
+    answered = image_jobs.ImageWorker(url, images_dir, mirror, list(source_dir)).work(burst=burst)
+    console.print(f"answered {answered} image request(s)")
+
+
+@app.command()
+def result(
+    request_id: str = typer.Argument(..., help="the id 'rollstream images pull|build' printed"),
+    redis: Optional[str] = redis_option(REDIS_HELP),
+    redis_url: Optional[str] = redis_url_alias(),
+) -> None:
+    """Print a queued request's outcome as JSON (status finished, failed or refused), or say it is waiting."""
+    outcome = image_jobs.result(_redis_url(redis, redis_url), request_id)
+    if outcome is None:
+        console.print(f"request {request_id} is not answered yet (or its result expired)")
+        raise typer.Exit(1)
+    print(json.dumps(outcome))
 
 
 @app.command("list")

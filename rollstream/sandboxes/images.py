@@ -1,8 +1,8 @@
-"""Image preparation for sandboxes, run as rq background jobs so nodes prefetch without blocking.
+"""Image preparation for sandboxes, run here (`--now`) or by a node's image worker (image_jobs.py).
 
 `pull_image` makes a SIF (Singularity/Apptainer, through spython) or an unpacked rootfs
-folder (bubblewrap's `image`) from a docker:// URI, a SIF or a rootfs tarball;
-`build_image` builds a SIF from a definition file. `enqueue_*` puts them on an rq queue.
+folder (bubblewrap's `image`) from a docker:// URI, a SIF or a rootfs tarball (safe_tar.py);
+`build_image` builds a SIF from a definition file.
 """
 
 from __future__ import annotations
@@ -14,21 +14,26 @@ import tarfile
 from dataclasses import dataclass
 from typing import Literal
 
+from . import safe_tar
 from .backends.docker import client_env
 from .backends.singularity import singularity_binary
 from .errors import BackendUnavailable
 from .image_cache import default_images_dir, image_name, rootfs_path, sif_path
 
-IMAGES_QUEUE = "rollstream-images"
 ImageBackend = Literal["bwrap", "singularity"]
 
 
 def _unpack_tarball(tarball: str, destination: str) -> None:
+    """Unpack under safe_tar's rules into a private `.partial` folder, renamed only when whole."""
     partial = destination + ".partial"
     shutil.rmtree(partial, ignore_errors=True)
-    os.makedirs(partial)
-    with tarfile.open(tarball) as archive:
-        archive.extractall(partial, filter="tar")  # refuses absolute paths and .. escapes
+    os.mkdir(partial, 0o700)
+    try:
+        safe_tar.extract(tarball, partial)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    os.chmod(partial, 0o755)  # sandboxes under their own uids read the image
     os.replace(partial, destination)
 
 
@@ -168,23 +173,3 @@ def list_images(images_dir: str | None = None) -> list[ImageInfo]:
             size = sum(os.lstat(os.path.join(r, f)).st_size for r, _, fs in os.walk(path) for f in fs)
             found.append(ImageInfo(entry[:-7], "rootfs", path, size / 2**20))
     return found
-
-
-def images_queue(redis_url: str):
-    from redis import Redis
-    from rq import Queue
-
-    return Queue(IMAGES_QUEUE, connection=Redis.from_url(redis_url))
-
-
-def enqueue_pull(redis_url: str, source: str, backend: ImageBackend = "singularity", images_dir: str | None = None):
-    """Queue a pull on rq; a node's `rq worker rollstream-images` runs it. Returns the rq Job."""
-    return images_queue(redis_url).enqueue(
-        pull_image, source, backend, images_dir, job_timeout=3600, description=f"pull {source} for {backend}"
-    )
-
-
-def enqueue_build(redis_url: str, definition: str, name: str, images_dir: str | None = None):
-    return images_queue(redis_url).enqueue(
-        build_image, definition, name, images_dir, job_timeout=3600, description=f"build {name}"
-    )

@@ -1,4 +1,4 @@
-"""Image preparation as rq jobs: a rootfs tarball unpacked by a real rq worker, then used by bwrap."""
+"""Image preparation as queued requests: a rootfs tarball unpacked by a node's image worker, then used by bwrap."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import time
 import pytest
 
 from rollstream.sandboxes import SandboxClient, SandboxSpec, create_sandbox, destroy_sandbox
-from rollstream.sandboxes import images
+from rollstream.sandboxes import image_jobs, images
 
 from .conftest import needs_bwrap
 
@@ -64,16 +64,14 @@ def redis_socket():
 
 @needs_bwrap
 async def test_rootfs_tarball_unpacked_by_an_rq_job_runs_a_sandbox(tmp_path, redis_socket, root_dir):
-    from rq import SimpleWorker
-
     tarball = _minimal_rootfs_tarball(str(tmp_path))
     images_dir = str(tmp_path / "images")
-    job = images.enqueue_pull(redis_socket, tarball, "bwrap", images_dir)
-    queue = images.images_queue(redis_socket)
-    SimpleWorker([queue], connection=queue.connection).work(burst=True)
-    job.refresh()
-    assert job.is_finished, job.latest_result()
-    rootfs = job.return_value()
+    request_id = image_jobs.enqueue(redis_socket, image_jobs.PullRequest(source=tarball, backend="bwrap"))
+    worker = image_jobs.ImageWorker(redis_socket, images_dir=images_dir, source_dirs=[str(tmp_path)])
+    assert worker.work(burst=True) == 1
+    outcome = image_jobs.result(redis_socket, request_id)
+    assert outcome is not None and outcome["status"] == "finished", outcome
+    rootfs = outcome["result"]
     assert [(i.name, i.kind) for i in images.list_images(images_dir)] == [("mini", "rootfs")]
 
     handle = await create_sandbox(SandboxSpec(backend="bwrap", image=rootfs), sandbox_id="img", root_dir=root_dir)

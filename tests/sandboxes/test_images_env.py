@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rollstream.sandboxes import SandboxSpec, image_cache, images
+from rollstream.sandboxes import SandboxSpec, image_cache, image_jobs, images
 from rollstream.sandboxes.backends import SandboxLayout
 from rollstream.sandboxes.backends.docker import DockerBackend
 from rollstream.sandboxes.backends.singularity import SingularityBackend
@@ -81,9 +81,7 @@ def test_a_built_environment_is_reused_not_rebuilt(tmp_path):
 
 
 @pytest.mark.skipif(not DockerBackend().available(), reason="no Docker engine answers here (scripts/install-podman)")
-def test_images_build_queues_one_rq_job_per_instance_that_a_worker_runs(tmp_path, redis_url):
-    from redis import Redis
-    from rq import SimpleWorker
+def test_images_build_queues_one_request_per_instance_that_a_worker_runs(tmp_path, redis_url):
     from typer.testing import CliRunner
 
     from rollstream.cli.images import app
@@ -94,11 +92,11 @@ def test_images_build_queues_one_rq_job_per_instance_that_a_worker_runs(tmp_path
         pytest.fail("the shipped environment images are not built; run scripts/install-podman")
     jsonl = tmp_path / "one.jsonl"
     jsonl.write_text(json.dumps(instance) + "\n")
-    result = CliRunner().invoke(app, ["build", str(jsonl), "--backend", "docker", "--redis", redis_url,
-                                      "--mirror", str(tmp_path / "mirror")])
+    result = CliRunner().invoke(app, ["build", str(jsonl), "--backend", "docker", "--redis", redis_url])
     assert result.exit_code == 0, result.output
-    (job_id,) = re.findall(r"queued rq job (\S+)", result.output)
-    queue = images.images_queue(redis_url)
-    SimpleWorker([queue], connection=Redis.from_url(redis_url)).work(burst=True)
-    built = queue.fetch_job(job_id).return_value()
+    (request_id,) = re.findall(r"queued image request (\S+)", result.output)
+    assert image_jobs.ImageWorker(redis_url).work(burst=True) == 1
+    outcome = image_jobs.result(redis_url, request_id)
+    assert outcome is not None and outcome["status"] == "finished", outcome
+    built = outcome["result"]
     assert [(e["built"], e["instances"]) for e in built] == [(False, [instance["instance_id"]])]

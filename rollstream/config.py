@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from rollstream.sandboxes.policy import DEFAULT_JOB_OVERRIDES
+from rollstream.sandboxes.policy import DEFAULT_IMAGES, DEFAULT_JOB_OVERRIDES
 
 
 def _default_node() -> str:
@@ -21,6 +21,15 @@ def _default_node() -> str:
 
 def _default_data_dir() -> Path:
     return Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "rollstream"
+
+
+def default_swe_mirror() -> Path:
+    """Where the swe task's repository mirror lives unless a job names another."""
+    return Path(os.environ.get("ROLLSTREAM_SWE_MIRROR") or Path.home() / ".cache" / "rollstream" / "swe-mirror")
+
+
+def _default_swe_mirrors() -> list[Path]:
+    return [default_swe_mirror()]
 
 
 class Settings(BaseSettings):
@@ -78,6 +87,31 @@ class Settings(BaseSettings):
         "their code is confined. A job naming another field fails at init with a message naming it.")
     sandbox_job_may_raise_limits: bool = Field(False, description="Let a job's sandbox overrides raise "
                                                "limits above its task's (more memory, time, processes).")
+    sandbox_images: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_IMAGES),
+        description="Image references a job's sandbox may start from, whether its task took the image from the "
+        "instance (a SWE record's image) or the job overrode it (JSON list in the environment): an entry ending "
+        "in '/' or ':' admits every reference beginning with it, '*' any reference, another entry that image "
+        "alone. Default: the images rollstream builds (localhost/rollstream/...); add e.g. 'docker.io/swebench/' "
+        "for SWE-bench's published images. A host folder is not a reference: see sandbox_image_folders.")
+    sandbox_image_folders: list[Path] = Field(
+        default_factory=list, description="Folders beneath which a job's sandbox may use a host folder (a bwrap "
+        "rootfs) or file (a SIF) as its image (JSON list). Empty (the default): the image cache alone "
+        "($ROLLSTREAM_IMAGES_DIR, else /var/cache/rollstream/images as root). Symlinks are resolved; the folder "
+        "itself, '/' and anything outside are refused.")
+    swe_repo_mirrors: list[Path] = Field(
+        default_factory=_default_swe_mirrors, description="Folders a swe job's repo_mirror, and a repository it "
+        "names by local path, may lie in (JSON list); default: the default mirror alone ($ROLLSTREAM_SWE_MIRROR "
+        "or ~/.cache/rollstream/swe-mirror). Any other path fails the job (failure 'job').")
+    swe_bundle_max_bytes: int = Field(1 << 30, gt=0, description="Largest git bundle of a repository that init "
+                                      "reads from the mirror into a sandbox (1 GiB).")
+    agent_job_chat_templates: bool = Field(
+        False, description="Let a job bring its own Jinja chat template (agent.chat_template_kwargs."
+        "chat_template). Off: such a job fails (failure 'job'). On: the template renders in jinja's sandbox, "
+        "each rendering bounded by agent_job_chat_template_timeout_s.")
+    agent_job_chat_template_timeout_s: float = Field(
+        2.0, gt=0, description="Longest a job's own chat template may take to render once; past it the job fails "
+        "(failure 'job').")
     reap_interval_s: float = Field(30.0, description="How often eval workers reap sandboxes no job wants.")
     group_affinity_slack: int = Field(2, description="A group's backend is preferred while its in-flight "
                                       "count is within this many of the least loaded.")

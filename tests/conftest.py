@@ -5,6 +5,7 @@ and worker pools as real processes."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -187,3 +188,15 @@ def pytest_collection_finish(session):
 
 def pytest_configure(config):
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def swe_mirrors_in_test_folders(tmp_path_factory):
+    """The suite's operator lets SWE jobs name mirrors in pytest's temporary folders (and the
+    default mirror): the setting a node sets for its own mirrors, inherited by worker processes."""
+    from rollstream.config import default_swe_mirror
+
+    allowed = [str(tmp_path_factory.getbasetemp()), str(default_swe_mirror())]
+    os.environ["ROLLSTREAM_SWE_REPO_MIRRORS"] = json.dumps(allowed)
+    yield
+    os.environ.pop("ROLLSTREAM_SWE_REPO_MIRRORS", None)

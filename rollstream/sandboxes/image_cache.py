@@ -39,8 +39,10 @@ def resolve_image(image: str | None, backend: str, images_dir: str | None = None
     copy from the cache), Docker the reference, Singularity a SIF (cached, else docker://)."""
     if image is None:
         return None
+    # Only an absolute path names a host folder or file: a reference (localhost/x, etc) is never
+    # looked up relative to whatever folder the worker runs in.
     if backend == "bwrap":
-        if os.path.isdir(image):
+        if os.path.isabs(image) and os.path.isdir(image):
             return image
         unpacked = rootfs_path(image, images_dir)
         if os.path.isdir(unpacked):
@@ -51,7 +53,7 @@ def resolve_image(image: str | None, backend: str, images_dir: str | None = None
             "recipe rollstream images build INSTANCES.jsonl --backend bwrap)"
         )
     if backend == "singularity":
-        if image.endswith(".sif") or os.path.isdir(image) or "://" in image:
+        if image.endswith(".sif") or (os.path.isabs(image) and os.path.isdir(image)) or "://" in image:
             return image
         cached = sif_path(image, images_dir)
         return cached if os.path.exists(cached) else f"docker://{image}"

@@ -6,10 +6,17 @@ may lower limits and shape what runs inside the sandbox (files, env, setup comma
 pick the backend, the image, the network, the masks or the unisolated `local` backend; the
 operator widens that with the settings `sandbox_job_overrides` and
 `sandbox_job_may_raise_limits` (rollstream/config.py).
+
+Every image a job's sandbox starts from passes here too, whether the job overrode it or its task
+took it from the instance (a SWE record's ``image``): a reference from the operator's list
+(`sandbox_images`), or a host folder or file beneath the operator's image folders
+(`sandbox_image_folders`, default the image cache), never `/` or another host folder.
 """
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +24,7 @@ from pydantic import ValidationError
 
 from rollstream.errors import InvalidJob
 from rollstream.sandbox_spec import SandboxLimits, SandboxSpec
+from rollstream.sandboxes.image_cache import default_images_dir
 
 # What a job may override unless the operator says otherwise: all of it runs inside the
 # sandbox, confined as the operator configured it.
@@ -29,6 +37,13 @@ _UNCONFINED_BACKENDS = ("local",)
 _BUDGET_FIELDS = ("setup_timeout_s",)
 SETTING = "sandbox_job_overrides (ROLLSTREAM_SANDBOX_JOB_OVERRIDES)"
 RAISE_SETTING = "sandbox_job_may_raise_limits (ROLLSTREAM_SANDBOX_JOB_MAY_RAISE_LIMITS)"
+# Images a job's sandbox may start from unless the operator says otherwise: those rollstream built.
+DEFAULT_IMAGES = ("localhost/rollstream/",)
+IMAGES_SETTING = "sandbox_images (ROLLSTREAM_SANDBOX_IMAGES)"
+FOLDERS_SETTING = "sandbox_image_folders (ROLLSTREAM_SANDBOX_IMAGE_FOLDERS)"
+# A reference as engines write them (registry/name:tag@digest, docker://...): printable, no space,
+# not an option (-...) and not a relative path (./..).
+_REFERENCE = re.compile(r"[A-Za-z0-9][\x21-\x7e]*")
 
 
 class SandboxOverrideRefused(InvalidJob):
@@ -41,10 +56,13 @@ class OverridePolicy:
 
     allowed: tuple[str, ...] = DEFAULT_JOB_OVERRIDES
     may_raise_limits: bool = False
+    images: tuple[str, ...] = DEFAULT_IMAGES
+    image_folders: tuple[str, ...] = ()  # empty: the image cache alone
 
     @classmethod
     def from_settings(cls, settings: Any) -> "OverridePolicy":
-        return cls(tuple(settings.sandbox_job_overrides), bool(settings.sandbox_job_may_raise_limits))
+        return cls(tuple(settings.sandbox_job_overrides), bool(settings.sandbox_job_may_raise_limits),
+                   tuple(settings.sandbox_images), tuple(str(f) for f in settings.sandbox_image_folders))
 
     def check_fields(self, overrides: dict) -> None:
         """Refuse fields the policy never lets a job set (usable at submit, without the task's spec)."""
@@ -69,9 +87,13 @@ class OverridePolicy:
                 "selectable by a job; the operator picks it with the setting sandbox_backend")
 
     def apply(self, spec: SandboxSpec, overrides: dict | None) -> SandboxSpec:
-        """`spec` with the job's `overrides` merged in, validated, or SandboxOverrideRefused."""
-        if not overrides:
-            return spec
+        """`spec` with the job's `overrides` merged in, validated, or SandboxOverrideRefused; its
+        image (the task's, often taken from the instance, or the job's) checked by `check_image`."""
+        result = self._merged(spec, overrides) if overrides else spec
+        self.check_image(result.image, "job.sandbox.image" if overrides and "image" in overrides else "image")
+        return result
+
+    def _merged(self, spec: SandboxSpec, overrides: dict) -> SandboxSpec:
         self.check_fields(overrides)
         merged = spec.model_dump()
         for name, value in overrides.items():
@@ -91,6 +113,32 @@ class OverridePolicy:
                 "'local' backend, which only the operator's own setup may use")
         return result
 
+    def check_image(self, image: str | None, field: str = "image") -> None:
+        """Refuse an image the operator did not allow: a host path not strictly beneath one of
+        `image_folders` (symlinks resolved), or a reference not on `images`. None (bwrap on the
+        host's own rootfs, read-only, with its masks) is the operator's default and passes."""
+        if image is None:
+            return
+        if image.startswith("/"):
+            real = os.path.realpath(image)
+            for folder in self.image_folders or (default_images_dir(),):
+                root = os.path.realpath(folder).rstrip("/")
+                if real.startswith(root + "/") and real != root:
+                    return
+            raise SandboxOverrideRefused(
+                f"{field}={image!r} is a host path outside the operator's image folders "
+                f"({', '.join(self.image_folders or (default_images_dir(),))}); a job's sandbox starts from a "
+                f"rootfs the image cache holds (rollstream images pull/build) or a folder the operator lists in "
+                f"{FOLDERS_SETTING}")
+        if not _REFERENCE.fullmatch(image) or any(part in (".", "..") for part in image.split("/")):
+            raise SandboxOverrideRefused(
+                f"{field}={image!r} is neither an absolute host path nor an image reference such as "
+                "'localhost/rollstream/env:TAG' (no leading '-' or '.', no space, no '..')")
+        if not any(_admits(entry, image) for entry in self.images):
+            raise SandboxOverrideRefused(
+                f"{field}={image!r} is not among the images the operator allows ({', '.join(self.images) or 'none'});"
+                f" add it, or a prefix ending in '/' or ':', to {IMAGES_SETTING}")
+
     def _only_lowered(self, base: SandboxSpec, result: SandboxSpec) -> None:
         pairs = [(f"limits.{name}", getattr(base.limits, name), getattr(result.limits, name))
                  for name in SandboxLimits.model_fields]
@@ -108,3 +156,10 @@ def _raised(before: Any, after: Any) -> bool:
         return before is not None
     return before is not None and after > before
 
+
+def _admits(entry: str, image: str) -> bool:
+    """An allow-list entry admits an image: '*' any, a prefix ending in '/' or ':' what begins
+    with it, another entry only that image."""
+    if entry == "*":
+        return True
+    return image.startswith(entry) if entry.endswith(("/", ":")) else image == entry

@@ -24,6 +24,7 @@ from rollstream.sandbox_spec import SandboxSpec
 from rollstream.sandboxes.sandbox_client import SandboxClient
 from rollstream.tasks import eval_report
 from rollstream.tasks.agent_task import AgentTask
+from rollstream.tasks.prompt_template import fill_prompt
 
 _FIELDS = {"prompt", "tests", "entry_point", "reward_mode", "solution_file", "files", "tools", "eval_timeout_s",
            "per_test_timeout_s", "max_output_bytes", "reference_solution", "system_prompt", "id", "source"}
@@ -79,6 +80,7 @@ class CodeTask(AgentTask):
         name = instance.get("solution_file", "solution.py")
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*\.py", name):
             raise InvalidJob("code: solution_file must be a plain module file name such as solution.py")
+        fill_prompt(instance.get("system_prompt", SYSTEM_PROMPT), file=name)  # refused at submit, not at run
         unknown = set(instance) - _FIELDS
         if unknown:
             raise InvalidJob(f"code does not know instance field(s) {sorted(unknown)}; known: {sorted(_FIELDS)}")
@@ -93,7 +95,7 @@ class CodeTask(AgentTask):
 
     def prompt_messages(self, instance: dict) -> list[dict]:
         solution_file = instance.get("solution_file", "solution.py")
-        system = instance.get("system_prompt", SYSTEM_PROMPT).format(file=solution_file)
+        system = fill_prompt(instance.get("system_prompt", SYSTEM_PROMPT), file=solution_file)
         user = instance["prompt"]
         if instance.get("entry_point"):
             user += f"\n\nDefine the function `{instance['entry_point']}` in {solution_file}."

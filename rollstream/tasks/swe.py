@@ -26,6 +26,7 @@ from rollstream.sandboxes.env_images import ENV_PYTHON, env_variables
 from rollstream.sandboxes.sandbox_client import SandboxClient
 from rollstream.tasks import eval_report, swe_env, swe_records, swe_repos
 from rollstream.tasks.agent_task import AgentTask
+from rollstream.tasks.prompt_template import fill_prompt
 from rollstream.trajectory import Trajectory
 
 SHIPPED_INSTANCES = Path(__file__).resolve().parent.parent / "data" / "swe" / "instances.jsonl"
@@ -91,6 +92,8 @@ class SweTask(AgentTask):
         env = instance.get("env", {})
         if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise InvalidJob("swe: env must map variable names to strings")
+        self.mirror(instance)
+        self.prompt_messages(instance)  # a system_prompt with fields it will not fill fails here
         if "test_command" in instance and not isinstance(instance["test_command"], str):
             raise InvalidJob("swe: test_command must be a string such as 'python -m pytest'")
         eval_report.check_eval_timeout(instance)
@@ -99,6 +102,10 @@ class SweTask(AgentTask):
         return swe_env.repo_dir(swe_records.normalize(instance), workdir)
 
     def mirror(self, instance: dict) -> Path:
+        """The instance's ``repo_mirror``, else the default; ``swe_repos`` checks it against the
+        operator's allowed folders before reading anything there."""
+        if instance.get("repo_mirror") and not isinstance(instance["repo_mirror"], str):
+            raise InvalidJob("swe: repo_mirror must be a folder path (a string)")
         return Path(instance["repo_mirror"]) if instance.get("repo_mirror") else swe_repos.default_mirror()
 
     def sandbox_spec(self, instance: dict) -> SandboxSpec:
@@ -110,7 +117,7 @@ class SweTask(AgentTask):
 
     def prompt_messages(self, instance: dict) -> list[dict]:
         instance = swe_records.normalize(instance)
-        system = instance.get("system_prompt", SYSTEM_PROMPT).format(repo_dir=self.repo_dir(instance))
+        system = fill_prompt(instance.get("system_prompt", SYSTEM_PROMPT), repo_dir=self.repo_dir(instance))
         return [{"role": "system", "content": system}, {"role": "user", "content": instance["problem_statement"]}]
 
     # -- init --------------------------------------------------------------------------
@@ -118,10 +125,11 @@ class SweTask(AgentTask):
         inst = swe_records.normalize(env.job.instance)
         if inst.get("repo_dir"):
             return await self._use_image_checkout(inst, sandbox)
+        roots = swe_repos.MirrorRoots.from_settings()
         bundle = await asyncio.to_thread(swe_repos.bundle, inst["repo"], inst["base_commit"], self.mirror(inst),
-                                         inst.get("repo_path"))
+                                         inst.get("repo_path"), roots)
         inner = f"/tmp/.rs-swe-{inst['base_commit'][:12]}.bundle"
-        await sandbox.write_file(inner, bundle.read_bytes())
+        await sandbox.write_file(inner, await asyncio.to_thread(swe_repos.read_bundle, bundle, roots))
         repo = self.repo_dir(inst, env.sandbox.workdir)
         q = shlex.quote
         result = await sandbox.bash(

@@ -93,6 +93,9 @@ def build_for_instances(instances: list[dict], mirror: Path, backends: tuple[str
     """Build each distinct recipe of `instances` once; one summary dict per environment."""
     seen: dict[str, dict] = {}
     exported = False  # a rootfs was (re)made: link its files with the others'
+    # `mirror` is the operator's (the command line); an instance's own repo_mirror and local
+    # repository path must lie beneath it or the folders the operator allows jobs.
+    roots = swe_repos.MirrorRoots.from_settings().with_root(mirror)
     for record in instances:
         inst = swe_records.normalize(record)
         recipe = env_recipe(inst)
@@ -100,7 +103,9 @@ def build_for_instances(instances: list[dict], mirror: Path, backends: tuple[str
             if recipe is not None:
                 seen[recipe.key()]["instances"].append(inst["instance_id"])
             continue
-        entry = swe_repos.locate(inst["repo"], Path(inst.get("repo_mirror") or mirror), inst.get("repo_path"))
+        entry = swe_repos.locate(inst["repo"], Path(inst.get("repo_mirror") or mirror), inst.get("repo_path"), roots)
+        if entry.suffix == ".bundle":
+            swe_repos.open_bundle(entry, roots).close()  # a plain file beneath its root, not a symlink
         built = build_env_image(recipe, str(entry), backends, images_dir, force=force)
         seen[recipe.key()] = {**built.to_dict(), "instances": [inst["instance_id"]]}
         exported = exported or built.rootfs_made

@@ -26,7 +26,7 @@ def test_docker_plan_isolates_and_labels_the_container():
     assert run[run.index("--pids-limit") + 1] == "100"
     assert run[run.index("--cpus") + 1] == "2.0"
     assert "/tmp/rs-root/job-1/data/work:/workspace" in run and "/tmp/rs-root/job-1/data/tmp:/tmp" in run
-    assert run[-3:] == ["sleep", "python:3.11-slim", "infinity"]
+    assert run[-4:] == ["sleep", "--", "python:3.11-slim", "infinity"]
     assert plan.bash_argv[1:4] == ["exec", "--interactive", "--tty"]
     assert "rs-job-1" in plan.bash_argv and plan.bash_argv[-5:] == ["bash", "--noediting", "--noprofile", "--norc", "-i"]
     assert plan.stop_argv[1:] == ["rm", "--force", "rs-job-1"] and plan.cleanup_argv == plan.stop_argv

@@ -83,6 +83,8 @@ class DockerBackend:
     def run_argv(self, spec: SandboxSpec, layout: SandboxLayout, sandbox_id: str, owner: str, env: dict) -> list[str]:
         if not spec.image:
             raise ValueError("backend='docker' needs an image, e.g. image='python:3.11-slim'")
+        if spec.image.startswith("-"):
+            raise ValueError(f"backend='docker' image {spec.image!r} starts with '-': an option, not an image reference")
         limits = spec.limits
         argv = [
             which("docker") or "docker", "run", "--detach",
@@ -110,7 +112,8 @@ class DockerBackend:
             argv += ["--ulimit", f"cpu={limits.cpu_time_s}:{limits.cpu_time_s}"]
         for key, value in env.items():
             argv += ["--env", f"{key}={value}"]
-        return argv + ["--entrypoint", "sleep", spec.image, "infinity"]
+        # `--` ends the options: whatever the image is named, it is read as the image.
+        return argv + ["--entrypoint", "sleep", "--", spec.image, "infinity"]
 
     def exec_prefix(self, spec: SandboxSpec, sandbox_id: str, env: dict, tty: bool) -> list[str]:
         argv = [which("docker") or "docker", "exec", "--interactive"]

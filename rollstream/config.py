@@ -119,6 +119,13 @@ class Settings(BaseSettings):
     api_public_docs: bool = Field(False, description="Serve /openapi.json and /docs without the API token "
                                   "(they list every route and model; off by default).")
     max_job_bytes: int = Field(4 * 1024 * 1024, description="Largest accepted job message.")
+    door_max_connections: int = Field(256, gt=0, description="Connections a run worker's door server (the "
+                                      "harness jobs' OpenAI endpoint) keeps open; past it a new one closes "
+                                      "the longest idle, or is answered 503 when all are busy.")
+    door_read_timeout_s: float = Field(30.0, gt=0, description="Time a door client has to send a request's "
+                                       "head, then its body; a slower one is cut (408).")
+    door_keepalive_s: float = Field(300.0, gt=0, description="How long a door connection waits for its next "
+                                    "request before it is closed.")
 
 
 def load_settings(**overrides) -> Settings:

@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollstream.agent.door_request import CallOptions, DoorError, cut_at_stop, parse_request
 from rollstream.agent.parsing import ToolCall, parse_tool_calls
 from rollstream.agent.recorder import CallRecorder
 from rollstream.episode_settings import AgentSettings
@@ -27,19 +29,11 @@ log = logging.getLogger(__name__)
 
 MODEL_NAME = "rollstream"
 MAX_REQUEST_BYTES = 32 * 1024 * 1024
+MAX_HEAD_BYTES = 64 * 1024
+MAX_REQUESTS_PER_DOOR = 16
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
-            413: "Payload Too Large", 429: "Too Many Requests", 502: "Bad Gateway"}
-
-
-class DoorError(Exception):
-    """A call the door answers with an OpenAI-style error instead of a completion."""
-
-    def __init__(self, status: int, message: str, code: str, kind: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.status, self.code, self.kind = status, code, kind
-
-    def body(self) -> dict:
-        return {"error": {"message": str(self), "type": self.kind, "code": self.code, "param": None}}
+            408: "Request Timeout", 411: "Length Required", 413: "Payload Too Large",
+            431: "Request Header Fields Too Large", 502: "Bad Gateway", 503: "Service Unavailable"}
 
 
 @dataclass
@@ -58,6 +52,9 @@ class JobDoor:
     ended: str | None = None
     ended_detail: str | None = None
     llm_s: float = 0.0
+    requests: int = 0  # chat-completions requests that reached this door with its key
+    refused: int = 0  # of those, answered with an error
+    in_flight: int = 0  # requests being served (the gateway caps them per door)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def __post_init__(self) -> None:
@@ -66,44 +63,46 @@ class JobDoor:
 
     async def complete(self, request: dict) -> dict:
         """A chat completion for ``request`` (the OpenAI request body), as a response body."""
-        messages = request.get("messages")
-        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-            raise DoorError(400, "messages must be a non-empty list of message objects", "invalid_messages")
-        tools = request.get("tools") or None
-        if tools is not None:
-            if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-                raise DoorError(400, "tools must be a list of tool objects", "invalid_tools")
-            tools = [_template_tool(t) for t in tools]
-        if (request.get("n") or 1) != 1:
-            raise DoorError(400, "this endpoint serves n=1 (each call is one recorded sample)", "unsupported_n")
-        # One call at a time per job: a trajectory is one sequence of calls.
-        async with self._lock:
-            return await self._complete(messages, tools, request)
+        self.requests += 1
+        try:
+            options = parse_request(request)
+            # One call at a time per job: a trajectory is one sequence of calls.
+            async with self._lock:
+                return await self._complete(options, request)
+        except DoorError:
+            self.refused += 1
+            raise
 
-    async def _complete(self, messages: list[dict], tools: list[dict] | None, request: dict) -> dict:
+    async def _complete(self, options: CallOptions, request: dict) -> dict:
         s = self.settings
         if len(self.recorder.calls) >= s.max_turns:
             self._end("max_turns", f"{s.max_turns} model calls used")
-            raise DoorError(429, f"this job's budget of {s.max_turns} model calls is used up", "max_turns_exceeded")
+            # Permanent (4xx, not 429): every client retries a 429 as a rate limit, and no retry
+            # can succeed. The harness's giving up on it is scored as the agent's end.
+            raise DoorError(400, f"this job's budget of {s.max_turns} model calls is used up; no further call "
+                            "will be served", "max_turns_exceeded")
+        tools = options.tools
         try:
-            prompt_ids, extended = self.recorder.prompt(messages, tools)
+            prompt_ids, extended = self.recorder.prompt(options.messages, tools)
         except Exception as exc:  # the harness's messages do not render with this template
             raise DoorError(400, f"the messages cannot be rendered with the model's chat template: {exc}",
-                            "invalid_messages") from exc
+                            "invalid_messages", param="messages") from exc
         renderer, _ = self.recorder.renderer(tools)
         budget = s.max_context_tokens - len(prompt_ids)
         if budget <= 0:
             self._end("context", f"a {len(prompt_ids)}-token prompt fills the {s.max_context_tokens}-token context")
             raise DoorError(400, f"the prompt has {len(prompt_ids)} tokens; this model's context for the job is "
-                            f"{s.max_context_tokens}", "context_length_exceeded")
-        asked = request.get("max_completion_tokens") or request.get("max_tokens") or s.max_tokens_per_turn
-        if not isinstance(asked, int) or isinstance(asked, bool):
-            raise DoorError(400, "max_tokens must be an integer", "invalid_max_tokens")
-        max_tokens = max(1, min(asked, s.max_tokens_per_turn, budget))
+                            f"{s.max_context_tokens}", "context_length_exceeded", param="messages")
+        max_tokens = max(1, min(options.max_tokens or s.max_tokens_per_turn, s.max_tokens_per_turn, budget))
         stop_ids = sorted(set(s.sampling.stop_token_ids or []) | {renderer.end_of_turn_id})
+        stops = list(dict.fromkeys([*(s.sampling.stop or []), *options.stop]))
         # The job's sampling rules (the trainer's, e.g. temperature 1.0): the harness's own
-        # temperature or top_p would make the recorded logprobs off-policy.
-        params = s.sampling.model_copy(update={"max_tokens": max_tokens, "stop_token_ids": stop_ids})
+        # temperature or top_p would make the recorded logprobs off-policy. A seed does not
+        # change the distribution: the request's is used where the job sets none.
+        update: dict[str, Any] = {"max_tokens": max_tokens, "stop_token_ids": stop_ids, "stop": stops or None}
+        if s.sampling.seed is None and options.seed is not None:
+            update["seed"] = options.seed
+        params = s.sampling.model_copy(update=update)
         t0 = time.monotonic()
         try:
             gen = await self.session.generate(prompt_ids, params)
@@ -120,37 +119,49 @@ class JobDoor:
             self._end("error", f"backend returned {len(gen.token_ids)} ids but {len(gen.logprobs)} logprobs")
             raise DoorError(502, "the backend's answer was inconsistent", "backend_error", "server_error")
         ended_turn = bool(gen.token_ids) and gen.token_ids[-1] == renderer.end_of_turn_id
-        text = self.tokenizer.decode(gen.token_ids[:-1] if ended_turn else gen.token_ids, skip_special_tokens=False)
-        reply, finish = _reply(text, ended_turn, gen.finish_reason)
-        self.recorder.record(messages, tools, prompt_ids, extended, gen, reply)
+        text_ids = gen.token_ids[:-1] if ended_turn else gen.token_ids
+        text = self.tokenizer.decode(text_ids, skip_special_tokens=False)
+        if stops and gen.finish_reason == "stop" and gen.token_ids and gen.token_ids[-1] not in stop_ids:
+            # Ended on a stop string: the ids (all recorded) end with the token that completed
+            # it; the harness gets the text before it, as vLLM returns it.
+            start = len(self.tokenizer.decode(gen.token_ids[:s.sampling.min_tokens], skip_special_tokens=False)) \
+                if s.sampling.min_tokens else 0
+            cut = cut_at_stop(text, stops, s.sampling.include_stop_str_in_output, start)
+            text = text if cut is None else cut
+        reply, finish = _reply(text, ended_turn, gen.finish_reason, options)
+        self.recorder.record(options.messages, tools, prompt_ids, extended, gen, reply)
         self.ended = self.ended_detail = None  # a harness that got past a refusal (e.g. summarised) goes on
         # Once this answer is on its way (the next turn of the loop), get the next call's
         # rendering ready while the harness works.
         asyncio.get_running_loop().call_soon(self.recorder.prepare)
+        logprobs = {"content": self._token_logprobs(text_ids, gen.logprobs), "refusal": None} \
+            if options.logprobs else None
         return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
                 "model": request.get("model") or MODEL_NAME,
-                "choices": [{"index": 0, "message": reply, "finish_reason": finish, "logprobs": None}],
+                "choices": [{"index": 0, "message": reply, "finish_reason": finish, "logprobs": logprobs}],
                 "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(gen.token_ids),
                           "total_tokens": len(prompt_ids) + len(gen.token_ids)}}
+
+    def _token_logprobs(self, ids: list[int], logprobs: list[float]) -> list[dict]:
+        """OpenAI's per-token logprobs of the sampled tokens (the backend's own values)."""
+        out = []
+        for token_id, logprob in zip(ids, logprobs):
+            piece = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            out.append({"token": piece, "logprob": logprob if math.isfinite(logprob) else -9999.0,
+                        "bytes": list(piece.encode()), "top_logprobs": []})
+        return out
 
     def _end(self, reason: str, detail: str) -> None:
         self.ended, self.ended_detail = reason, detail
 
 
-def _template_tool(tool: dict) -> dict:
-    """A tool as the chat template shows it to the model: the function's name, description and
-    parameters. API-only flags (``strict``) are the client's business, not the prompt's."""
-    fn = tool.get("function")
-    if not isinstance(fn, dict):
-        return tool
-    return {**tool, "function": {k: v for k, v in fn.items() if k != "strict"}}
-
-
-def _reply(text: str, ended_turn: bool, backend_finish: str) -> tuple[dict, str]:
+def _reply(text: str, ended_turn: bool, backend_finish: str, options: CallOptions) -> tuple[dict, str]:
     """The assistant message a harness gets for a completion's text, and its finish reason."""
-    parsed = parse_tool_calls(text)
-    calls = [c for c in parsed.calls if isinstance(c, ToolCall)]
-    if calls and len(calls) == len(parsed.calls):
+    parsed = parse_tool_calls(text) if options.parse_tool_calls else None
+    calls = [c for c in parsed.calls if isinstance(c, ToolCall)] if parsed else []
+    if parsed and calls and len(calls) == len(parsed.calls):
+        if not options.parallel_tool_calls:
+            calls = calls[:1]  # as vLLM: the first call only (the ids keep what the model wrote)
         return ({"role": "assistant", "content": parsed.content or None,
                  "tool_calls": [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
                                  "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
@@ -166,11 +177,11 @@ def _stream_events(body: dict, include_usage: bool) -> list[bytes]:
     message = choice["message"]
     base = {"id": body["id"], "object": "chat.completion.chunk", "created": body["created"], "model": body["model"]}
 
-    def chunk(delta: dict, finish: str | None = None, **extra) -> bytes:
-        data = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}], **extra}
+    def chunk(delta: dict, finish: str | None = None, logprobs: dict | None = None) -> bytes:
+        data = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}]}
         return b"data: " + json.dumps(data).encode() + b"\n\n"
 
-    events = [chunk({"role": "assistant", "content": message.get("content") or ""})]
+    events = [chunk({"role": "assistant", "content": message.get("content") or ""}, logprobs=choice["logprobs"])]
     for i, call in enumerate(message.get("tool_calls") or []):
         events.append(chunk({"tool_calls": [{"index": i, **call}]}))
     events.append(chunk({}, choice["finish_reason"]))
@@ -180,13 +191,35 @@ def _stream_events(body: dict, include_usage: bool) -> list[bytes]:
     return events
 
 
+class _Connection:
+    """One client connection: idle while it waits for a request's head (then it may be closed
+    to make room for a new one), busy while a request is read or served."""
+
+    __slots__ = ("writer", "idle", "since")
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer, self.idle, self.since = writer, True, time.monotonic()
+
+
 class Gateway:
     """The run worker's door server: ``open(job_id, session, ...)`` gives a job its key,
-    ``close(door)`` takes it away. Start with ``await start()``; ``base_url`` is then set."""
+    ``close(door)`` takes it away. Start with ``await start()``; ``base_url`` is then set.
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    Against a client that holds connections (the door's keys are secrets, its port is not):
+    the key is checked from the request's head before any body is read; a head and a body
+    must each arrive within ``read_timeout_s``; a connection waits at most ``keepalive_s``
+    for its next request; at most ``max_connections`` are open (a new one closes the longest
+    idle, or is answered 503 when all are busy), and one door serves at most
+    ``max_requests_per_door`` requests at once."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, max_connections: int = 256,
+                 read_timeout_s: float = 30.0, keepalive_s: float = 300.0,
+                 max_requests_per_door: int = MAX_REQUESTS_PER_DOOR) -> None:
         self.host, self.port = host, port
+        self.max_connections, self.read_timeout_s, self.keepalive_s = max_connections, read_timeout_s, keepalive_s
+        self.max_requests_per_door = max_requests_per_door
         self.doors: dict[str, JobDoor] = {}
+        self.connections: dict[_Connection, None] = {}  # open ones, oldest first
         self._server: asyncio.base_events.Server | None = None
 
     @property
@@ -195,13 +228,15 @@ class Gateway:
 
     async def start(self) -> "Gateway":
         if self._server is None:
-            self._server = await asyncio.start_server(self._serve, self.host, self.port)
+            self._server = await asyncio.start_server(self._serve, self.host, self.port, limit=MAX_HEAD_BYTES)
             self.port = self._server.sockets[0].getsockname()[1]
         return self
 
     async def aclose(self) -> None:
         if self._server is not None:
             self._server.close()
+            for conn in list(self.connections):
+                conn.writer.close()
             await self._server.wait_closed()
             self._server = None
 
@@ -214,46 +249,97 @@ class Gateway:
         self.doors.pop(door.key, None)
 
     # -- HTTP/1.1, the little that OpenAI clients use ------------------------------------
+    def _admit(self, conn: _Connection) -> bool:
+        """Room for ``conn``: past the cap, the longest-idle connection is closed for it."""
+        if len(self.connections) >= self.max_connections:
+            victim = min((c for c in self.connections if c.idle), key=lambda c: c.since, default=None)
+            if victim is None:
+                return False
+            self.connections.pop(victim, None)
+            victim.writer.transport.abort()
+        self.connections[conn] = None
+        return True
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = _Connection(writer)
         try:
+            if not self._admit(conn):
+                await self._send(writer, 503, DoorError(503, "the door is serving its maximum of connections; "
+                                                        "try again", "too_many_connections", "server_error").body(),
+                                 close=True)
+                return
+            first = True
             while True:
+                conn.idle, conn.since = True, time.monotonic()
                 try:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"),
+                                                  self.read_timeout_s if first else self.keepalive_s)
+                except asyncio.LimitOverrunError:
+                    await self._send(writer, 431, DoorError(431, "the request head is too large",
+                                                            "head_too_large").body(), close=True)
                     return
-                lines = head.decode("latin-1").split("\r\n")
-                try:
-                    method, target, _version = lines[0].split(" ", 2)
-                except ValueError:
+                except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError):
                     return
-                headers = {}
-                for line in lines[1:]:
-                    name, sep, value = line.partition(":")
-                    if sep:
-                        headers[name.strip().lower()] = value.strip()
-                length = int(headers.get("content-length") or 0)
-                if length > MAX_REQUEST_BYTES:
-                    await self._send(writer, 413, {"error": {"message": "request too large", "code": "too_large"}})
-                    return
-                body = await reader.readexactly(length) if length else b""
-                await self._handle(writer, method, target.split("?", 1)[0], headers, body)
-                if headers.get("connection", "").lower() == "close":
+                conn.idle, first = False, False
+                if not await self._request(reader, writer, head):
                     return
         except (ConnectionError, asyncio.IncompleteReadError):
             return
         except Exception:
             log.exception("gateway connection failed")
         finally:
+            self.connections.pop(conn, None)
             writer.close()
 
-    async def _handle(self, writer, method: str, path: str, headers: dict, body: bytes) -> None:
+    async def _request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: bytes) -> bool:
+        """Serve the request of ``head``; False when the connection is to be closed."""
+        lines = head.decode("latin-1").split("\r\n")
+        try:
+            method, target, _version = lines[0].split(" ", 2)
+        except ValueError:
+            return False
+        headers = {}
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if sep:
+                headers[name.strip().lower()] = value.strip()
+        # The key first, from the head alone: a caller without one never gets its body read.
         auth = headers.get("authorization", "")
         door = self.doors.get(auth[7:].strip()) if auth[:7].lower() == "bearer " else None
         if door is None:
-            await self._send(writer, 401, DoorError(401, "unknown or expired key: each job's door takes only "
-                                                   "its own OPENAI_API_KEY", "invalid_api_key",
-                                                   "authentication_error").body())
-            return
+            await self._send(writer, 401, DoorError(401, "unknown or expired key: each job's door takes only its own "
+                                                    "OPENAI_API_KEY", "invalid_api_key", "authentication_error").body(),
+                             close=True)
+            return False
+        raw_length = headers.get("content-length", "0")
+        if "transfer-encoding" in headers or not raw_length.isdigit():
+            await self._send(writer, 411, DoorError(411, "send the body with a Content-Length", "length_required").body(),
+                             close=True)
+            return False
+        length = int(raw_length)
+        if length > MAX_REQUEST_BYTES:
+            await self._send(writer, 413, DoorError(413, f"request bodies are limited to {MAX_REQUEST_BYTES} bytes",
+                                                    "too_large").body(), close=True)
+            return False
+        if door.in_flight >= self.max_requests_per_door:
+            await self._send(writer, 503, DoorError(503, f"this job's door is serving {door.in_flight} requests "
+                                                    "already; one call at a time is served", "too_many_requests",
+                                                    "server_error").body(), close=True)
+            return False
+        door.in_flight += 1
+        try:
+            try:
+                body = await asyncio.wait_for(reader.readexactly(length), self.read_timeout_s) if length else b""
+            except asyncio.TimeoutError:
+                await self._send(writer, 408, DoorError(408, f"the body did not arrive within {self.read_timeout_s:g} s",
+                                                        "request_timeout").body(), close=True)
+                return False
+            await self._handle(writer, method, target.split("?", 1)[0], door, body)
+        finally:
+            door.in_flight -= 1
+        return headers.get("connection", "").lower() != "close"
+
+    async def _handle(self, writer, method: str, path: str, door: JobDoor, body: bytes) -> None:
         path = path.rstrip("/")
         if path == "/v1/models" and method == "GET":
             await self._send(writer, 200, {"object": "list", "data": [
@@ -285,10 +371,11 @@ class Gateway:
             await self._send(writer, 200, response)
 
     @staticmethod
-    async def _send(writer, status: int, payload: dict) -> None:
+    async def _send(writer, status: int, payload: dict, close: bool = False) -> None:
         data = json.dumps(payload).encode()
+        extra = "connection: close\r\n" if close else ""
         writer.write(f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\ncontent-type: application/json\r\n"
-                     f"content-length: {len(data)}\r\n\r\n".encode() + data)
+                     f"content-length: {len(data)}\r\n{extra}\r\n".encode() + data)
         await writer.drain()
 
     @staticmethod

@@ -124,7 +124,10 @@ def get_harness(name: str) -> Harness:
 async def _gateway(services: ProcessServices) -> Gateway:
     """The worker process's door server, started on first use."""
     if services.gateway is None:
-        services.gateway = Gateway()
+        settings = services.llm.settings if services.llm is not None else None
+        services.gateway = Gateway() if settings is None else Gateway(
+            max_connections=settings.door_max_connections, read_timeout_s=settings.door_read_timeout_s,
+            keepalive_s=settings.door_keepalive_s)
     return await services.gateway.start()
 
 
@@ -181,6 +184,7 @@ async def run_harness(harness: str, messages: list[dict], tools: list[dict], env
     if answer is not None:
         traj.extra["answer"] = answer
     traj.extra["harness"] = harness
+    traj.extra["door"] = {"requests": door.requests, "refused": door.refused}
     traj.tool_calls = hctx.tool_calls
     traj.backend = session.backend
     if traj.policy_version == 0 and "policy_versions" not in traj.extra:

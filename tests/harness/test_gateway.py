@@ -123,12 +123,16 @@ async def test_the_doors_limits_end_the_episode_as_the_agents_and_a_dead_backend
     dead = gateway.open("job-5", LLMSession(PooledVLLMClient(), "job-5", backend_url="http://127.0.0.1:9",
                                             max_backend_attempts=1), tokenizer, AgentSettings())
 
-    def client(door):
-        return AsyncOpenAI(base_url=gateway.base_url, api_key=door.key, max_retries=0)
+    def client(door, retries=0):
+        return AsyncOpenAI(base_url=gateway.base_url, api_key=door.key, max_retries=retries)
 
     await client(one_call).chat.completions.create(model="m", messages=messages)
-    with pytest.raises(openai.RateLimitError, match="budget of 1 model calls"):
-        await client(one_call).chat.completions.create(model="m", messages=messages)
+    # A spent budget is permanent: a client that retries what may pass later (the SDK's
+    # default, 2 retries) gets one answer and gives up at once.
+    with pytest.raises(openai.BadRequestError, match="budget of 1 model calls") as refused:
+        await client(one_call, retries=2).chat.completions.create(model="m", messages=messages)
+    assert refused.value.code == "max_turns_exceeded"
+    assert (one_call.requests, one_call.refused) == (2, 1)
     with pytest.raises(openai.BadRequestError, match="context"):
         await client(tiny_context).chat.completions.create(model="m", messages=messages)
     with pytest.raises(openai.APIStatusError, match="no backend could serve"):

@@ -21,7 +21,7 @@ from .backends import SandboxLayout, select_backend
 from .errors import SandboxError, SandboxGone, SandboxSetupError, SandboxStartError
 from .reaper import reap_finished_children, teardown
 from .runtime.supervisor import remove_tree
-from .roots import default_root_dir
+from .roots import default_root_dir, ensure_root
 from .sandbox_client import SandboxClient
 from .supervisor_spawn import ForkServerUnavailable, spawn_direct, spawn_supervisor
 
@@ -41,7 +41,7 @@ async def create_sandbox(
         raise SandboxError(f"sandbox id {sandbox_id!r} must match {SANDBOX_ID_PATTERN} (e.g. the job id)")
     layout = SandboxLayout.of(root_dir or default_root_dir(), sandbox_id)
     backend = select_backend(spec)
-    os.makedirs(os.path.dirname(layout.dir), mode=0o700, exist_ok=True)
+    ensure_root(os.path.dirname(layout.dir))  # UnsafeSandboxRoot where another user could change it
     try:
         layout.make()
     except FileExistsError:

@@ -2,7 +2,9 @@
 
 A sandbox is reaped when its owner is no longer wanted (job finished, failed, cancelled),
 or when its supervisor is gone but its folder, processes or container remain. Also holds
-the forced teardown that destroy_sandbox falls back to.
+the forced teardown that destroy_sandbox falls back to. It acts only on what it wrote: in a
+sandbox root that passes roots.check_root, a folder, plan.json and confinement.json of our
+uid that no one else may write; anything else is left alone and logged.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ from typing import Callable
 
 import psutil
 
-from .runtime.confine import Confinement, sweep_orphans
+from .roots import UnsafeSandboxRoot, check_root, default_root_dir, written_by_us
+from .runtime.confine import Confinement, ForeignRecord, sweep_orphans
 from .runtime.supervisor import remove_tree
-from .roots import default_root_dir
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +68,29 @@ def _collect(pid: int) -> None:
 
 
 def _plan(directory: str) -> dict:
+    """The sandbox's plan, if this uid wrote it (a plan names commands the reaper runs)."""
+    path = os.path.join(directory, "plan.json")
+    if not written_by_us(path):
+        if os.path.lexists(path):
+            log.warning("ignoring %s: not a file of uid %d that only it may write", path, os.geteuid())
+        return {}
     try:
-        with open(os.path.join(directory, "plan.json")) as handle:
+        with open(path) as handle:
             return json.load(handle)
     except (OSError, ValueError):
         return {}
+
+
+def ours_to_tear_down(directory: str) -> str:
+    """Why the sandbox folder `directory` is not ours to act upon, or "" when it is: a folder of
+    our uid that no one else may write, in a sandbox root that passes check_root."""
+    try:
+        check_root(os.path.dirname(os.path.abspath(directory)))
+    except UnsafeSandboxRoot as error:
+        return str(error)
+    if not written_by_us(directory, folder=True):
+        return f"{directory} is not a folder of uid {os.geteuid()} that only it may write"
+    return ""
 
 
 def _pid_from_file(directory: str) -> int | None:
@@ -154,7 +174,16 @@ def leftover_processes(directory: str) -> list[psutil.Process]:
 
 
 def teardown(directory: str, pid: int | None = None, term_grace_s: float = 5.0) -> None:
-    """Stop a sandbox by force if needed: supervisor, processes, container, folder."""
+    """Stop a sandbox by force if needed: supervisor, processes, container, folder.
+
+    A folder that is not ours (ours_to_tear_down) is left as it is, with a warning: its plan
+    and confinement record could name any command, cgroup or mount point."""
+    if not os.path.lexists(directory):
+        return
+    refused = ours_to_tear_down(directory)
+    if refused:
+        log.warning("not tearing down %s: %s", directory, refused)
+        return
     pid = pid or _pid_from_file(directory)
     if supervisor_running(directory, pid):
         assert pid is not None
@@ -167,7 +196,11 @@ def teardown(directory: str, pid: int | None = None, term_grace_s: float = 5.0) 
     if not os.path.isdir(directory):
         return  # the supervisor cleaned up after itself
     plan = _plan(directory)
-    confinement = Confinement.load(directory)
+    try:
+        confinement = Confinement.load(directory)
+    except ForeignRecord as error:
+        log.warning("sandbox %s: not releasing its cgroups and mount: %s", directory, error)
+        confinement = None
     if confinement is not None:
         # The cgroup holds every process of the sandbox, double-forked ones included; the
         # tmpfs must be unmounted before the folder can go.
@@ -208,7 +241,11 @@ class Reaper:
         self.stale_after_s = stale_after_s
 
     def sandboxes(self) -> list[SandboxRecord]:
+        """The sandboxes of the root; raises UnsafeSandboxRoot for a root others could change."""
         records = []
+        if not os.path.lexists(self.root_dir):
+            return []
+        check_root(self.root_dir)
         try:
             names = sorted(os.listdir(self.root_dir))
         except FileNotFoundError:
@@ -218,6 +255,10 @@ class Reaper:
                 continue  # the fork server's files; sandbox ids never start with a dot
             directory = os.path.join(self.root_dir, name)
             if not os.path.isdir(directory):
+                continue
+            if not written_by_us(directory, folder=True):
+                log.warning("ignoring %s: not a sandbox folder of uid %d that only it may write", directory,
+                            os.geteuid())
                 continue
             plan = _plan(directory)
             pid = _pid_from_file(directory)
@@ -239,7 +280,8 @@ class Reaper:
         return records
 
     def reap(self, is_wanted: Callable[[str, str], bool]) -> list[str]:
-        """Tear down unwanted sandboxes and leftovers of dead ones; returns the reaped ids."""
+        """Tear down unwanted sandboxes and leftovers of dead ones; returns the reaped ids.
+        Raises UnsafeSandboxRoot, touching nothing, for a root other users could change."""
         reap_finished_children()
         reaped = []
         for record in self.sandboxes():

@@ -18,6 +18,7 @@ import msgpack
 import ptyprocess
 
 from .reaper import pid_alive, register_child
+from .roots import ensure_root
 from .runtime import protocol
 from .runtime.forkserver import PID_NAME, SOCKET_NAME
 from .runtime.unix_path import open_unix_connection
@@ -105,8 +106,7 @@ async def _start_detached(
 
 async def start_fork_server(root_dir: str, idle_exit_s: float | None = None) -> None:
     """Start the root's fork server, detached; returns once one (ours or another's) is up."""
-    root_dir = os.path.abspath(root_dir)
-    os.makedirs(root_dir, mode=0o700, exist_ok=True)
+    root_dir = ensure_root(root_dir)  # UnsafeSandboxRoot where another user could change it
     extra = [] if idle_exit_s is None else [str(idle_exit_s)]
     log_path = os.path.join(root_dir, ".forkserver.log")
     try:

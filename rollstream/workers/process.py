@@ -14,6 +14,7 @@ from rollstream.errors import RedisUnavailable
 from rollstream.pipeline.connection import async_redis, check_async
 from rollstream.pipeline.handoff import Handoff
 from rollstream.pipeline.keys import Keys
+from rollstream.sandboxes.roots import ensure_root, namespace_root_dir
 from rollstream.workers.consumer import ConsumerLoop
 from rollstream.workers.eval import EvalStage
 from rollstream.workers.init import InitStage
@@ -39,6 +40,8 @@ async def serve_stage(stage: str, settings: Settings, concurrency: int, *, consu
         raise ValueError(f"unknown stage '{stage}'; choose one of {', '.join(STAGES)}")
     if not settings.redis_url:
         raise ValueError("a worker needs settings.redis_url")
+    # UnsafeSandboxRoot: no worker on a sandbox root that another user could change.
+    ensure_root(namespace_root_dir(settings.namespace, settings.sandbox_root))
     ctx = make_context(settings, settings.redis_url)
     await _wait_for_redis(ctx, settings)
     ctx.work_dir.mkdir(parents=True, exist_ok=True)

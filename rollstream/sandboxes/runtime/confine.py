@@ -14,8 +14,10 @@ import ctypes
 import errno
 import json
 import os
+import re
 import signal
 import time
+from stat import S_ISREG, S_IWGRP, S_IWOTH
 
 RECORD_NAME = "confinement.json"
 # Parent folder of every sandbox cgroup, inside this process's own cgroup (so sandboxes
@@ -27,6 +29,11 @@ _CPU_PERIOD_US = 100_000
 _MS_NOSUID, _MS_NODEV, _MNT_DETACH = 2, 4, 2
 # The tmpfs's source name in /proc/self/mountinfo: how the reaper tells our mounts apart.
 MOUNT_SOURCE = b"rollstream-sandbox"
+
+
+class ForeignRecord(RuntimeError):
+    """A confinement.json this uid did not write, or one naming cgroups or a mount that are
+    not its sandbox's: acting on it would kill or unmount what someone else chose."""
 
 
 class Hierarchy:
@@ -256,11 +263,34 @@ class Confinement:
 
     @classmethod
     def load(cls, directory: str) -> "Confinement | None":
+        """The record of the sandbox folder `directory`; None without one. Raises ForeignRecord
+        for a record not written by this uid, or one whose cgroups and mount are not those of
+        this sandbox (named ID.PID in a `rollstream` cgroup folder, `<directory>/data`)."""
+        path = os.path.join(directory, RECORD_NAME)
         try:
-            with open(os.path.join(directory, RECORD_NAME)) as handle:
-                return cls(json.load(handle))
-        except (OSError, ValueError):
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except FileNotFoundError:
             return None
+        except OSError as error:  # ELOOP: a symlink
+            raise ForeignRecord(f"{path} cannot be opened as a file of ours: {error.strerror}") from None
+        with os.fdopen(fd) as handle:
+            info = os.fstat(fd)
+            if not S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & (S_IWGRP | S_IWOTH):
+                raise ForeignRecord(f"{path} is not a file of uid {os.geteuid()} that only it may write")
+            try:
+                record = json.load(handle)
+            except ValueError:
+                return None  # cut short by a crash while it was first written
+        if not isinstance(record, dict):
+            return None
+        record.setdefault("cgroups", [])
+        record.setdefault("versions", [])
+        record.setdefault("limits", {})
+        record.setdefault("tmpfs", None)
+        problems = _foreign_parts(record, os.path.abspath(directory))
+        if problems:
+            raise ForeignRecord(f"{path} names {'; '.join(problems)}")
+        return cls(record)
 
     # -- while running -----------------------------------------------------------------
     @property
@@ -434,6 +464,29 @@ class Confinement:
             if libc.umount2(tmpfs.encode(), _MNT_DETACH) != 0:
                 stuck.append(f"{tmpfs}: umount failed ({os.strerror(ctypes.get_errno())})")
         return stuck
+
+
+def _foreign_parts(record: dict, directory: str) -> list[str]:
+    """What a confinement record names that Confinement.create would not have made for the
+    sandbox folder `directory`."""
+    problems = []
+    name = re.compile(re.escape(os.path.basename(directory)) + r"\.[0-9]+")
+    delegated = os.environ.get("ROLLSTREAM_CGROUP_ROOT")
+    cgroup_mounts = [point for _, point, _, _ in _mountinfo()]
+    cgroups = record.get("cgroups")
+    for path in cgroups if isinstance(cgroups, list) else [cgroups]:
+        parent = os.path.dirname(path) if isinstance(path, str) else ""
+        ours = (
+            isinstance(path, str) and os.path.normpath(path) == path and name.fullmatch(os.path.basename(path))
+            and (os.path.basename(parent) == CGROUP_DIR_NAME or parent == delegated)
+            and any(path.startswith(point.rstrip("/") + "/") for point in cgroup_mounts)
+        )
+        if not ours:
+            problems.append(f"cgroup {path!r}, not one of this sandbox's")
+    tmpfs = record.get("tmpfs")
+    if tmpfs is not None and tmpfs != os.path.join(directory, "data"):
+        problems.append(f"mount point {tmpfs!r}, not this sandbox's {os.path.join(directory, 'data')}")
+    return problems
 
 
 def _has_file(path: str, key: str) -> bool:

@@ -10,11 +10,12 @@ from typing import Optional
 
 import typer
 from rich.live import Live
+from rich.markup import escape
 
 from rollstream.cli.common import (console, data_dir_option, fail, namespace_option, redis_for, redis_option,
                                    settings_from)
 from rollstream.cli.status_view import rate_sampler, render
-from rollstream.workers.pool import WorkerPool
+from rollstream.workers.pool import WorkerPool, WorkerProcessExited
 
 
 def up(redis: Optional[str] = redis_option("Redis URL; default $REDIS_URL, else an embedded redis-server "
@@ -42,8 +43,10 @@ def up(redis: Optional[str] = redis_option("Redis URL; default $REDIS_URL, else 
                       + ("" if model_dir else "  (no --model-dir: LLM tasks will fail; echo runs)"),
                       highlight=False, soft_wrap=True)
         stop = asyncio.Event()
+        worker_died = False
 
         async def watch():
+            nonlocal worker_died
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, stop.set)
@@ -52,8 +55,11 @@ def up(redis: Optional[str] = redis_option("Redis URL; default $REDIS_URL, else 
                 async for st, rate in gen:
                     if not quiet:
                         view.update(render(st, rate))
-                    if not pool.alive():
-                        console.print("[red]all worker processes exited; see the logs[/red]")
+                    try:
+                        pool.check_alive()
+                    except WorkerProcessExited as exc:  # a stage without workers would strand its jobs
+                        console.print(f"[red]{escape(str(exc))}[/red]", highlight=False, soft_wrap=True)
+                        worker_died = True
                         break
                     try:
                         await asyncio.wait_for(stop.wait(), 1.0)
@@ -67,6 +73,8 @@ def up(redis: Optional[str] = redis_option("Redis URL; default $REDIS_URL, else 
         finally:
             console.print("stopping workers (they finish or hand back their jobs)...")
             pool.stop(timeout_s=settings.shutdown_grace_s + 10)
+        if worker_died:
+            raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:

@@ -15,8 +15,8 @@ from pathlib import Path
 from rollstream.errors import RollstreamError
 
 
-class WorkerStartFailed(RollstreamError):
-    """A worker process of a pool died, or did not register, while the pool was starting."""
+class WorkerProcessExited(RollstreamError):
+    """A worker process of a pool exited while the pool should be serving, or did not register in time."""
 
 
 @dataclass
@@ -72,12 +72,13 @@ class WorkerPool:
             return f"({path}: {exc})"
 
     def check_alive(self) -> None:
-        """Raises WorkerStartFailed, with the end of its log, for the first process that exited."""
+        """Raises WorkerProcessExited, with the end of its log, for the first process that exited
+        (a pool is started to run until stopped: an exit is a failure, whenever it comes)."""
         for index, (stage, proc) in enumerate(self.procs):
             if proc.poll() is not None:
-                raise WorkerStartFailed(
-                    f"the {stage} worker (pid {proc.pid}, {' '.join(proc.args)}) exited with {proc.returncode} "
-                    f"at start; its output:\n{self._log_tail(index, stage)}")
+                raise WorkerProcessExited(
+                    f"the {stage} worker (pid {proc.pid}, {' '.join(proc.args)}) exited with {proc.returncode}; "
+                    f"the end of its output:\n{self._log_tail(index, stage)}")
 
     async def wait_registered(self, redis_client, workers_key: str, count: int, *, timeout_s: float = 120.0) -> None:
         """Waits until ``count`` workers heart-beat in ``workers_key`` (a ZSET), failing at once with
@@ -89,7 +90,7 @@ class WorkerPool:
             if time.monotonic() > deadline:
                 logs = "\n".join(f"--- {stage}-{i}:\n{self._log_tail(i, stage, 800)}"
                                   for i, (stage, _p) in enumerate(self.procs))
-                raise WorkerStartFailed(f"{count} workers did not register within {timeout_s:.0f} s "
+                raise WorkerProcessExited(f"{count} workers did not register within {timeout_s:.0f} s "
                                         f"({await redis_client.zcard(workers_key)} did); their output:\n{logs}")
             await asyncio.sleep(0.05)
 

@@ -119,7 +119,7 @@ async def test_jobs_stranded_on_a_dead_node_are_rescued_to_another(settings, wor
 async def test_a_pool_whose_worker_cannot_start_fails_with_its_output(settings, worker_pool):
     """A benchmark or a deployment on a machine missing a dependency (a GPU node with another
     Python) must say why at once, not wait in silence for workers that never register."""
-    from rollstream.workers.pool import WorkerStartFailed
+    from rollstream.workers.pool import WorkerProcessExited
 
     pool = worker_pool()
     pool.program = [sys.executable, "-c", "import sys; sys.exit('no module named missing_dependency')"]
@@ -127,7 +127,7 @@ async def test_a_pool_whose_worker_cannot_start_fails_with_its_output(settings, 
     async with AsyncClient(settings=settings) as client:
         try:
             await pool.wait_registered(client.r, client.keys.workers, 1, timeout_s=60)
-        except WorkerStartFailed as exc:
+        except WorkerProcessExited as exc:
             message = str(exc)
         else:
             raise AssertionError("wait_registered returned for a worker that exited")

@@ -1,6 +1,8 @@
-"""The update step: from a PaddedBatch to new parameters. Forward in micro-batches,
-DAPO loss (trainer/loss.py) normalised by the batch's response-token count, backward,
-clip, AdamW step. Plain torch, synchronous; the loop runs it in a thread."""
+"""The update step: from a PaddedBatch to new parameters. Sequences are packed into
+micro-batches without padding (trainer/packing.py), the chosen tokens' log-probabilities
+computed a chunk at a time from hidden states (trainer/logprobs.py), the DAPO loss
+(trainer/loss.py) normalised by the batch's response-token count, backward, clip, AdamW
+step. Plain torch, synchronous; the loop runs it in a thread."""
 
 from __future__ import annotations
 
@@ -11,17 +13,11 @@ import torch
 
 from rollstream.trainer.batch import PaddedBatch
 from rollstream.trainer.config import LossConfig, OptimConfig
+from rollstream.trainer.logprobs import packed_token_logprobs, token_logprobs
 from rollstream.trainer.loss import dapo_policy_loss
+from rollstream.trainer.packing import PackedMicroBatch, micro_batch_rows, pack_rows
 
-
-def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """[B, T] log p(x_t | x_<t) under `model`; position 0 (no context) is 0."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
-    targets = input_ids[:, 1:]
-    # gather - logsumexp: never materialises a [B, T, V] log-softmax copy
-    picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1).float()
-    logprobs = picked - torch.logsumexp(logits.float(), dim=-1)
-    return torch.nn.functional.pad(logprobs, (1, 0), value=0.0)
+__all__ = ["PolicyUpdater", "UpdateStats", "token_logprobs"]
 
 
 @dataclass
@@ -60,48 +56,58 @@ class PolicyUpdater:
             weight_decay=optim.weight_decay,
         )
 
+    def _micro_batches(self, batch: PaddedBatch) -> list[PackedMicroBatch]:
+        config = self.optim_config
+        rows = micro_batch_rows(batch, config.micro_batch_size, config.micro_batch_tokens)
+        return [pack_rows(batch, group).to(self.device) for group in rows]
+
     @torch.no_grad()
-    def _logprobs_of(self, model: torch.nn.Module, batch: PaddedBatch) -> list[torch.Tensor]:
-        was_training = model.training
-        model.eval()
-        out = []
-        for micro in batch.micro_batches(self.optim_config.micro_batch_size):
-            micro = micro.to(self.device)
-            out.append(token_logprobs(model, micro.input_ids, micro.attention_mask))
-        model.train(was_training)
-        return out
+    def _reference_logprobs(self, micros: list[PackedMicroBatch]) -> list[torch.Tensor]:
+        """The reference policy's logprobs of the response tokens: it never changes, so once per batch."""
+        reference = self.reference
+        if reference is None:
+            raise ValueError("kl_coef > 0 needs a reference model: pass reference= to PolicyUpdater")
+        was_training = reference.training
+        reference.eval()
+        try:
+            return [packed_token_logprobs(reference, micro, chunk_tokens=self.optim_config.logprob_chunk_tokens)
+                    for micro in micros]
+        finally:
+            reference.train(was_training)
 
     def step(self, batch: PaddedBatch) -> UpdateStats:
         started = time.perf_counter()
         config, loss_config = self.optim_config, self.loss_config
         self.model.train()
         # trainer-side old logprobs: needed for the TIS correction, and as the ratio's
-        # denominator when one batch feeds several optimizer steps
+        # denominator when one batch feeds several optimizer steps. Each mini-batch takes one
+        # optimizer step, so its old policy is the model as it stands when its forward runs:
+        # they are that forward's own logprobs, detached (no second pass).
         need_old = loss_config.tis_cap is not None or config.mini_batches > 1
+        use_reference = self.reference is not None and loss_config.kl_coef > 0
         totals: dict[str, float] = {}
         losses, norms = [], []
         size = len(batch)
         per_mini = -(-size // config.mini_batches)
-        for start in range(0, size, per_mini):
-            mini = batch.select(slice(start, start + per_mini))
-            old = self._logprobs_of(self.model, mini) if need_old else None
-            ref = self._logprobs_of(self.reference, mini) if self.reference is not None and loss_config.kl_coef > 0 else None
+        minis = [batch.select(slice(start, start + per_mini)) for start in range(0, size, per_mini)]
+        packed = [self._micro_batches(mini) for mini in minis]
+        refs = [self._reference_logprobs(micros) if use_reference else None for micros in packed]
+        for mini, micros, ref in zip(minis, packed, refs):
             num_tokens = float(max(mini.num_response_tokens, 1))
             self.optimizer.zero_grad(set_to_none=True)
             mini_loss = 0.0
-            for i, micro in enumerate(mini.micro_batches(config.micro_batch_size)):
-                micro = micro.to(self.device)
-                logprobs = token_logprobs(self.model, micro.input_ids, micro.attention_mask)
+            for i, micro in enumerate(micros):
+                logprobs = packed_token_logprobs(self.model, micro, chunk_tokens=config.logprob_chunk_tokens)[None]
                 out = dapo_policy_loss(
                     logprobs,
-                    micro.behaviour_logprobs,
-                    micro.advantages,
-                    micro.response_mask,
-                    old_logprobs=old[i] if old is not None else None,
+                    micro.behaviour_logprobs[None],
+                    micro.advantages[None],
+                    micro.response_mask[None],
+                    old_logprobs=logprobs.detach() if need_old else None,
                     clip_low=loss_config.clip_low,
                     clip_high=loss_config.clip_high,
                     tis_cap=loss_config.tis_cap,
-                    ref_logprobs=ref[i] if ref is not None else None,
+                    ref_logprobs=ref[i][None] if ref is not None else None,
                     kl_coef=loss_config.kl_coef,
                     num_tokens=num_tokens,
                 )

@@ -1,0 +1,146 @@
+"""Attention over packed sequences (trainer/packing.py) for a transformers causal LM: each
+token attends causally within its own sequence only, given the sequences' boundaries
+(cu_seqlens) - no [N, N] mask is built and no work is spent across sequences.
+
+Registered with transformers' AttentionInterface as "rollstream_packed"; `packed_attention`
+switches a model to it for the duration of a packed forward. On CUDA with half-precision
+weights it runs PyTorch's own variable-length flash attention (torch.nn.attention.varlen);
+elsewhere (CPU, float32, an older torch) one causal SDPA call per sequence."""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+ATTN_NAME = "rollstream_packed"
+_registered = False
+_varlen_broken: str | None = None  # why the varlen kernel was given up, once it failed
+
+
+def _varlen_function():
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None, set()
+    return varlen_attn, set(inspect.signature(varlen_attn).parameters)
+
+
+_VARLEN, _VARLEN_PARAMS = _varlen_function()
+_SDPA_HAS_GQA = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
+
+
+def _repeat_heads(key: torch.Tensor, value: torch.Tensor, groups: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return key.repeat_interleave(groups, dim=dim), value.repeat_interleave(groups, dim=dim)
+
+
+def _varlen(query, key, value, cu_seqlens, max_length, scaling):
+    """query [N, Hq, D], key/value [N, Hkv, D] -> [N, Hq, D]."""
+    kwargs: dict[str, Any] = {"scale": scaling}
+    if "window_size" in _VARLEN_PARAMS:
+        kwargs["window_size"] = (-1, 0)  # causal (torch >= 2.11)
+    else:
+        kwargs["is_causal"] = True  # torch 2.10
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        if "enable_gqa" in _VARLEN_PARAMS:
+            kwargs["enable_gqa"] = True
+        else:
+            key, value = _repeat_heads(key, value, groups, dim=1)
+    return _VARLEN(query, key, value, cu_seqlens, cu_seqlens, max_length, max_length, **kwargs)
+
+
+def _per_sequence(query, key, value, bounds: list[int], scaling):
+    """query [1, Hq, N, D], key/value [1, Hkv, N, D] -> [1, Hq, N, D], one SDPA per sequence."""
+    groups = query.shape[1] // key.shape[1]
+    extra: dict[str, Any] = {}
+    if groups > 1:
+        if _SDPA_HAS_GQA:
+            extra["enable_gqa"] = True
+        else:
+            key, value = _repeat_heads(key, value, groups, dim=1)
+    outs = [
+        F.scaled_dot_product_attention(query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], is_causal=True,
+                                       scale=scaling, **extra)
+        for s, e in itertools.pairwise(bounds)
+    ]
+    return torch.cat(outs, dim=2)
+
+
+def packed_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
+                             scaling: float | None = None, sliding_window: int | None = None, **kwargs):
+    """transformers attention function: query [1, Hq, N, D], key/value [1, Hkv, N, D] ->
+    ([1, N, Hq, D], None). Needs `cu_seq_lens_q` and `max_length_q` in kwargs (the names
+    transformers' flash-attention kwargs use), as packed_forward passes them."""
+    global _varlen_broken
+    cu_seqlens = kwargs.get("cu_seq_lens_q")
+    max_length = kwargs.get("max_length_q")
+    if cu_seqlens is None or max_length is None:
+        raise ValueError(f"attention '{ATTN_NAME}' runs packed forwards only (cu_seq_lens_q and max_length_q); "
+                         "call it through rollstream.trainer.logprobs.packed_forward")
+    if query.shape[0] != 1:
+        raise ValueError(f"a packed forward has one row, got a batch of {query.shape[0]}")
+    if sliding_window is not None and max_length > sliding_window:
+        raise ValueError(f"a sequence of {max_length} tokens exceeds this model's sliding window ({sliding_window}); "
+                         "packed attention does not implement sliding windows: lower optim.max_seq_len")
+    if kwargs.get("softcap") is not None:
+        raise ValueError("packed attention does not implement attention logit soft-capping (softcap)")
+    if dropout:
+        raise ValueError("packed attention does not implement attention dropout; set the model's attention_dropout to 0")
+    use_varlen = (_VARLEN is not None and _varlen_broken is None and query.is_cuda
+                  and query.dtype in (torch.bfloat16, torch.float16))
+    if use_varlen:
+        try:
+            out = _varlen(query[0].transpose(0, 1).contiguous(), key[0].transpose(0, 1).contiguous(),
+                          value[0].transpose(0, 1).contiguous(), cu_seqlens, max_length, scaling)
+            return out.unsqueeze(0), None
+        except (RuntimeError, TypeError, NotImplementedError) as exc:
+            # an older or different build: stay correct with per-sequence SDPA, and say so once
+            _varlen_broken = f"{type(exc).__name__}: {exc}"
+            log.warning("torch varlen attention failed (%s); packed attention falls back to one SDPA call per "
+                        "sequence", _varlen_broken)
+    out = _per_sequence(query, key, value, cu_seqlens.tolist(), scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _no_mask(*args, **kwargs):
+    """Mask builder for the packed attention: none is needed, the boundaries travel in cu_seqlens."""
+    return
+
+
+def register() -> None:
+    """Make "rollstream_packed" known to transformers (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_NAME, packed_attention_forward)
+    try:
+        from transformers.masking_utils import AttentionMaskInterface
+    except ImportError:  # transformers < 4.53 builds masks without this registry
+        pass
+    else:
+        AttentionMaskInterface.register(ATTN_NAME, _no_mask)
+    _registered = True
+
+
+@contextmanager
+def packed_attention(model: torch.nn.Module) -> Iterator[None]:
+    """Run `model` with packed attention inside the block, its own attention after."""
+    register()
+    config: Any = model.config
+    before = config._attn_implementation
+    config._attn_implementation = ATTN_NAME
+    try:
+        yield
+    finally:
+        config._attn_implementation = before

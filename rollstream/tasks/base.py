@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # names for the fields' types only: importing a task must not
     from rollstream.agent.gateway import Gateway
     from rollstream.agent.llm_service import LLMService
     from rollstream.sandboxes.sandbox_client import SandboxClient
+    from rollstream.workers.node_sandboxes import NodeSandboxes
 
 
 async def _never_cancelled() -> str | None:
@@ -54,13 +55,15 @@ class ProcessServices:
 @dataclass
 class TaskContext:
     """What a stage hands a task's hooks: where it runs, the job's sandbox (connected by the
-    stage; None for a task without one) and the shared services of its worker process."""
+    stage; None for a task without one), the shared services of its worker process, and the
+    node's sandboxes (set by eval: a task that verifies in a fresh sandbox makes it there)."""
 
     node: str
     work_dir: Path
     cancelled: Callable[[], Awaitable[str | None]] = _never_cancelled
     services: ProcessServices = field(default_factory=ProcessServices)
     sandbox: SandboxClient | None = None
+    sandboxes: NodeSandboxes | None = None
 
 
 class Task(ABC):

@@ -27,7 +27,7 @@ class EvalStage(Stage):
     async def process(self, env: Envelope, tctx: TaskContext) -> Result:
         try:
             async with self.ctx.sandboxes.connected(env) as sandbox:
-                tctx.sandbox = sandbox
+                tctx.sandbox, tctx.sandboxes = sandbox, self.ctx.sandboxes
                 reward = float(await get_task(env.job.task).score(env, tctx))
         finally:
             await self.release(env, tctx)  # the job leaves the node: its task's teardown, then its sandbox

@@ -4,12 +4,7 @@ task prepare it, and forwards the job to this node's run stream."""
 
 from __future__ import annotations
 
-from rollstream.errors import JobFailed
 from rollstream.messages import Envelope, job_problem
-from rollstream.sandbox_spec import SandboxHandle, SandboxSpec
-from rollstream.sandboxes.errors import SandboxSetupError
-from rollstream.sandboxes.lifecycle import create_sandbox
-from rollstream.sandboxes.paths import sandbox_id_for
 from rollstream.tasks.base import Task, TaskContext
 from rollstream.tasks.registry import get_task
 from rollstream.workers.node_sandboxes import NodeSandboxes
@@ -38,21 +33,7 @@ async def set_up(task: Task, env: Envelope, tctx: TaskContext, sandboxes: NodeSa
     set-up fail, the job's sandbox is in ``env`` already, so the stage's release destroys it."""
     spec = task.sandbox_spec(env.job.instance)
     if spec is not None:
-        env.sandbox = await create_job_sandbox(env, spec, sandboxes)
+        env.sandbox = await sandboxes.create(env, spec)
     async with sandboxes.connected(env) as sandbox:
         tctx.sandbox = sandbox
         await task.setup(env, tctx)
-
-
-async def create_job_sandbox(env: Envelope, spec: SandboxSpec, sandboxes: NodeSandboxes) -> SandboxHandle:
-    """Start the sandbox of this attempt of the job: the task's spec on the node's backend
-    (where the spec leaves it to the node), with the job's overrides as the operator's policy
-    allows them (a refused override fails the job at once: InvalidJob)."""
-    if spec.backend == "auto" and sandboxes.backend != "auto":
-        spec = spec.model_copy(update={"backend": sandboxes.backend})
-    spec = sandboxes.policy.apply(spec, env.job.sandbox)
-    try:
-        return await create_sandbox(spec, sandbox_id=sandbox_id_for(env.job.job_id, env.attempt),
-                                    owner=env.job.job_id, root_dir=sandboxes.root)
-    except SandboxSetupError as exc:  # the job's own environment recipe fails: not the service's fault
-        raise JobFailed(str(exc), failure="job") from exc

@@ -7,9 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rollstream.config import Settings
+from rollstream.errors import JobFailed
 from rollstream.messages import Envelope
-from rollstream.sandbox_spec import SandboxHandle
-from rollstream.sandboxes.lifecycle import checked_handle, destroy_sandbox
+from rollstream.sandbox_spec import SandboxHandle, SandboxSpec
+from rollstream.sandboxes.errors import SandboxSetupError
+from rollstream.sandboxes.lifecycle import checked_handle, create_sandbox, destroy_sandbox
+from rollstream.sandboxes.paths import sandbox_id_for
 from rollstream.sandboxes.policy import OverridePolicy
 from rollstream.sandboxes.sandbox_client import SandboxClient
 from rollstream.sandboxes.roots import namespace_root_dir
@@ -39,6 +42,19 @@ class NodeSandboxes:
         context manager, whose set-up costs more than the rest of such a hop's stage work)."""
         handle = self.handle(env)
         return NO_SANDBOX if handle is None else SandboxClient(handle.socket_path)
+
+    async def create(self, env: Envelope, spec: SandboxSpec) -> SandboxHandle:
+        """Start the sandbox of this attempt of the job: the task's spec on the node's backend
+        (where the spec leaves it to the node), with the job's overrides as the operator's policy
+        allows them (a refused override fails the job at once: InvalidJob)."""
+        if spec.backend == "auto" and self.backend != "auto":
+            spec = spec.model_copy(update={"backend": self.backend})
+        spec = self.policy.apply(spec, env.job.sandbox)
+        try:
+            return await create_sandbox(spec, sandbox_id=sandbox_id_for(env.job.job_id, env.attempt),
+                                        owner=env.job.job_id, root_dir=self.root)
+        except SandboxSetupError as exc:  # the job's own environment recipe fails: not the service's fault
+            raise JobFailed(str(exc), failure="job") from exc
 
     async def destroy(self, env: Envelope) -> None:
         """Stop the job's sandbox and remove its folder; idempotent."""

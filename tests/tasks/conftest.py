@@ -53,7 +53,7 @@ class Episode:
         extra = {} if answer is None else {"answer": answer}
         self.env.trajectory = Trajectory(extra=extra, response_text=response_text)
         async with self.sandboxes.connected(self.env) as sandbox:
-            self.ctx.sandbox = sandbox
+            self.ctx.sandbox, self.ctx.sandboxes = sandbox, self.sandboxes
             return await self.task.score(self.env, self.ctx)
 
     @property

@@ -1,0 +1,151 @@
+"""Verification in a fresh sandbox: how a task scores an agent's work where the agent cannot
+reach. Eval stops the agent's sandbox (every process killed), reads the agent's working tree
+from the host side (regular files only, no symlink followed, nothing of the agent's run), then
+destroys that sandbox and starts a new one from the same spec under the same id; the task
+rebuilds the agent's changes there on a pristine checkout and runs its tests (tasks/swe.py)."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import stat
+import tarfile
+from dataclasses import dataclass, field
+
+from rollstream.errors import JobFailed
+from rollstream.messages import Envelope
+from rollstream.sandbox_spec import SandboxHandle, SandboxSpec
+from rollstream.sandboxes.runtime.confine import Confinement
+from rollstream.sandboxes.sandbox_client import SandboxClient
+from rollstream.tasks.base import TaskContext
+
+log = logging.getLogger(__name__)
+
+TREE_MAX_BYTES = 256 * 2**20
+TREE_MAX_FILES = 200_000
+TREE_MAX_DEPTH = 64
+# Never part of a change: git's own folder and caches that tools leave in a checkout.
+SKIPPED_DIRS = frozenset({".git", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".tox", ".nox",
+                          ".eggs", ".ipynb_checkpoints", ".hypothesis"})
+_NO_FOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+
+
+class VerificationRefused(Exception):
+    """The agent's tree cannot be verified as it is (too big, too deep); the reward is 0, with this reason."""
+
+
+@dataclass
+class AgentTree:
+    """The agent's working tree as a tar of its regular files and symlinks (symlinks last, so
+    extracting it never writes through one), and what was refused: special files."""
+
+    tar: bytes
+    files: int = 0
+    bytes: int = 0
+    refused: list[str] = field(default_factory=list)
+
+
+def stop_processes(handle: SandboxHandle) -> bool:
+    """Kill every process of the agent's sandbox, double-forked ones included, while its files
+    stay; True if its cgroup did it. Without a cgroup of ours (an unprivileged node, a container
+    backend) processes are killed when the sandbox is destroyed, after its tree is read: until
+    then they can change only the agent's own tree."""
+    try:
+        confinement = Confinement.load(handle.dir)
+    except Exception as error:  # a record that is not ours: the destroy still kills everything
+        log.warning("sandbox %s: cannot read its confinement record (%s); its processes die with it", handle.id, error)
+        return False
+    if confinement is None or not confinement.record.get("cgroups"):
+        return False
+    confinement.kill_all()
+    return True
+
+
+def read_tree(host_dir: str, max_bytes: int = TREE_MAX_BYTES, max_files: int = TREE_MAX_FILES) -> AgentTree:
+    """The tree under the host folder ``host_dir``, read as the host, never following a symlink
+    (every step is opened O_NOFOLLOW beneath its parent's descriptor) and never opening anything
+    but regular files and folders; FIFOs, sockets and devices are refused and named."""
+    buffer = io.BytesIO()
+    tree = AgentTree(tar=b"")
+    links: list[tarfile.TarInfo] = []
+    try:
+        top = os.open(host_dir, _NO_FOLLOW | os.O_DIRECTORY)
+    except OSError as error:
+        raise VerificationRefused(f"the agent's checkout cannot be opened as a folder ({error.strerror})") from None
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        try:
+            _read_folder(top, "", tar, links, tree, max_bytes, max_files, 0)
+        finally:
+            os.close(top)
+        for link in links:
+            tar.addfile(link)
+    tree.tar = buffer.getvalue()
+    return tree
+
+
+def _read_folder(fd: int, prefix: str, tar: tarfile.TarFile, links: list[tarfile.TarInfo], tree: AgentTree,
+                 max_bytes: int, max_files: int, depth: int) -> None:
+    if depth > TREE_MAX_DEPTH:
+        raise VerificationRefused(f"the agent's checkout nests folders deeper than {TREE_MAX_DEPTH} ({prefix})")
+    for name in sorted(os.listdir(fd)):
+        path = prefix + name
+        if name == ".git":  # git's own folder, or the file of a linked worktree
+            continue
+        info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        if stat.S_ISDIR(info.st_mode):
+            if name in SKIPPED_DIRS or name.endswith(".egg-info"):
+                continue
+            child = os.open(name, _NO_FOLLOW | os.O_DIRECTORY, dir_fd=fd)
+            try:
+                _read_folder(child, path + "/", tar, links, tree, max_bytes, max_files, depth + 1)
+            finally:
+                os.close(child)
+        elif stat.S_ISLNK(info.st_mode):
+            link = tarfile.TarInfo(path)
+            link.type, link.linkname = tarfile.SYMTYPE, os.readlink(name, dir_fd=fd)
+            links.append(link)
+        elif stat.S_ISREG(info.st_mode):
+            if name.endswith(".pyc"):
+                continue
+            tree.files += 1
+            tree.bytes += info.st_size
+            if tree.files > max_files or tree.bytes > max_bytes:
+                raise VerificationRefused(f"the agent's checkout holds more than {max_files} files or "
+                                          f"{max_bytes // 2**20} MiB; nothing was verified")
+            _add_file(fd, name, path, tar, max_bytes)
+        else:
+            kind = "FIFO" if stat.S_ISFIFO(info.st_mode) else "socket" if stat.S_ISSOCK(info.st_mode) else "device"
+            tree.refused.append(f"{path} ({kind})")
+
+
+def _add_file(parent: int, name: str, path: str, tar: tarfile.TarFile, max_bytes: int) -> None:
+    fd = os.open(name, _NO_FOLLOW, dir_fd=parent)
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):  # swapped since the stat above
+            raise VerificationRefused(f"{path} changed kind while the agent's checkout was read")
+        data = handle.read(max_bytes + 1)
+    member = tarfile.TarInfo(path)
+    member.size, member.mode = len(data), 0o755 if info.st_mode & 0o111 else 0o644
+    tar.addfile(member, io.BytesIO(data))
+
+
+def agent_handle(env: Envelope, ctx: TaskContext) -> SandboxHandle:
+    """The job's sandbox as the node knows it (its paths rebuilt from its id, never taken from the message)."""
+    handle = ctx.sandboxes.handle(env) if ctx.sandboxes is not None else None
+    if handle is None:
+        raise JobFailed("eval reached a task that verifies in a fresh sandbox without the job's sandbox or the "
+                        "node's sandboxes (TaskContext.sandboxes); the eval stage sets both", retryable=True)
+    return handle
+
+
+async def fresh_sandbox(env: Envelope, ctx: TaskContext, spec: SandboxSpec) -> SandboxClient:
+    """Destroy the job's sandbox and start a new one from ``spec`` on the same node, under the
+    same id (the node's reaper keeps it as the job's own); returns a connected client. The new
+    handle is in ``env.sandbox`` at once, so the stage's release destroys it whatever happens."""
+    assert ctx.sandboxes is not None  # agent_handle checked it
+    await ctx.sandboxes.destroy(env)
+    env.sandbox = None
+    env.sandbox = await ctx.sandboxes.create(env, spec)
+    return await SandboxClient(env.sandbox.socket_path).connect()

@@ -1,14 +1,89 @@
 """Token bookkeeping through the model's chat template: the prompt is tokenized once, and
 each tool observation becomes exactly the tokens the template adds for it, computed as the
-difference of two renderings, so the model's own tokens are never re-tokenized."""
+difference of two renderings, so the model's own tokens are never re-tokenized.
+
+A job's ``chat_template_kwargs`` are variables of the model's template. A template of the job's
+own (``chat_template``) runs only where the operator allows it (``agent_job_chat_templates``),
+in jinja's immutable sandbox (transformers' renderer), each rendering bounded in time and memory.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import resource
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from rollstream.config import load_settings
+from rollstream.errors import InvalidJob
+
+T = TypeVar("T")
+JOB_TEMPLATE = "chat_template"
+# apply_chat_template's own parameters: from a job they would pick another template or change
+# what the call returns, so no job sets them through chat_template_kwargs.
+CALL_PARAMETERS = frozenset({"conversation", "tools", "documents", "add_generation_prompt", "continue_final_message",
+                             "tokenize", "sanitize_control_tokens", "padding", "truncation", "max_length",
+                             "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
+ALLOW_SETTING = "agent_job_chat_templates (ROLLSTREAM_AGENT_JOB_CHAT_TEMPLATES)"
+# What one rendering of a job's own template may add to the worker's peak memory.
+JOB_TEMPLATE_MAX_GROWTH_BYTES = 256 * 2**20
 
 
 class ChatTemplateError(ValueError):
     """The tokenizer's chat template cannot be used for token-exact multi-turn rollouts."""
+
+
+class ChatTemplateRefused(InvalidJob):
+    """A job's chat_template_kwargs ask for what this node does not run: the template's call
+    parameters, or a template of the job's own where the operator does not allow one."""
+
+
+class ChatTemplateTooCostly(InvalidJob):
+    """A job's own chat template ran past its time or memory bound while rendering."""
+
+
+def job_template(kwargs: dict, allowed: bool | None = None) -> bool:
+    """Whether a job's ``chat_template_kwargs`` bring a template of its own; ChatTemplateRefused
+    for a call parameter, or for a template where ``allowed`` (default: the operator's
+    setting) is false."""
+    called = sorted(set(kwargs) & CALL_PARAMETERS)
+    if called:
+        raise ChatTemplateRefused(f"agent.chat_template_kwargs may not set {', '.join(called)}: those are the "
+                                  "renderer's own parameters, not template variables")
+    if JOB_TEMPLATE not in kwargs:
+        return False
+    if not (load_settings().agent_job_chat_templates if allowed is None else allowed):
+        raise ChatTemplateRefused(f"agent.chat_template_kwargs.{JOB_TEMPLATE}: this node renders the model's own "
+                                  "chat template only; leave chat_template out, or ask the operator to allow a "
+                                  f"job's template ({ALLOW_SETTING})")
+    if not isinstance(kwargs[JOB_TEMPLATE], str) or "{" not in kwargs[JOB_TEMPLATE]:
+        raise ChatTemplateRefused(f"agent.chat_template_kwargs.{JOB_TEMPLATE} must be a Jinja template's text")
+    return True
+
+
+def bounded(render: Callable[[], T], limit_s: float, max_growth_bytes: int = JOB_TEMPLATE_MAX_GROWTH_BYTES) -> T:
+    """``render()`` stopped with ChatTemplateTooCostly once it runs past ``limit_s`` or grows the
+    process's peak memory by more than ``max_growth_bytes``: checked at every Python line it
+    runs (jinja compiles a template to Python, so a loop that never outputs is checked too)."""
+    until = time.monotonic() + limit_s
+    peak_limit_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss + max_growth_bytes // 1024
+
+    def check(frame: Any, event: str, arg: Any) -> Callable:
+        if time.monotonic() > until:
+            raise ChatTemplateTooCostly(f"the job's chat template ran past {limit_s:g} s; it renders each turn, "
+                                        "so it must be a template, not a computation")
+        if resource.getrusage(resource.RUSAGE_SELF).ru_maxrss > peak_limit_kib:
+            raise ChatTemplateTooCostly(f"the job's chat template grew memory by more than "
+                                        f"{max_growth_bytes // 2**20} MiB while rendering")
+        return check
+
+    previous = sys.gettrace()
+    sys.settrace(check)
+    try:
+        return render()
+    finally:
+        sys.settrace(previous)
 
 
 class ChatRenderer:
@@ -20,10 +95,15 @@ class ChatRenderer:
         tools: list[dict] | None = None,
         end_of_turn_token: str | None = None,
         template_kwargs: dict | None = None,
+        job_templates_allowed: bool | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.tools = tools or None
         self.template_kwargs = dict(template_kwargs or {})
+        # A template of the job's own: None, else the time bound of one rendering.
+        self.job_template_s: float | None = None
+        if job_template(self.template_kwargs, job_templates_allowed):
+            self.job_template_s = load_settings().agent_job_chat_template_timeout_s
         self.end_of_turn = end_of_turn_token or tokenizer.eos_token
         if not self.end_of_turn:
             raise ChatTemplateError(
@@ -35,13 +115,25 @@ class ChatRenderer:
         self.end_of_turn_id: int = eot_id
 
     def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
-        text = self.tokenizer.apply_chat_template(
-            messages,
-            tools=self.tools,
-            add_generation_prompt=add_generation_prompt,
-            tokenize=False,
-            **self.template_kwargs,
-        )
+        def apply() -> Any:
+            return self.tokenizer.apply_chat_template(
+                messages,
+                tools=self.tools,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=False,
+                **self.template_kwargs,
+            )
+
+        if self.job_template_s is None:
+            text = apply()
+        else:
+            try:
+                text = bounded(apply, self.job_template_s)
+            except InvalidJob:
+                raise
+            except Exception as exc:  # whatever the job's template does wrong (jinja's SecurityError too) is its own
+                raise ChatTemplateRefused(f"the job's chat template does not render: {type(exc).__name__}: "
+                                          f"{str(exc)[:500]}") from exc
         if not isinstance(text, str):
             raise ChatTemplateError(f"apply_chat_template(tokenize=False) returned {type(text).__name__}, not text")
         return text

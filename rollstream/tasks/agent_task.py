@@ -11,6 +11,7 @@ from typing import ClassVar
 
 from rollstream.agent.harness import run_harness
 from rollstream.agent.episode import run_agent
+from rollstream.agent.chat import job_template
 from rollstream.agent.tools import CallToolAdapter
 from rollstream.episode_settings import agent_settings
 from rollstream.errors import JobCancelled, JobFailed
@@ -58,6 +59,8 @@ class AgentTask(Task):
         sandbox = _sandbox(ctx, "run")
         job = env.job
         messages, tools = self.prompt_messages(job.instance), self.tool_schemas(job.instance)
+        if isinstance(job.agent.get("chat_template_kwargs"), dict):  # refused before the harness or the loop
+            job_template(job.agent["chat_template_kwargs"])
         if job.agent.get("harness"):  # the job brings its own agent: it talks to a door of ours
             return await run_harness(str(job.agent["harness"]), messages, tools, env, ctx.services, sandbox)
         llm = ctx.services.need_llm()

@@ -158,7 +158,13 @@ def _git(*args: str, cwd: Path | None = None, env: dict | None = None) -> str:
 def _locked(mirror: Path, roots: MirrorRoots):
     roots.check(mirror, "repo_mirror")
     mirror.mkdir(parents=True, exist_ok=True)
-    fd = os.open(mirror / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
+    try:
+        fd = os.open(mirror / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise MirrorRefused(f"swe: {mirror / '.lock'} is a symlink; remove it (the mirror's lock is a plain "
+                                "file)") from None
+        raise
     with os.fdopen(fd, "r+b") as lock:
         if not stat.S_ISREG(os.fstat(lock.fileno()).st_mode):
             raise MirrorRefused(f"swe: {mirror / '.lock'} is not a regular file; remove it")

@@ -160,22 +160,62 @@ class ContainerTerminal(Terminal):
     whose modes and window size the supervisor then puts back as for a pty of its own, with no
     `stty` process in the container per command. The foreground job is read from /proc
     (TIOCGPGRP answers only a session's own terminal); /proc gives host pids, signalled from
-    here."""
+    here, as root: so the shell is held by a pidfd (its pid, once it exited, may be a host
+    process's, whose terminal is a host user's), and the group signalled must be led by a
+    process of the container's pid namespace, alive while it is checked (`_checked_group`)."""
 
-    def __init__(self, fd: int, modes: list, shell_pid: int) -> None:
+    def __init__(self, fd: int, modes: list, shell_pid: int, pid_namespace: str, shell_pidfd: int) -> None:
         super().__init__(fd, modes)
         self.shell_pid = shell_pid
+        self.pid_namespace = pid_namespace
+        self.shell_pidfd = shell_pidfd
 
     def close(self) -> None:
-        try:
-            os.close(self.fd)
-        except OSError:
-            pass
+        for fd in (self.fd, self.shell_pidfd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def _foreground_group(self) -> int:
         with open(f"/proc/{self.shell_pid}/stat", "rb") as handle:
             stat = handle.read()
+        # Read while the shell was alive, so from the shell: its pid cannot have been reused.
+        if not _alive(self.shell_pidfd):
+            raise ProcessLookupError(f"the container's shell {self.shell_pid} has exited")
         return int(stat[stat.rindex(b")") + 2 :].split()[5])  # tpgid
+
+    def signal_foreground(self, signum: int) -> bool:
+        try:
+            group = self._foreground_group()
+            return group > 0 and _signal_group_inside(group, self.pid_namespace, signum)
+        except OSError:
+            return False
+
+
+def _alive(pidfd: int) -> bool:
+    """Whether the process a pidfd holds has not exited (a pidfd polls readable once it has)."""
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return not poller.poll(0)
+
+
+def _signal_group_inside(group: int, pid_namespace: str, signum: int) -> bool:
+    """killpg(group) only if its leader is a process of `pid_namespace` that leads `group`,
+    still alive after the check (held by a pidfd): while it lives, no other group takes its
+    number. A group whose leader has exited is not signalled (False: the caller falls back)."""
+    leader = os.pidfd_open(group)
+    try:
+        if os.readlink(f"/proc/{group}/ns/pid") != pid_namespace:
+            return False
+        with open(f"/proc/{group}/stat", "rb") as handle:
+            stat = handle.read()
+        if int(stat[stat.rindex(b")") + 2 :].split()[2]) != group or not _alive(leader):  # pgrp
+            return False
+        os.killpg(group, signum)
+        return True
+    finally:
+        os.close(leader)
 
 
 def container_pid_namespace(inspect_argv: list[str], env: dict[str, str]) -> str | None:
@@ -216,19 +256,39 @@ def reach_container_terminal(inside_pid: int, pid_namespace: str) -> ContainerTe
             continue
         try:
             # The namespace first: one readlink rules out the host's other processes.
-            if os.readlink(f"/proc/{entry}/ns/pid") != pid_namespace or _innermost_pid(int(entry)) != inside_pid:
+            if os.readlink(f"/proc/{entry}/ns/pid") != pid_namespace:
                 continue
-            for number in (255, 0):
-                fd = os.open(f"/proc/{entry}/fd/{number}", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
-                try:
-                    if os.isatty(fd):
-                        return ContainerTerminal(fd, tool_modes(termios.tcgetattr(fd)), int(entry))
-                except termios.error:
-                    pass
-                os.close(fd)
+            found = _terminal_of(int(entry), inside_pid, pid_namespace)
+            if found is not None:
+                return found
         except OSError:
             continue
     return None
+
+
+def _terminal_of(pid: int, inside_pid: int, pid_namespace: str) -> ContainerTerminal | None:
+    """The terminal of host process `pid` if it is the shell `inside_pid` of `pid_namespace`:
+    held by a pidfd opened before the checks and alive after them, so that they were of it."""
+    pidfd = os.pidfd_open(pid)
+    try:
+        if _innermost_pid(pid) != inside_pid or os.readlink(f"/proc/{pid}/ns/pid") != pid_namespace:
+            return None
+        for number in (255, 0):
+            fd = os.open(f"/proc/{pid}/fd/{number}", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+            try:
+                if os.isatty(fd) and _alive(pidfd):
+                    terminal = ContainerTerminal(fd, tool_modes(termios.tcgetattr(fd)), pid, pid_namespace, pidfd)
+                    fd = pidfd = -1  # the terminal's now
+                    return terminal
+            except termios.error:
+                pass
+            finally:
+                if fd >= 0:
+                    os.close(fd)
+        return None
+    finally:
+        if pidfd >= 0:
+            os.close(pidfd)
 
 
 def _innermost_pid(pid: int) -> int | None:

@@ -32,6 +32,14 @@ def _default_swe_mirrors() -> list[Path]:
     return [default_swe_mirror()]
 
 
+HARBOR_MAPPED_IMAGES = ("python", "python:*", "debian", "debian:*", "ubuntu", "ubuntu:*", "buildpack-deps:*")
+
+
+def _default_harbor_base_images() -> dict[str, str]:
+    base = os.environ.get("ROLLSTREAM_BASE_IMAGE", "localhost/rollstream/python:bookworm")
+    return {pattern: base for pattern in HARBOR_MAPPED_IMAGES}
+
+
 class Settings(BaseSettings):
     """Settings shared by the client, the workers and the CLI."""
 
@@ -103,6 +111,15 @@ class Settings(BaseSettings):
         default_factory=_default_swe_mirrors, description="Folders a swe job's repo_mirror, and a repository it "
         "names by local path, may lie in (JSON list); default: the default mirror alone ($ROLLSTREAM_SWE_MIRROR "
         "or ~/.cache/rollstream/swe-mirror). Any other path fails the job (failure 'job').")
+    harbor_task_roots: list[Path] = Field(
+        default_factory=list, description="Folders a harbor job's task folder may lie beneath (JSON list; symlinks "
+        "resolved). Empty (the default): no harbor job runs; each fails (failure 'job') naming this setting.")
+    harbor_base_images: dict[str, str] = Field(
+        default_factory=_default_harbor_base_images, description="What a harbor task's Dockerfile FROM becomes "
+        "when built here, where no registry answers (JSON object in the environment): glob of the image reference "
+        "(docker.io/library/ left off) -> a locally built image. Default: python, debian and ubuntu (any tag) -> "
+        "$ROLLSTREAM_BASE_IMAGE or localhost/rollstream/python:bookworm (scripts/install-podman). An image no "
+        "entry matches is built from as written.")
     swe_bundle_max_bytes: int = Field(1 << 30, gt=0, description="Largest git bundle of a repository that init "
                                       "reads from the mirror into a sandbox (1 GiB).")
     agent_job_chat_templates: bool = Field(

@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from rollstream.cli.common import redis_option, redis_url_alias, require_redis, settings_from
+from rollstream.cli.common import fail, redis_option, redis_url_alias, require_redis, settings_from
 from rollstream.sandboxes import image_jobs, images
+from rollstream.sandboxes.env_images import EnvBuildFailed
 from rollstream.tasks import swe_env, swe_repos
 from rollstream.tasks.swe import load_instances
 
@@ -100,8 +102,11 @@ def _build_environments(source: str, backends: tuple[str, ...], mirror: str | No
     instances = load_instances(Path(source))
     if now:
         mirror_path = Path(mirror) if mirror else swe_repos.default_mirror()
-        with console.status(f"building the environments of {len(instances)} instance(s) ..."):
-            built = swe_env.build_for_instances(instances, mirror_path, backends, images_dir, force)
+        try:
+            with console.status(f"building the environments of {len(instances)} instance(s) ..."):
+                built = swe_env.build_for_instances(instances, mirror_path, backends, images_dir, force)
+        except (EnvBuildFailed, ValidationError) as error:
+            fail(str(error), code=1)
         if as_json:
             print(json.dumps(built))
             return
@@ -116,15 +121,16 @@ def _build_environments(source: str, backends: tuple[str, ...], mirror: str | No
             raise typer.BadParameter(WORKER_OWNS.format(flag=flag))
     url = _redis_url(redis, redis_url)
     for instance in instances:
-        request = image_jobs.EnvironmentsRequest(instances=[instance], backends=list(backends),  # type: ignore[arg-type]
-                                                 force=force)
+        request = image_jobs.EnvironmentsRequest.model_validate(
+            {"instances": [instance], "backends": list(backends), "force": force})
         _queued(image_jobs.enqueue(url, request), f"environment of {instance.get('instance_id')}")
 
 
 @app.command()
 def worker(
     images_dir: str = typer.Option(None, help="where images go; default $ROLLSTREAM_IMAGES_DIR, else ~/.cache/rollstream/images (as root /var/cache/rollstream/images)"),
-    mirror: Optional[str] = typer.Option(None, help="repository mirror of environment builds; default $ROLLSTREAM_SWE_MIRROR"),
+    mirror: Optional[str] = typer.Option(None, help="repository mirror of environment builds; "
+                                         "default $ROLLSTREAM_SWE_MIRROR"),
     source_dir: list[str] = typer.Option([], "--source-dir", help="a folder queued pulls may take local tarballs and "
                                          "SIFs (and SIF builds their definition files) from; repeatable; none by "
                                          "default: registry URIs only"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import tarfile
 from dataclasses import dataclass
@@ -21,6 +22,33 @@ from .errors import BackendUnavailable
 from .image_cache import default_images_dir, image_name, rootfs_path, sif_path
 
 ImageBackend = Literal["bwrap", "singularity"]
+IMAGES_DIR_MODE = 0o711  # sandboxes under their own uids reach a rootfs they are given, but list nothing
+
+
+class ImagesDirUnsafe(PermissionError):
+    """The images folder is not this user's alone; images are not written into it."""
+
+
+def images_folder(images_dir: str | None = None) -> str:
+    """The images folder, made (mode 0711) when missing; refused when it is a symlink, another user's,
+    or writable by others (who could swap a rootfs that every sandbox and the hard-linked cache share)."""
+    folder = images_dir or default_images_dir()
+    os.makedirs(os.path.dirname(os.path.abspath(folder)), exist_ok=True)
+    try:
+        os.mkdir(folder, IMAGES_DIR_MODE)
+    except FileExistsError:
+        pass
+    info = os.lstat(folder)
+    problem = ("not a folder" if not stat.S_ISDIR(info.st_mode)
+               else f"owned by uid {info.st_uid}" if info.st_uid != os.geteuid()
+               else "writable by other users" if info.st_mode & 0o022 else None)
+    if problem:
+        raise ImagesDirUnsafe(f"images folder {folder} is {problem}; images go only into a folder this user "
+                              f"(uid {os.geteuid()}) owns: remove it, or pick another with --images-dir / "
+                              "ROLLSTREAM_IMAGES_DIR")
+    if stat.S_IMODE(info.st_mode) != IMAGES_DIR_MODE:
+        os.chmod(folder, IMAGES_DIR_MODE)
+    return folder
 
 
 def _unpack_tarball(tarball: str, destination: str) -> None:
@@ -39,8 +67,7 @@ def _unpack_tarball(tarball: str, destination: str) -> None:
 
 def pull_image(source: str, backend: ImageBackend = "singularity", images_dir: str | None = None, force: bool = False) -> str:
     """Fetch or unpack `source` for `backend`; returns the SIF path or the rootfs folder."""
-    images_dir = images_dir or default_images_dir()
-    os.makedirs(images_dir, exist_ok=True)
+    images_dir = images_folder(images_dir)
     name = image_name(source)
     if backend == "singularity":
         target = os.path.join(images_dir, f"{name}.sif")
@@ -76,10 +103,9 @@ def _docker_env() -> dict[str, str]:
 
 def export_rootfs(image: str, images_dir: str | None = None, force: bool = False) -> str:
     """Unpack an image the container engine holds into a rootfs folder for bubblewrap."""
-    target = rootfs_path(image, images_dir)
+    target = rootfs_path(image, images_folder(images_dir))
     if os.path.isdir(target) and not force:
         return target
-    os.makedirs(os.path.dirname(target), exist_ok=True)
     env = _docker_env()
     container = subprocess.run(["docker", "create", image, "true"], check=True, capture_output=True, text=True,
                                env=env).stdout.strip().splitlines()[-1]
@@ -127,7 +153,7 @@ def sif_from_engine_image(image: str, images_dir: str | None = None, force: bool
         return target
     if singularity_binary() is None:
         raise BackendUnavailable("making a SIF needs apptainer or singularity on PATH")
-    os.makedirs(os.path.dirname(target), exist_ok=True)
+    images_folder(os.path.dirname(target))
     archive = f"{target}.{os.getpid()}.oci.tar"
     try:
         subprocess.run(["docker", "save", "--format", "oci-archive", "--output", archive, image]
@@ -147,8 +173,7 @@ def build_image(definition: str, name: str, images_dir: str | None = None, force
         raise BackendUnavailable("building a SIF needs apptainer or singularity on PATH")
     from spython.main import Client
 
-    images_dir = images_dir or default_images_dir()
-    os.makedirs(images_dir, exist_ok=True)
+    images_dir = images_folder(images_dir)
     target = os.path.join(images_dir, f"{image_name(name)}.sif")
     Client.build(recipe=definition, image=target, sudo=False, force=force, options=["--fakeroot"])
     return target

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,8 @@ from rollstream.sandboxes import SandboxSpec, image_cache, image_jobs, images
 from rollstream.sandboxes.backends import SandboxLayout
 from rollstream.sandboxes.backends.docker import DockerBackend
 from rollstream.sandboxes.backends.singularity import SingularityBackend
-from rollstream.sandboxes.env_images import ENV_PREFIX, EnvRecipe, containerfile, image_exists
+from rollstream.sandboxes.env_images import (ENV_PREFIX, EnvBuildFailed, EnvRecipe, build_env_image, containerfile,
+                                             image_exists)
 from rollstream.tasks import swe_env, swe_records
 from rollstream.tasks.swe import load_instances
 
@@ -100,3 +102,44 @@ def test_images_build_queues_one_request_per_instance_that_a_worker_runs(tmp_pat
     assert outcome is not None and outcome["status"] == "finished", outcome
     built = outcome["result"]
     assert [(e["built"], e["instances"]) for e in built] == [(False, [instance["instance_id"]])]
+
+
+def _git_project(folder: Path) -> tuple[str, str]:
+    folder.mkdir()
+    (folder / "setup.py").write_text("raise SystemExit('not installed in these tests')\n")
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    for argv in (["git", "init", "-q", "-b", "main"], ["git", "add", "setup.py"], ["git", "commit", "-q", "-m", "x"]):
+        subprocess.run(argv, cwd=folder, check=True, env=env)
+    return str(folder), subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, check=True, capture_output=True,
+                                       text=True).stdout.strip()
+
+
+@pytest.mark.skipif(not DockerBackend().available(), reason="no Docker engine answers here (scripts/install-podman)")
+def test_a_recipe_naming_a_patch_level_python_builds_on_a_base_image_of_that_minor_version(tmp_path):
+    repo, commit = _git_project(tmp_path / "project")
+    recipe = EnvRecipe(python="3.11.7", repo="pypi/patchlevel", commit=commit, repo_dir="/workspace/patchlevel",
+                       install="python -c 'import sys; assert sys.version_info[:2] == (3, 11)'")
+    try:
+        built = build_env_image(recipe, repo, ("docker",), str(tmp_path / "images"), network="none", force=True)
+        assert built.built and image_exists(recipe.tag)
+    finally:
+        subprocess.run(["docker", "rmi", "--force", recipe.tag], capture_output=True)
+
+
+@pytest.mark.skipif(not DockerBackend().available(), reason="no Docker engine answers here (scripts/install-podman)")
+@pytest.mark.parametrize("fields, step, said", [
+    ({"python": "3.9"}, "step 1/6: check the base image has Python 3.9",
+     "recipe wants Python 3.9, the base image has 3.11"),
+    ({"install": "echo the project needs libfoo-dev >&2; exit 7"}, "step 4/5: echo the project needs libfoo-dev",
+     "the project needs libfoo-dev"),
+])
+def test_a_failed_build_names_its_failing_step_and_that_steps_own_output(tmp_path, fields, step, said):
+    repo, commit = _git_project(tmp_path / "project")
+    recipe = EnvRecipe(repo="pypi/broken", commit=commit, repo_dir="/workspace/broken", **fields)
+    with pytest.raises(EnvBuildFailed) as failure:
+        build_env_image(recipe, repo, ("docker",), str(tmp_path / "images"), network="none", force=True)
+    message = str(failure.value)
+    assert step in message and said in message.splitlines()[-1], message
+    assert "DEPRECATED" not in message and "legacy builder" not in message
+    assert not image_exists(recipe.tag)

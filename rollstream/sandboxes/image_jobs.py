@@ -24,6 +24,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from .env_images import IMAGE_REFERENCE
+
 log = logging.getLogger(__name__)
 
 STREAM = "rollstream:images:requests"
@@ -201,6 +203,10 @@ def _pull(worker: ImageWorker, request: PullRequest) -> str:
         if scheme not in URI_SCHEMES:
             schemes = ", ".join(f"{s}://" for s in URI_SCHEMES)
             raise RefusedRequest(f"a queued pull takes {schemes} URIs, not {scheme}://")
+        reference = source.partition("://")[2]
+        if scheme.startswith("docker") and not IMAGE_REFERENCE.fullmatch(reference):
+            # It reaches the engine's command line ('docker create REFERENCE'): never an option.
+            raise RefusedRequest(f"{reference[:100]!r} is not an image reference ([registry/]name[:tag][@digest])")
     else:
         source = worker._local_source(source, "a queued pull's source")
     return images.pull_image(source, request.backend, worker.images_dir)

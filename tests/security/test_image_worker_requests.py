@@ -87,13 +87,14 @@ def test_pickles_and_function_names_added_to_the_image_stream_are_refused_not_ru
     assert [o["status"] for o in outcomes] == ["refused"] * len(hostile), outcomes
 
 
-def test_a_queued_pull_cannot_unpack_or_read_host_files_outside_the_workers_source_folders(redis_alone, tmp_path):
+def test_a_queued_pull_cannot_read_host_files_or_pass_engine_options(redis_alone, tmp_path):
     url, client = redis_alone
     secret_archive = tmp_path / "host-backup.tar"
     subprocess.run(["tar", "-cf", str(secret_archive), "-C", "/etc", "hostname"], check=True)
     requests = [image_jobs.PullRequest(source=str(secret_archive), backend="bwrap"),
                 image_jobs.PullRequest(source="/dev/zero", backend="bwrap"),
                 image_jobs.PullRequest(source="file:///etc/shadow", backend="bwrap"),
+                image_jobs.PullRequest(source="docker://--volume=/:/host alpine", backend="bwrap"),
                 image_jobs.SifBuildRequest(definition="/etc/shadow", name="x")]
     ids = [image_jobs.enqueue(url, request) for request in requests]
     worker = _run_worker(url, tmp_path / "images")

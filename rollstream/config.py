@@ -67,6 +67,16 @@ class Settings(BaseSettings):
                                 "goes to the dead-letter stream.")
     shutdown_grace_s: float = Field(30.0, description="On SIGTERM, how long in-flight jobs may run "
                                     "before they are handed back to the stream.")
+    drain_grace_s: float = Field(60.0, ge=0, description="A node drained ('rollstream drain NODE', POST "
+                                 "/v1/nodes/{node}/drain) unless the request says: how long its workers may finish "
+                                 "what they hold before they hand it back to init and leave.")
+    replica_acks: int = Field(0, ge=0, description="Replicas that must confirm (Redis WAIT) a submission before the "
+                              "client is told it was queued, and each stage hand-off before the worker counts it "
+                              "done, so an asynchronous failover loses neither. 0 (the default): no wait, for a "
+                              "Redis without replicas.")
+    replica_ack_timeout_ms: int = Field(1000, gt=0, description="How long one WAIT for replica_acks replicas may "
+                                        "take; past it a submission fails (safe to resubmit) and a hand-off waits "
+                                        "and asks again.")
     job_state_ttl_s: int = Field(24 * 3600, description="How long a finished job's state hash is kept.")
     results_maxlen: int = Field(1_000_000, description="Approximate cap on each results stream.")
     dead_maxlen: int = Field(100_000, description="Approximate cap on the dead-letter stream.")

@@ -67,9 +67,9 @@ async def _keep_alive(sandbox: SandboxClient, handle: SandboxHandle, job_id: str
     """Ping the job's sandbox while its rollout runs (cancelled when it ends)."""
     interval_s = _keepalive_interval_s(handle)
     while True:
-        await asyncio.sleep(interval_s)
         try:
             await sandbox.ping()
         except (SandboxGone, ToolError) as exc:  # the rollout's next tool call reports the loss
             log.warning("the job's sandbox stopped answering its keep-alive: %s", exc, extra={"job_id": job_id})
             return
+        await asyncio.sleep(interval_s)

@@ -75,30 +75,34 @@ async def score(task: SweTask, env: Envelope, ctx: TaskContext) -> float:
 async def _verify(task: SweTask, env: Envelope, ctx: TaskContext, limit_s: float) -> float:
     inst = swe_records.normalize(env.job.instance)
     agent = verification.agent_handle(env, ctx)
-    repo = task.repo_dir(inst, agent.workdir)
-    await asyncio.to_thread(verification.stop_processes, agent)
+    repo = PurePosixPath(task.repo_dir(inst, agent.workdir))
+    env.trajectory = env.trajectory or Trajectory()
+    record: dict[str, Any] = {"fresh_sandbox": True}
+    env.trajectory.extra["verification"] = record
     tree, agent_patch = None, ""
-    inside = PurePosixPath(repo).relative_to(agent.workdir) if PurePosixPath(repo).is_relative_to(agent.workdir) \
-        else None
     try:
-        if inside is not None:
+        if repo.is_relative_to(agent.workdir):
+            record["processes_killed_first"] = await asyncio.to_thread(verification.stop_processes, agent)
+            inside = repo.relative_to(agent.workdir)
+            checkout = inside.parts[0] if inside.parts else ""
+            record["left_behind"] = verification.left_behind(agent.host_workdir, checkout)
             tree = await asyncio.to_thread(verification.read_tree, os.path.join(agent.host_workdir, str(inside)))
         elif ctx.sandbox is not None:
             # A published image's checkout (SWE-bench's /testbed) lies outside the workdir, out of
-            # the host's reach: its diff comes from the agent's sandbox. Whatever that says is only
-            # ever a diff, applied and filtered below like any other.
-            agent_patch = await agent_diff(ctx.sandbox, repo, inst["base_commit"], excluded_pathspecs(inst))
+            # the host's reach: its diff comes from the agent's own git, before its processes die
+            # with its sandbox. Whatever that says is only ever a diff, rebuilt and filtered below.
+            record["diff_from_agent_sandbox"] = True
+            agent_patch = await agent_diff(ctx.sandbox, str(repo), inst["base_commit"], excluded_pathspecs(inst))
     except verification.VerificationRefused as refused:
         return eval_report.record(env, 0.0, str(refused))
     sandbox = await verification.fresh_sandbox(env, ctx, task.sandbox_spec(env.job.instance))
     async with sandbox:
         await task.prepare(env, sandbox)
-        model_patch, problem = await _rebuild_changes(sandbox, inst, repo, tree, agent_patch)
-        env.trajectory = env.trajectory or Trajectory()
+        model_patch, problem = await _rebuild_changes(sandbox, inst, str(repo), tree, agent_patch)
         env.trajectory.extra["model_patch"] = model_patch[:MODEL_PATCH_MAX_CHARS]
         if problem:
             return eval_report.record(env, 0.0, problem)
-        return await apply_and_test(env, sandbox, inst, repo, model_patch, limit_s)
+        return await apply_and_test(env, sandbox, inst, str(repo), model_patch, limit_s)
 
 
 async def agent_diff(sandbox: SandboxClient, repo: str, base: str, excludes: list[str]) -> str:

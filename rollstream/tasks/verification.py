@@ -84,6 +84,15 @@ def read_tree(host_dir: str, max_bytes: int = TREE_MAX_BYTES, max_files: int = T
     return tree
 
 
+def left_behind(host_workdir: str, checkout: str) -> list[str]:
+    """The workdir's entries beside the checkout (``checkout``: its first component): what the
+    agent leaves in its sandbox and verification never sees. Names only, nothing opened."""
+    try:
+        return sorted(name for name in os.listdir(host_workdir) if name != checkout)[:100]
+    except OSError as error:
+        return [f"(the workdir could not be listed: {error.strerror})"]
+
+
 def _read_folder(fd: int, prefix: str, tar: tarfile.TarFile, links: list[tarfile.TarInfo], tree: AgentTree,
                  max_bytes: int, max_files: int, depth: int) -> None:
     if depth > TREE_MAX_DEPTH:

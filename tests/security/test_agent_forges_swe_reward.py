@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollstream.tasks.swe import SweTask, load_instances
+from rollstream.tasks.swe import SweTask, load_instances, patch_paths
 
 from tasks.conftest import episode, needs_bwrap, node_sandboxes, task_ctx  # noqa: F401  (fixtures)
 from tasks.test_harness_swe import apply_in_sandbox
@@ -177,3 +177,54 @@ async def test_the_gold_patch_still_scores_one_in_a_sandbox_full_of_forgeries(ep
     assert await ep.score() == 1.0, ep.env.trajectory.extra["eval"]
     report = ep.env.trajectory.extra["eval"]
     assert set(report["tests"]) == set(CALC_TESTS) and set(report["tests"].values()) == {"passed"}
+
+
+async def test_symlinks_in_the_checkout_are_refused_and_named_never_followed(episode, instance):
+    # Read from the host by root, a followed symlink would hand the verifier /etc/shadow.
+    ep = await episode(SweTask(), instance)
+    await apply_in_sandbox(ep, instance["patch"])
+    await agent(ep, "ln -s /etc/shadow minicalc/secret.py && ln -s /etc minicalc/etc")
+    assert await ep.score() == 0.0
+    reason = ep.reason
+    assert "symlinks or submodules refused" in reason and "minicalc/secret.py" in reason and "minicalc/etc" in reason
+    assert "root:" not in ep.env.trajectory.extra["model_patch"]
+
+
+async def test_special_files_in_the_checkout_are_refused_and_named(episode, instance):
+    ep = await episode(SweTask(), instance)
+    await apply_in_sandbox(ep, instance["patch"])
+    await agent(ep, "mkfifo minicalc/pipe && python3 -c \"import socket; socket.socket(socket.AF_UNIX).bind('sock')\"")
+    assert await ep.score() == 0.0
+    assert "special files refused: minicalc/pipe (FIFO), sock (socket)" in ep.reason
+
+
+async def test_what_the_agent_left_outside_its_checkout_is_named_and_left_behind(episode, instance):
+    ep = await episode(SweTask(), instance)
+    agent_sandbox = ep.env.sandbox
+    await apply_in_sandbox(ep, instance["patch"])
+    await agent(ep, files={"/workspace/pytest.ini": "[pytest]\n", "/workspace/conftest.py": PASSING_CONFTEST})
+    assert await ep.score() == 1.0, ep.env.trajectory.extra["eval"]
+    verification = ep.env.trajectory.extra["verification"]
+    assert verification["left_behind"] == ["conftest.py", "pytest.ini"]
+    assert ep.env.sandbox.id == agent_sandbox.id and ep.env.sandbox.supervisor_pid != agent_sandbox.supervisor_pid
+
+
+async def test_an_image_checkout_outside_the_workdir_is_verified_fresh_despite_a_git_hook(episode, instance):
+    # A published image's checkout (SWE-bench's /testbed) lies beyond the host's reach: its diff
+    # comes from the agent's own git, which runs the agent's hook; the tests still run fresh.
+    from rollstream.messages import Job
+    from rollstream.tasks import swe_repos
+
+    bundle = swe_repos.bundle(CALC["repo"], CALC["base_commit"], swe_repos.default_mirror()).read_bytes()
+    image_like = {**instance, "repo_dir": "/tmp/testbed"}
+    ep = await episode(SweTask(), image_like, job=Job(task="swe", instance=image_like, sandbox={
+        "files": {"base.bundle": bundle}, "setup_commands": ["git clone -q /workspace/base.bundle /tmp/testbed"]}))
+    hook = "#!/bin/sh\nmkdir -p /tmp/.rs-eval && cp /workspace/.forge.py /tmp/.rs-eval/sitecustomize.py\nexit 1\n"
+    await agent(ep, "chmod +x /workspace/.fsmonitor && git config core.fsmonitor /workspace/.fsmonitor",
+                files={"/workspace/.fsmonitor": hook, "/workspace/.forge.py": FORGE_AT_EXIT})
+    await assert_not_resolved(ep)
+    assert "FAIL_TO_PASS 0/2" in ep.reason
+
+    await apply_in_sandbox(ep, instance["patch"])  # now in the fresh sandbox, which the next score replaces
+    assert await ep.score() == 1.0, ep.env.trajectory.extra["eval"]
+    assert patch_paths(ep.env.trajectory.extra["model_patch"]) == ["minicalc/calc.py"]

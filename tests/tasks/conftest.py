@@ -35,11 +35,11 @@ class Episode:
     ep.setup()`` as init does it (the sandbox included), act on ``ep.client()``, ``await
     ep.score(answer=...)`` as eval scores; the job leaves the node at the end of the test."""
 
-    def __init__(self, task: Task, instance: dict, ctx: TaskContext, sandboxes: NodeSandboxes):
+    def __init__(self, task: Task, instance: dict, ctx: TaskContext, sandboxes: NodeSandboxes, job: Job | None = None):
         self.task = task
         self.ctx = ctx
         self.sandboxes = sandboxes
-        self.env = Envelope(job=Job(task=task.name, instance=instance))
+        self.env = Envelope(job=job or Job(task=task.name, instance=instance))
 
     async def setup(self) -> "Episode":
         self.task.validate(self.env.job.instance)
@@ -71,8 +71,9 @@ class Episode:
 async def episode(task_ctx, node_sandboxes):
     made: list[Episode] = []
 
-    async def make(task: Task, instance: dict, backend: str = "auto") -> Episode:
-        ep = Episode(task, instance, task_ctx, replace(node_sandboxes, backend=backend))
+    async def make(task: Task, instance: dict, backend: str = "auto", job: Job | None = None) -> Episode:
+        """``job``: the whole job (its sandbox overrides, say) when the instance alone is not enough."""
+        ep = Episode(task, instance, task_ctx, replace(node_sandboxes, backend=backend), job)
         made.append(ep)
         return await ep.setup()
 

@@ -35,6 +35,9 @@ async def test_openai_agents_sdk_runs_arith_and_swe_jobs_through_the_door_end_to
         results = await client.collect(3, timeout_s=300)
     assert sorted(r.task for r in results) == ["arith", "arith", "swe"]
 
+    from transformers import AutoTokenizer
+
+    end_of_turn = AutoTokenizer.from_pretrained(arith_model_dir).eos_token_id  # what the door stops on
     backend = VLLMClient()
     try:
         for result in results:
@@ -51,9 +54,15 @@ async def test_openai_agents_sdk_runs_arith_and_swe_jobs_through_the_door_end_to
                 sequence = seg.prompt_ids + seg.response_ids
                 prompt, start = sequence[:call["prompt_tokens"]], call["prompt_tokens"] - len(seg.prompt_ids)
                 recorded = seg.response_ids[start:start + call["completion_tokens"]]
-                assert seg.loss_mask[start:start + len(recorded)] == [1] * len(recorded)
+                assert recorded and seg.loss_mask[start:start + len(recorded)] == [1] * len(recorded)
+                # The recording ends where the door's rules end a turn: at its first end-of-turn
+                # token, or cut by the token budget.
+                assert end_of_turn not in recorded[:-1]
+                assert recorded[-1] == end_of_turn or call["finish_reason"] == "length"
+                # Asked again greedily for exactly as many tokens, nothing stopping it early (EOS
+                # ignored), the backend writes the same ids.
                 again = await backend.generate(arith_server, prompt, SamplingParams(
-                    **greedy, stop_token_ids=[recorded[-1]] if recorded else None))
+                    temperature=0.0, max_tokens=len(recorded), ignore_eos=True))
                 assert again.token_ids == recorded
     finally:
         await backend.aclose()

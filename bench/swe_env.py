@@ -109,6 +109,7 @@ async def main() -> None:
     instances = load_instances(INSTANCES)
     root = tempfile.mkdtemp(prefix="rs-bse-", dir="/tmp")
     mirror = tempfile.mkdtemp(prefix="rs-bse-mirror-")
+    os.environ["ROLLSTREAM_SWE_REPO_MIRRORS"] = json.dumps([mirror])  # as its node's operator would allow it
     instances = [{**i, "repo_mirror": mirror} for i in instances]
     tags = {i["instance_id"]: swe_env.sandbox_image(swe_records.normalize(i)) for i in instances}
     missing = [t for t in tags.values() if not os.path.isdir(images.rootfs_path(t))]

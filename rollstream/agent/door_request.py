@@ -68,6 +68,8 @@ def parse_request(request: dict) -> CallOptions:
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
         raise DoorError(400, "messages must be a non-empty list of message objects", "invalid_messages",
                         param="messages")
+    for i, message in enumerate(messages):
+        _check_message(i, message)
     tools = _tools(request.get("tools"))
     parse_calls = _tool_choice(request.get("tool_choice"), tools)
     if not parse_calls:
@@ -115,6 +117,29 @@ def parse_request(request: dict) -> CallOptions:
                        parallel_tool_calls=_bool(request, "parallel_tool_calls", True), stop=_stop(request.get("stop")),
                        max_tokens=_max_tokens(request), logprobs=logprobs, seed=seed, stream=stream,
                        include_usage=include_usage)
+
+
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def _check_message(index: int, message: dict) -> None:
+    """A message the chat template can show as it is: a known role, text content only (an image
+    or audio part would be dropped from the prompt, not seen by the model)."""
+    role = message.get("role")
+    if role not in _ROLES:
+        raise DoorError(400, f"messages[{index}].role must be one of {', '.join(_ROLES)} (got {role!r}); the legacy "
+                        "'function' role is not served: use tools and 'tool' messages", "invalid_messages",
+                        param=f"messages[{index}].role")
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        return
+    parts = content if isinstance(content, list) else [content]
+    for part in parts:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in ("text", "refusal") or not isinstance(part.get(kind), str):
+            raise DoorError(400, f"messages[{index}].content holds a {kind or type(part).__name__!s} part; this door "
+                            "serves a text model: send text parts ({\"type\": \"text\", \"text\": ...}) only",
+                            "unsupported_content", param=f"messages[{index}].content")
 
 
 def _is_int(value: Any) -> bool:

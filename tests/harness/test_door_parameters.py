@@ -129,6 +129,20 @@ async def test_a_parameter_the_door_cannot_honour_is_refused_with_a_400_naming_i
     assert not door.backend.calls and not door.recorder.calls
 
 
+async def test_message_content_the_text_model_would_not_see_is_refused_not_dropped(door):
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    asks = [{"role": "user", "content": [{"type": "text", "text": "What is in it?"}, image]},
+            {"role": "function", "name": "bash", "content": "42"}]
+    for i, message in enumerate(asks):
+        with pytest.raises(openai.BadRequestError) as refused:
+            await door.client.chat.completions.create(model="m", messages=[*_messages(), message])
+        assert refused.value.param.startswith(f"messages[{len(_messages())}]"), i
+    text_parts = [{"role": "user", "content": [{"type": "text", "text": "What is "}, {"type": "text", "text": "1+1?"}]}]
+    await door.client.chat.completions.create(model="m", messages=text_parts)
+    assert door.recorder.last_messages[0]["content"] == "What is 1+1?"
+    assert len(door.backend.calls) == 1
+
+
 async def test_max_completion_tokens_seed_and_logprobs_are_applied(door, gateway, arith_server, tokenizer):
     reply = await door.client.chat.completions.create(model="m", messages=_messages(), tools=TOOLS,
                                                       max_completion_tokens=5, logprobs=True)

@@ -178,9 +178,7 @@ def teardown(directory: str, pid: int | None = None, term_grace_s: float = 5.0) 
 
     A folder that is not ours (ours_to_tear_down) is left as it is, with a warning: its plan
     and confinement record could name any command, cgroup or mount point."""
-    if not os.path.lexists(directory):
-        return
-    refused = ours_to_tear_down(directory)
+    refused = ours_to_tear_down(directory) if os.path.lexists(directory) else ""
     if refused:
         log.warning("not tearing down %s: %s", directory, refused)
         return

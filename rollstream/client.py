@@ -32,6 +32,10 @@ from rollstream.tasks.registry import validate_instance
 log = logging.getLogger(__name__)
 
 
+# How many job ids a client remembers to drop a second result of the same job.
+_REMEMBERED_RESULTS = 100_000
+
+
 class SubmittedId(str):
     """A job id as ``submit`` returns it. ``duplicate`` is True when a job with this id was
     known already (queued, at work, or finished less than job_state_ttl_s ago): nothing was
@@ -87,6 +91,9 @@ class AsyncClient:
         # consumer: they sit in its pending list, and the next read takes them from there.
         self._reread_own = False
         self._to_ack: list[bytes] = []
+        # Job ids of the last results yielded. After a Redis failover a result can come twice:
+        # its delivery, or its acknowledgement, may not have reached the replica promoted.
+        self._yielded: dict[str, None] = {}
         # Lean connections for the two calls on a job's critical path: submit, and the
         # blocking result read (its own, since a blocking read holds its connection).
         self._fast_submit = FastRedis.from_client(self.r)
@@ -140,7 +147,9 @@ class AsyncClient:
         ids, self._to_ack = (self._to_ack, []) if self._fast_submit is not None else ([], self._to_ack)
         try:
             done = await enqueue(self.r, self.keys, prepared, max_job_bytes=self.settings.max_job_bytes,
-                                 fast=self._fast_submit, before=self._ack_commands(ids))
+                                 fast=self._fast_submit, before=self._ack_commands(ids),
+                                 replica_acks=self.settings.replica_acks,
+                                 replica_ack_timeout_ms=self.settings.replica_ack_timeout_ms)
         except BaseException as exc:
             self._to_ack = ids + self._to_ack  # not known to be acknowledged: owe them still
             raise_refusal(exc, self.url)
@@ -265,8 +274,16 @@ class AsyncClient:
                     await dead_letter_result(self.r, self.keys, self.submitter, msg_id, fields,
                                              f"{type(exc).__name__}: {exc}", dead_maxlen=self.settings.dead_maxlen)
                     continue
+                if result.job_id in self._yielded:
+                    log.warning("job %s: a second result (a failover lost the first one's acknowledgement or "
+                                "the stage's hand-off); acknowledged and dropped", result.job_id)
+                    self._to_ack.append(msg_id)
+                    continue
                 self._reread_own = True  # until the caller comes back: if it never does, read it again
                 yield result
+                self._yielded[result.job_id] = None
+                if len(self._yielded) > _REMEMBERED_RESULTS:
+                    del self._yielded[next(iter(self._yielded))]
                 self._reread_own = False
                 self._to_ack.append(msg_id)  # the caller came back for more: it is done with this one
                 yielded += 1

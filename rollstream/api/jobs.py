@@ -48,7 +48,9 @@ async def _submit(state: ApiState, jobs: list[Job]) -> Submitted:
         except InvalidJob as exc:
             raise HTTPException(422, detail=f"job {job.job_id}: {exc}") from exc
     try:
-        done = await enqueue(state.r, state.keys, jobs, max_job_bytes=state.settings.max_job_bytes)
+        done = await enqueue(state.r, state.keys, jobs, max_job_bytes=state.settings.max_job_bytes,
+                             replica_acks=state.settings.replica_acks,
+                             replica_ack_timeout_ms=state.settings.replica_ack_timeout_ms)
         return Submitted(job_ids=done.job_ids, duplicates=done.duplicates)
     except JobTooLarge as exc:
         raise HTTPException(413, detail=str(exc)) from exc

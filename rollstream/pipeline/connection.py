@@ -1,5 +1,6 @@
-"""Connecting to Redis: URLs with passwords, ACL users, TLS (rediss://) and unix sockets,
-async and sync clients, and an error that says what to do when nobody answers."""
+"""Connecting to Redis: URLs with passwords, ACL users, TLS (rediss://), unix sockets and
+Sentinel (redis+sentinel://, see sentinel.py), async and sync clients, and an error that
+says what to do when nobody answers."""
 
 from __future__ import annotations
 
@@ -17,14 +18,17 @@ except ImportError:  # redis[hiredis] brings it; without it commands are packed 
     hiredis = None
 
 from rollstream.errors import RedisRefusesWrites, RedisUnavailable
+from rollstream.pipeline import sentinel
 
 log = logging.getLogger(__name__)
 
-_HINT = "start one with 'rollstream redis', or set REDIS_URL (e.g. redis://:password@host:6379/0)"
+_HINT = ("start one with 'rollstream redis', or set REDIS_URL (e.g. redis://:password@host:6379/0, or "
+         "redis+sentinel://:password@sentinel1:26379,sentinel2:26379/SERVICE/0 for a primary behind Sentinel)")
 
 
 def redacted(url: str) -> str:
     """The URL with any password replaced, for logs and error messages."""
+    url = re.sub(r"(sentinel_password=)[^&]*", r"\1***", url)
     if "@" not in url or "://" not in url:
         return url
     scheme, rest = url.split("://", 1)
@@ -58,9 +62,14 @@ def _with_c_packer(cls: type) -> type:
 
 
 def async_redis(url: str, *, max_connections: int = 512) -> aioredis.Redis:
-    """An asyncio client for ``url``; commands pool their connections."""
-    client = aioredis.Redis.from_url(url, max_connections=max_connections, health_check_interval=30,
-                                     socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=10)
+    """An asyncio client for ``url``; commands pool their connections. Behind Sentinel, each
+    new connection goes to the primary the Sentinels name then."""
+    options = {"max_connections": max_connections, "health_check_interval": 30,
+               "socket_timeout": SOCKET_TIMEOUT_S, "socket_connect_timeout": 10}
+    if sentinel.is_sentinel_url(url):
+        client = sentinel.async_primary(url, **options)
+    else:
+        client = aioredis.Redis.from_url(url, **options)
     if hiredis is not None and hasattr(hiredis, "pack_command"):
         pool = client.connection_pool
         pool.connection_class = _with_c_packer(pool.connection_class)
@@ -68,8 +77,10 @@ def async_redis(url: str, *, max_connections: int = 512) -> aioredis.Redis:
 
 
 def sync_redis(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, health_check_interval=30, socket_timeout=SOCKET_TIMEOUT_S,
-                                socket_connect_timeout=10)
+    options = {"health_check_interval": 30, "socket_timeout": SOCKET_TIMEOUT_S, "socket_connect_timeout": 10}
+    if sentinel.is_sentinel_url(url):
+        return sentinel.sync_primary(url, **options)
+    return redis.Redis.from_url(url, **options)
 
 
 async def check_async(r: aioredis.Redis, url: str) -> None:

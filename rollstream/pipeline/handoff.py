@@ -5,6 +5,7 @@ sandbox count and (forwarding) the authoritative check of its cancellation flags
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -19,7 +20,10 @@ from rollstream.pipeline import cancel
 from rollstream.pipeline.codec import pack
 from rollstream.pipeline.connection import refused_write
 from rollstream.pipeline.keys import Keys
+from rollstream.pipeline.replication import ReplicasBehind, script_then_wait
 from rollstream.pipeline.wire import FastRedis
+
+log = logging.getLogger(__name__)
 
 _SCRIPT = resources.files("rollstream.pipeline").joinpath("lua/transition.lua").read_text()
 
@@ -53,8 +57,10 @@ class Handoff:
     """The only place that moves jobs between streams."""
 
     def __init__(self, r: aioredis.Redis, keys: Keys, *, state_ttl_s: int,
-                 results_maxlen: int, dead_maxlen: int):
+                 results_maxlen: int, dead_maxlen: int, replica_acks: int = 0, replica_ack_timeout_ms: int = 1000):
         self.r = r
+        # Each move counts once this many replicas hold it (replication.py): 0, at once.
+        self.replica_acks, self.replica_ack_timeout_ms = replica_acks, replica_ack_timeout_ms
         self.keys = keys
         self.state_ttl_s = state_ttl_s
         self.results_maxlen = results_maxlen
@@ -96,6 +102,8 @@ class Handoff:
                       len(state), len(dests), *flat]
         for _, maxlen, payload in dests:
             args += [maxlen, payload]
+        if self.replica_acks:
+            return await self._move_replicated(keys, args)
         while True:
             try:
                 return await self._run_script(keys, args, via)
@@ -103,6 +111,30 @@ class Handoff:
                 if self.wait_out is None or not refused_write(exc) or not await self.wait_out(exc):
                     raise
                 via = None
+
+    async def _move_replicated(self, keys: list, args: list) -> int:
+        """The move, then WAIT until ``replica_acks`` replicas hold it. Until they confirm, the
+        script is sent again (with the WAIT): on the same primary it finds the message moved
+        (0) and the WAIT covers the first move; on a primary promoted without it, it moves it
+        there. Never on the reader's connection: a WAIT would hold up the next read."""
+        moved = 0
+        while True:
+            try:
+                code, confirmed = await script_then_wait(self.r, self._fast, _SCRIPT, keys, args,
+                                                         acks=self.replica_acks,
+                                                         timeout_ms=self.replica_ack_timeout_ms)
+                code = int(code)
+                moved = moved or (code if code == 1 else 0)
+                if confirmed < self.replica_acks and (code == 1 or moved):
+                    raise ReplicasBehind(code, confirmed, self.replica_acks, self.replica_ack_timeout_ms)
+                return code or moved
+            except ResponseError as exc:
+                if self.wait_out is not None and refused_write(exc) and await self.wait_out(exc):
+                    continue
+                if not isinstance(exc, ReplicasBehind):
+                    raise
+                log.warning("a hand-off is on the primary but unconfirmed by replicas as this worker stops: %s", exc)
+                return moved
 
     async def _run_script(self, keys: list, args: list, via: FastRedis | None) -> int:
         if via is not None:

@@ -14,6 +14,7 @@ from rollstream.errors import InvalidJob, JobTooLarge
 from rollstream.messages import Envelope, Job, job_problem
 from rollstream.pipeline.codec import pack
 from rollstream.pipeline.keys import Keys
+from rollstream.pipeline.replication import ReplicasBehind, script_then_wait
 from rollstream.pipeline.wire import FastRedis
 
 _SUBMIT = resources.files("rollstream.pipeline").joinpath("lua/submit.lua").read_text()
@@ -68,11 +69,13 @@ class Enqueued:
 
 
 async def enqueue(r: aioredis.Redis, keys: Keys, jobs: list[Job], *, max_job_bytes: int,
-                  fast: FastRedis | None = None, before: list[tuple] = ()) -> Enqueued:
+                  fast: FastRedis | None = None, before: list[tuple] = (), replica_acks: int = 0,
+                  replica_ack_timeout_ms: int = 1000) -> Enqueued:
     """Queue already-validated jobs for the init stage. Idempotent per job id while its
     state hash lives (until job_state_ttl_s after it finished): a retried submission queues
     nothing twice, and says which ids it found known. ``before``: commands that ride in the
-    same write (only with ``fast``)."""
+    same write (only with ``fast``). ``replica_acks``: raise ``ReplicasBehind`` unless that
+    many replicas hold the jobs (replication.py), so an acknowledged job survives a failover."""
     if before and fast is None:
         raise ValueError("commands can ride along with a submission only on a lean connection")
     payloads = [encode_for_init(job, max_job_bytes) for job in jobs]
@@ -84,7 +87,12 @@ async def enqueue(r: aioredis.Redis, keys: Keys, jobs: list[Job], *, max_job_byt
         for name, value in state.items():
             args += [name, value]
     script_keys = [keys.init_stream, keys.submitters, *(keys.job(job.job_id) for job in jobs)]
-    if fast is not None:  # the client's lean connection: submit is on a job's critical path
+    if replica_acks:
+        queued, confirmed = await script_then_wait(r, fast, _SUBMIT, script_keys, args, acks=replica_acks,
+                                                   timeout_ms=replica_ack_timeout_ms, before=before)
+        if confirmed < replica_acks:
+            raise ReplicasBehind(queued, confirmed, replica_acks, replica_ack_timeout_ms)
+    elif fast is not None:  # the client's lean connection: submit is on a job's critical path
         queued = await fast.evalsha(_SUBMIT, script_keys, args, before=before)
     else:
         queued = await r.register_script(_SUBMIT)(keys=script_keys, args=args)

@@ -11,12 +11,14 @@ import asyncio
 import collections
 import hashlib
 import ssl as _ssl
+from collections.abc import Awaitable, Callable
 
 import hiredis
 import redis
 import redis.asyncio as aioredis
 from redis._parsers.base import BaseParser
-from redis.exceptions import NoScriptError
+from redis.asyncio.sentinel import SentinelConnectionPool
+from redis.exceptions import NoScriptError, ReadOnlyError
 
 from rollstream.pipeline.connection import SOCKET_TIMEOUT_S
 
@@ -71,12 +73,16 @@ class _Replies(asyncio.Protocol):
 class FastRedis:
     """One connection to the Redis that ``client`` (redis-py) talks to; it connects on
     first use and again after a failure (all commands in flight on a lost connection fail
-    with ``redis.ConnectionError``). Blocking commands hold it: give blocking reads their own."""
+    with ``redis.ConnectionError``). Blocking commands hold it: give blocking reads their own.
+    ``primary``: asked for (host, port) at each connect (Redis behind Sentinel); a connection
+    whose server answers READONLY (a primary demoted by a failover) is then dropped."""
 
     def __init__(self, *, path: str | None = None, host: str = "localhost", port: int = 6379,
                  username: str | None = None, password: str | None = None, db: int = 0,
-                 timeout_s: float = SOCKET_TIMEOUT_S):
+                 timeout_s: float = SOCKET_TIMEOUT_S,
+                 primary: Callable[[], Awaitable[tuple[str, int]]] | None = None):
         self.path, self.host, self.port = path, host, port
+        self.primary = primary
         self.username, self.password, self.db = username, password, db
         self.timeout_s = timeout_s
         self._proto: _Replies | None = None
@@ -93,8 +99,10 @@ class FastRedis:
         if not hasattr(hiredis, "pack_command") or issubclass(pool.connection_class, aioredis.SSLConnection):
             return None
         kw = pool.connection_kwargs
+        primary = pool.get_master_address if isinstance(pool, SentinelConnectionPool) else None
         return cls(path=kw.get("path"), host=kw.get("host", "localhost"), port=int(kw.get("port", 6379)),
-                   username=kw.get("username"), password=kw.get("password"), db=int(kw.get("db") or 0))
+                   username=kw.get("username"), password=kw.get("password"), db=int(kw.get("db") or 0),
+                   primary=primary)
 
     # -- connection ------------------------------------------------------------------
     async def _connect(self) -> None:
@@ -105,6 +113,8 @@ class FastRedis:
                 return
             loop = asyncio.get_running_loop()
             proto = _Replies(self._lost)
+            if self.primary is not None:  # raises MasterNotFoundError (a ConnectionError) mid-failover
+                self.host, self.port = await self.primary()
             try:
                 if self.path:
                     coro = loop.create_unix_connection(lambda: proto, self.path)
@@ -207,7 +217,10 @@ class FastRedis:
         replies = [fut.result() for fut in futs]
         for reply in replies:
             if isinstance(reply, Exception):
-                raise _typed(reply)
+                error = _typed(reply)
+                if self.primary is not None and isinstance(error, ReadOnlyError):
+                    self._drop(redis.ConnectionError("the primary became a replica"))  # ask Sentinel again
+                raise error
         return replies
 
     def _watch(self) -> None:

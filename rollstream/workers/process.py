@@ -30,7 +30,8 @@ def make_context(settings: Settings, redis_url: str) -> WorkerContext:
     r = async_redis(redis_url)
     keys = Keys(settings.namespace)
     handoff = Handoff(r, keys, state_ttl_s=settings.job_state_ttl_s, results_maxlen=settings.results_maxlen,
-                      dead_maxlen=settings.dead_maxlen)
+                      dead_maxlen=settings.dead_maxlen, replica_acks=settings.replica_acks,
+                      replica_ack_timeout_ms=settings.replica_ack_timeout_ms)
     return WorkerContext(settings=settings, redis=r, keys=keys, handoff=handoff)
 
 

@@ -15,7 +15,7 @@ import redis
 import redis.asyncio as aioredis
 
 from rollstream.client import AsyncClient
-from rollstream.messages import Result
+from rollstream.messages import Result, new_id
 from rollstream.pipeline.codec import pack
 from rollstream.pipeline.keys import RESULTS_GROUP
 
@@ -61,8 +61,8 @@ class ReplyDroppingProxy:
 
 async def _deliver(r: aioredis.Redis, client: AsyncClient, n: int) -> list[str]:
     ids = []
-    for i in range(n):
-        result = Result(job_id=f"lost-{i}", submitter=client.submitter, task="echo", status="completed", reward=1.0)
+    for _ in range(n):  # job ids differ: a client drops a second result of a job it has seen
+        result = Result(job_id=new_id(), submitter=client.submitter, task="echo", status="completed", reward=1.0)
         await r.xadd(client.keys.results(client.submitter), {"data": pack(result)})
         ids.append(result.job_id)
     return ids

@@ -96,13 +96,15 @@ async def _verify(task: SweTask, env: Envelope, ctx: TaskContext, limit_s: float
     except verification.VerificationRefused as refused:
         return eval_report.record(env, 0.0, str(refused))
     sandbox = await verification.fresh_sandbox(env, ctx, task.sandbox_spec(env.job.instance))
-    async with sandbox:
+    try:  # connected already: `async with` would connect a second time
         await task.prepare(env, sandbox)
         model_patch, problem = await _rebuild_changes(sandbox, inst, str(repo), tree, agent_patch)
         env.trajectory.extra["model_patch"] = model_patch[:MODEL_PATCH_MAX_CHARS]
         if problem:
             return eval_report.record(env, 0.0, problem)
         return await apply_and_test(env, sandbox, inst, str(repo), model_patch, limit_s)
+    finally:
+        await sandbox.close()
 
 
 async def agent_diff(sandbox: SandboxClient, repo: str, base: str, excludes: list[str]) -> str:

@@ -26,8 +26,8 @@ class UnsafeTokenFile(RuntimeError):
 def load_token(data_dir: Path) -> str:
     if token := os.environ.get("ROLLSTREAM_API_TOKEN"):
         return token.strip()
-    if path := os.environ.get("ROLLSTREAM_API_TOKEN_FILE"):
-        return Path(path).read_text().strip()
+    if named := os.environ.get("ROLLSTREAM_API_TOKEN_FILE"):
+        return Path(named).read_text().strip()
     path = data_dir / "api-token"
     data_dir.mkdir(parents=True, exist_ok=True)
     token = _read_own_token(path)

@@ -38,7 +38,7 @@ class VerificationRefused(Exception):
 @dataclass
 class AgentTree:
     """The agent's working tree as a tar of its regular files and symlinks (symlinks last, so
-    extracting it never writes through one), and what was refused: special files."""
+    extracting it never writes through one), and what was refused: special files, hard links."""
 
     tar: bytes
     files: int = 0
@@ -65,7 +65,7 @@ def stop_processes(handle: SandboxHandle) -> bool:
 def read_tree(host_dir: str, max_bytes: int = TREE_MAX_BYTES, max_files: int = TREE_MAX_FILES) -> AgentTree:
     """The tree under the host folder ``host_dir``, read as the host, never following a symlink
     (every step is opened O_NOFOLLOW beneath its parent's descriptor) and never opening anything
-    but regular files and folders; FIFOs, sockets and devices are refused and named."""
+    but regular files and folders; FIFOs, sockets, devices and hard links are refused and named."""
     buffer = io.BytesIO()
     tree = AgentTree(tar=b"")
     links: list[tarfile.TarInfo] = []
@@ -76,6 +76,9 @@ def read_tree(host_dir: str, max_bytes: int = TREE_MAX_BYTES, max_files: int = T
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
         try:
             _read_folder(top, "", tar, links, tree, max_bytes, max_files, 0)
+        except OSError as error:  # an entry swapped mid-read (a symlink for a folder: ELOOP)
+            raise VerificationRefused(f"the agent's checkout changed while it was read ({error}); "
+                                      "nothing was verified") from None
         finally:
             os.close(top)
         for link in links:
@@ -114,6 +117,8 @@ def _read_folder(fd: int, prefix: str, tar: tarfile.TarFile, links: list[tarfile
             link = tarfile.TarInfo(path)
             link.type, link.linkname = tarfile.SYMTYPE, os.readlink(name, dir_fd=fd)
             links.append(link)
+        elif stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+            tree.refused.append(f"{path} (hard link)")  # a name for a file elsewhere, as symlinks are
         elif stat.S_ISREG(info.st_mode):
             if name.endswith(".pyc"):
                 continue
@@ -122,19 +127,21 @@ def _read_folder(fd: int, prefix: str, tar: tarfile.TarFile, links: list[tarfile
             if tree.files > max_files or tree.bytes > max_bytes:
                 raise VerificationRefused(f"the agent's checkout holds more than {max_files} files or "
                                           f"{max_bytes // 2**20} MiB; nothing was verified")
-            _add_file(fd, name, path, tar, max_bytes)
+            _add_file(fd, name, path, tar, info.st_size)
         else:
             kind = "FIFO" if stat.S_ISFIFO(info.st_mode) else "socket" if stat.S_ISSOCK(info.st_mode) else "device"
             tree.refused.append(f"{path} ({kind})")
 
 
-def _add_file(parent: int, name: str, path: str, tar: tarfile.TarFile, max_bytes: int) -> None:
+def _add_file(parent: int, name: str, path: str, tar: tarfile.TarFile, size: int) -> None:
     fd = os.open(name, _NO_FOLLOW, dir_fd=parent)
     with os.fdopen(fd, "rb") as handle:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):  # swapped since the stat above
             raise VerificationRefused(f"{path} changed kind while the agent's checkout was read")
-        data = handle.read(max_bytes + 1)
+        data = handle.read(size + 1)
+    if len(data) != size:
+        raise VerificationRefused(f"{path} changed size while the agent's checkout was read")
     member = tarfile.TarInfo(path)
     member.size, member.mode = len(data), 0o755 if info.st_mode & 0o111 else 0o644
     tar.addfile(member, io.BytesIO(data))

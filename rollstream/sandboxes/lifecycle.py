@@ -9,7 +9,6 @@ commands are in place.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import re
@@ -18,6 +17,7 @@ import time
 from rollstream.sandbox_spec import SANDBOX_ID_PATTERN, SandboxHandle, SandboxSpec
 
 from .backends import SandboxLayout, select_backend
+from .backends.common import write_plan
 from .errors import SandboxError, SandboxGone, SandboxSetupError, SandboxStartError
 from .reaper import reap_finished_children, teardown
 from .runtime.supervisor import remove_tree
@@ -55,8 +55,7 @@ async def create_sandbox(
         remove_tree(layout.dir)
         raise
     plan.created_at = time.time()
-    with open(layout.plan_path, "w") as handle:
-        json.dump(plan.to_json_dict(), handle)
+    write_plan(layout.plan_path, plan.to_json_dict())
     starting = asyncio.ensure_future(_start_supervisor(layout, sandbox_id, ready_timeout_s))
     try:
         line = await asyncio.shield(starting)

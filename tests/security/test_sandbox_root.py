@@ -15,8 +15,11 @@ import ctypes
 import json
 import os
 import shutil
+import signal
 import subprocess
 import uuid
+
+import psutil
 
 import pytest
 
@@ -29,7 +32,7 @@ from rollstream.sandboxes.supervisor_spawn import start_fork_server
 
 from rollstream.workers.process import serve_stage
 
-from sandboxes.conftest import needs_bwrap
+from sandboxes.conftest import needs_bwrap, root_dir  # noqa: F401  (fixture)
 
 ATTACKER = 1000
 pytestmark = [
@@ -219,3 +222,18 @@ def test_a_confinement_record_naming_what_is_not_its_sandboxs_is_refused(foreign
         assert process.poll() is None and os.path.isdir(cgroup) and _mounted(foreign_mount)
     finally:
         shutil.rmtree(root)
+
+
+async def test_a_sandbox_made_under_a_permissive_umask_is_still_reaped(root_dir):
+    """The reaper trusts only files no other user may write: rollstream's own plan and record are
+    made so whatever the umask of the workers (0 here), or a crashed sandbox would never go."""
+    old = os.umask(0)
+    try:
+        handle = await create_sandbox(SandboxSpec(backend="bwrap"), sandbox_id="umask0", root_dir=root_dir)
+    finally:
+        os.umask(old)
+    supervisor = psutil.Process(handle.supervisor_pid)
+    os.kill(handle.supervisor_pid, signal.SIGKILL)
+    supervisor.wait(timeout=10)
+    assert Reaper(root_dir).reap(lambda _sandbox, _owner: True) == ["umask0"]
+    assert not os.path.exists(handle.dir)

@@ -4,6 +4,7 @@ the plan fields every backend fills the same way."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -129,6 +130,14 @@ def base_plan(spec: SandboxSpec, layout: SandboxLayout, sandbox_id: str, owner: 
         memory_bytes=limits.memory_mb * 2**20 if limits.memory_mb else None,
         cpus=limits.cpus,
     )
+
+
+def write_plan(path: str, plan: dict) -> None:
+    """plan.json, a new file only our uid may read or write whatever the umask: the reaper runs
+    the commands of no other plan (reaper._plan)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(plan, handle)
 
 
 def which(name: str) -> str | None:

@@ -257,7 +257,9 @@ class Confinement:
         os.chmod(os.path.join(data_dir, "tmp"), 0o1777)  # like a real /tmp, for any sandbox uid
 
     def save(self, path: str) -> None:
-        with open(path + ".new", "w") as handle:
+        # Never writable by others, whatever the umask: the reaper trusts no other record (load).
+        fd = os.open(path + ".new", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "w") as handle:
             json.dump(self.record, handle)
         os.replace(path + ".new", path)
 

@@ -191,6 +191,25 @@ def _stream_events(body: dict, include_usage: bool) -> list[bytes]:
     return events
 
 
+def _response(status: int, payload: dict, close: bool = False) -> bytes:
+    data = json.dumps(payload).encode()
+    extra = "connection: close\r\n" if close else ""
+    return (f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(data)}\r\n{extra}\r\n").encode() + data
+
+
+def _deadline(writer: asyncio.StreamWriter, timeout_s: float, answer: bytes = b"") -> asyncio.TimerHandle:
+    """Close the connection in ``timeout_s`` (after sending ``answer``) unless cancelled first:
+    the read it guards then ends at once (a timer, not a task per read as wait_for makes)."""
+
+    def expire() -> None:
+        if answer:
+            writer.write(answer)
+        writer.close()
+
+    return asyncio.get_running_loop().call_later(timeout_s, expire)
+
+
 class _Connection:
     """One client connection: idle while it waits for a request's head (then it may be closed
     to make room for a new one), busy while a request is read or served."""
@@ -271,15 +290,18 @@ class Gateway:
             first = True
             while True:
                 conn.idle, conn.since = True, time.monotonic()
+                # A head that does not come in time: the connection is closed without a word.
+                deadline = _deadline(writer, self.read_timeout_s if first else self.keepalive_s)
                 try:
-                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"),
-                                                  self.read_timeout_s if first else self.keepalive_s)
+                    head = await reader.readuntil(b"\r\n\r\n")
                 except asyncio.LimitOverrunError:
                     await self._send(writer, 431, DoorError(431, "the request head is too large",
                                                             "head_too_large").body(), close=True)
                     return
-                except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+                except (asyncio.IncompleteReadError, ConnectionError):
                     return
+                finally:
+                    deadline.cancel()
                 conn.idle, first = False, False
                 if not await self._request(reader, writer, head):
                     return
@@ -328,12 +350,15 @@ class Gateway:
             return False
         door.in_flight += 1
         try:
-            try:
-                body = await asyncio.wait_for(reader.readexactly(length), self.read_timeout_s) if length else b""
-            except asyncio.TimeoutError:
-                await self._send(writer, 408, DoorError(408, f"the body did not arrive within {self.read_timeout_s:g} s",
-                                                        "request_timeout").body(), close=True)
-                return False
+            body = b""
+            if length:
+                late = _response(408, DoorError(408, f"the body did not arrive within {self.read_timeout_s:g} s",
+                                                "request_timeout").body(), close=True)
+                deadline = _deadline(writer, self.read_timeout_s, late)
+                try:
+                    body = await reader.readexactly(length)
+                finally:
+                    deadline.cancel()
             await self._handle(writer, method, target.split("?", 1)[0], door, body)
         finally:
             door.in_flight -= 1
@@ -372,10 +397,7 @@ class Gateway:
 
     @staticmethod
     async def _send(writer, status: int, payload: dict, close: bool = False) -> None:
-        data = json.dumps(payload).encode()
-        extra = "connection: close\r\n" if close else ""
-        writer.write(f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\ncontent-type: application/json\r\n"
-                     f"content-length: {len(data)}\r\n{extra}\r\n".encode() + data)
+        writer.write(_response(status, payload, close))
         await writer.drain()
 
     @staticmethod

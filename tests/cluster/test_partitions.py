@@ -1,0 +1,163 @@
+"""Rollout nodes on hosts of their own, joined to a Redis host by a real network (namespaces,
+veth, a bridge: chaos/netns.py): a node cut off from Redis mid-load has its jobs rescued by the
+others exactly once, and when its cable is back its late work is dropped; a trainer cut off
+finds its results waiting when it returns. Nothing here is addressed but these hosts."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from chaos.cluster import FAST_TIMEOUTS
+from chaos.netns import Network
+from rollstream.client import AsyncClient
+from rollstream.config import Settings
+from rollstream.workers.pool import WorkerPool
+
+NODES = ("n1", "n2", "n3")
+REDIS_PORT = 6379
+
+
+class NetCluster:
+    """A Redis host and rollout nodes (init, run and eval pools each), the driver (this test)
+    on the machine's own namespace."""
+
+    def __init__(self, folder: Path, nodes=NODES):
+        self.folder = folder
+        self.net = Network()
+        self.net.add_host("driver", driver=True)
+        self.redis_host = self.net.add_host("redis")
+        self.namespace = f"net{uuid.uuid4().hex[:6]}"
+        self.redis_proc: subprocess.Popen | None = None
+        self.pools: dict[str, WorkerPool] = {}
+        self.nodes = nodes
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://{self.redis_host.address}:{REDIS_PORT}/0"
+
+    def settings(self) -> Settings:
+        return Settings(redis_url=self.redis_url, namespace=self.namespace, data_dir=self.folder / "driver",
+                        **{k: v for k, v in FAST_TIMEOUTS.items()})
+
+    async def start(self) -> "NetCluster":
+        log = (self.folder / "redis.log").open("ab")
+        self.redis_proc = subprocess.Popen(
+            self.redis_host.command(["redis-server", "--bind", self.redis_host.address, "--port", str(REDIS_PORT),
+                                     "--protected-mode", "no", "--save", "", "--appendonly", "no",
+                                     "--dir", str(self.folder)]),
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        for name in self.nodes:
+            host = self.net.add_host(name)
+            env = {f"ROLLSTREAM_{k.upper()}": str(v) for k, v in FAST_TIMEOUTS.items()}
+            env["ROLLSTREAM_SANDBOX_ROOT"] = str(self.folder / "sandboxes" / name)
+            pool = WorkerPool(redis_url=self.redis_url, namespace=self.namespace, node=name,
+                              data_dir=self.folder / "workers" / name, env=env, log_dir=self.folder / "logs" / name,
+                              program=host.command([sys.executable, "-m", "rollstream", "worker"]))
+            pool.start_all(concurrency=32)
+            self.pools[name] = pool
+        async with AsyncClient(settings=self.settings(), submitter="driver") as client:
+            for pool in self.pools.values():
+                await pool.wait_registered(client.r, client.keys.workers, 3 * len(self.pools), timeout_s=120)
+        return self
+
+    def stop(self) -> None:
+        for pool in self.pools.values():
+            pool.stop(timeout_s=20)
+        if self.redis_proc and self.redis_proc.poll() is None:
+            self.redis_proc.terminate()
+            self.redis_proc.wait(10)
+        self.net.close()
+
+
+@pytest.fixture
+async def net_cluster():
+    folder = Path(tempfile.mkdtemp(prefix="rs-net-", dir="/tmp"))
+    cluster = NetCluster(folder)
+    try:
+        yield await cluster.start()
+    finally:
+        await asyncio.to_thread(cluster.stop)
+        subprocess.run(["rm", "-rf", str(folder)], check=False)
+
+
+async def _collect_all(client: AsyncClient, job_ids: list[str], timeout_s: float) -> list:
+    results: list = []
+    deadline = time.monotonic() + timeout_s
+    wanted = set(job_ids)
+    while not wanted.issubset({r.job_id for r in results}):
+        assert time.monotonic() < deadline, f"{len(results)} of {len(job_ids)} results after {timeout_s} s"
+        async for result in client.results(timeout_s=2.0):
+            results.append(result)
+    return results
+
+
+async def _running_on(client: AsyncClient, job_ids: list[str], node: str) -> list[str]:
+    states = await asyncio.gather(*(client.status(j) for j in job_ids))
+    return [j for j, st in zip(job_ids, states) if st and st.node == node and st.stage == "run"
+            and st.status == "running"]
+
+
+@pytest.mark.slow
+async def test_a_node_cut_off_from_redis_mid_load_has_its_jobs_rescued_once_and_its_late_work_dropped(net_cluster):
+    cluster = net_cluster
+    async with AsyncClient(settings=cluster.settings(), submitter="trainer") as client:
+        jobs = [{"task": "echo", "instance": {"prompt": f"p{i}", "run_s": 3.0}} for i in range(48)]
+        job_ids = [str(s) for s in await client.submit_many(jobs)]
+        deadline = time.monotonic() + 60
+        while not (victims := await _running_on(client, job_ids, "n3")):
+            assert time.monotonic() < deadline, "no job reached n3's run stage"
+            await asyncio.sleep(0.1)
+        cluster.net.cut("n3")  # mid-load: n3 holds running jobs it cannot report
+        cut_at = time.monotonic()
+        # The others notice n3's silence (worker_ttl_s) and move its jobs back to init; keep
+        # n3 away long enough that they finish them elsewhere before it returns.
+        rescued_states = None
+        while time.monotonic() - cut_at < 60:
+            states = await asyncio.gather(*(client.status(j) for j in victims))
+            if all(st and st.node != "n3" for st in states):
+                rescued_states = states
+                break
+            await asyncio.sleep(0.2)
+        assert rescued_states is not None, "n3's jobs were not rescued while it was cut off"
+        cluster.net.heal("n3")
+        results = await _collect_all(client, job_ids, timeout_s=240)
+        # n3 finishes what it held (3 s of run each) and tries to hand it on: give its late
+        # copies time to arrive, if anything let them through.
+        await asyncio.sleep(FAST_TIMEOUTS["visibility_timeout_s"] + 6)
+        results += [r async for r in client.results(timeout_s=2.0)]
+
+    per_job = Counter(r.job_id for r in results)
+    assert set(per_job) == set(job_ids) and set(per_job.values()) == {1}, per_job.most_common(3)
+    assert {r.status for r in results} == {"completed"}
+    by_id = {r.job_id: r for r in results}
+    assert all(by_id[j].attempts >= 2 for j in victims)  # redone elsewhere, never n3's late copy
+    # n3 is back and serving: its workers heart-beat again.
+    async with AsyncClient(settings=cluster.settings(), submitter="trainer") as client:
+        more = [str(s) for s in await client.submit_many(
+            [{"task": "echo", "instance": {"prompt": f"after{i}"}} for i in range(12)])]
+        after = await _collect_all(client, more, timeout_s=120)
+    assert {r.status for r in after} == {"completed"} and len(after) == 12
+
+
+@pytest.mark.slow
+async def test_a_trainer_cut_off_finds_every_result_waiting_when_it_returns(net_cluster):
+    cluster = net_cluster
+    async with AsyncClient(settings=cluster.settings(), submitter="trainer") as client:
+        job_ids = [str(s) for s in await client.submit_many(
+            [{"task": "echo", "instance": {"prompt": f"t{i}", "run_s": 0.5}} for i in range(30)])]
+    cluster.net.cut("driver")  # the trainer's host: the nodes go on without it
+    await asyncio.sleep(8)
+    cluster.net.heal("driver")
+    async with AsyncClient(settings=cluster.settings(), submitter="trainer") as client:
+        results = await _collect_all(client, job_ids, timeout_s=120)
+    assert sorted(r.job_id for r in results) == sorted(job_ids)
+    assert {r.status for r in results} == {"completed"}

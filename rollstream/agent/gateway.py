@@ -351,6 +351,8 @@ class Gateway:
         door.in_flight += 1
         try:
             body = b""
+            if length and headers.get("expect", "").lower() == "100-continue":  # curl, for bodies past 1 KiB
+                writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             if length:
                 late = _response(408, DoorError(408, f"the body did not arrive within {self.read_timeout_s:g} s",
                                                 "request_timeout").body(), close=True)

@@ -51,14 +51,17 @@ with open(os.environ["RS_SWE_REPORT"], "w") as f:
 print(len(outcomes), "passed")
 '''
 
-# A conftest.py that turns every failing test into a pass.
+# A conftest.py that turns every failing test into a pass (named as if run from the checkout,
+# should pytest's rootdir be the folder above it).
 PASSING_CONFTEST = '''
 import pytest
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
-    outcome.get_result().outcome = "passed"
+    report = outcome.get_result()
+    report.outcome = "passed"
+    report.nodeid = report.nodeid.removeprefix("minicalc/")
 '''
 
 # The report plugin eval copies in before the tests, rewritten to report every test passed.

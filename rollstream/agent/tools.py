@@ -79,16 +79,23 @@ class FunctionToolBox:
 
 class CallToolAdapter:
     """Fits an object with `async call_tool(name, arguments)` (e.g. SandboxClient) and a
-    schema list to the ToolBox protocol."""
+    schema list to the ToolBox protocol. Only the tools of that list are called: a call of
+    another tool the target has (the sandbox's ipython, where the task offers bash and the
+    editor) is answered as unknown, as the model was never told of it."""
 
     def __init__(self, target: Any, schemas: list[dict]) -> None:
         self.target = target
         self._schemas = list(schemas)
+        self._names = {schema_name(schema) for schema in self._schemas}
 
     def schemas(self) -> list[dict]:
         return list(self._schemas)
 
     async def call(self, name: str, arguments: dict) -> ToolOutput:
+        if name not in self._names:
+            offered = ", ".join(sorted(self._names)) or "none"
+            return ToolOutput(text=f"Error: unknown tool {name!r}; available: {offered}", ok=False,
+                              error="unknown tool")
         return await self.target.call_tool(name, arguments)
 
 

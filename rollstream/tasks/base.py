@@ -82,6 +82,11 @@ class Task(ABC):
         """The sandbox a job of this instance runs in, or None for a task that needs none."""
         return None
 
+    async def prepare_environment(self, env: Envelope, ctx: TaskContext) -> None:
+        """Make what ``sandbox_spec`` names exist on this node (an environment image built once),
+        before init creates the sandbox; ``ctx.sandboxes`` is the node's. Blocking work goes to a
+        thread."""
+
     async def setup(self, env: Envelope, ctx: TaskContext) -> None:
         """Prepare the job on this node, once its sandbox (if any) runs."""
 

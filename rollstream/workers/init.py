@@ -31,6 +31,8 @@ class InitStage(Stage):
 async def set_up(task: Task, env: Envelope, tctx: TaskContext, sandboxes: NodeSandboxes) -> None:
     """The job's sandbox, if its task wants one, then the task's own set-up in it. Should the
     set-up fail, the job's sandbox is in ``env`` already, so the stage's release destroys it."""
+    tctx.sandboxes = sandboxes
+    await task.prepare_environment(env, tctx)
     spec = task.sandbox_spec(env.job.instance)
     if spec is not None:
         env.sandbox = await sandboxes.create(env, spec)

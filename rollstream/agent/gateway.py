@@ -214,7 +214,7 @@ class _Connection:
     """One client connection: idle while it waits for a request's head (then it may be closed
     to make room for a new one), busy while a request is read or served."""
 
-    __slots__ = ("writer", "idle", "since")
+    __slots__ = ("idle", "since", "writer")
 
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self.writer, self.idle, self.since = writer, True, time.monotonic()

@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+import stat
 
 from rollstream.agent.llm_service import LLMService
 from rollstream.messages import Envelope
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 # Pings per idle timeout: the supervisor checks its idleness once a second.
 _PINGS_PER_IDLE_TIMEOUT = 4
 _FALLBACK_KEEPALIVE_S = 1.0
+_MAX_PLAN_BYTES = 1 << 20
 
 
 class RunStage(Stage):
@@ -56,8 +58,12 @@ def _keepalive_interval_s(handle: SandboxHandle) -> float:
     """How often to ping the sandbox so that its supervisor never sees it idle: a fraction of
     the idle timeout its plan holds (the limits the job's sandbox was made with)."""
     try:
-        with open(os.path.join(handle.dir, "plan.json")) as plan:
-            idle_s = float(json.load(plan)["idle_timeout_s"])
+        # A regular file of bounded size, never through a link: nothing in the folder stalls the worker.
+        fd = os.open(os.path.join(handle.dir, "plan.json"), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as plan:
+            if not stat.S_ISREG(os.fstat(plan.fileno()).st_mode):
+                return _FALLBACK_KEEPALIVE_S
+            idle_s = float(json.loads(plan.read(_MAX_PLAN_BYTES))["idle_timeout_s"])
     except (OSError, ValueError, KeyError, TypeError):
         return _FALLBACK_KEEPALIVE_S
     return max(0.2, idle_s / _PINGS_PER_IDLE_TIMEOUT) if math.isfinite(idle_s) else _FALLBACK_KEEPALIVE_S

@@ -22,6 +22,7 @@ from rollstream.messages import Result
 from rollstream.pipeline import cancel as cancel_flags
 from rollstream.pipeline.connection import async_redis
 from rollstream.pipeline.keys import Keys
+from rollstream.tasks.harbor_folder import task_folders
 from rollstream.tasks.registry import shipped_task_sets
 
 EXIT_FAILED = 1  # some job failed or was cancelled
@@ -61,6 +62,19 @@ def read_jobs(path: Path) -> list[tuple[int, dict]]:
     return jobs
 
 
+def harbor_jobs(spec: str) -> tuple[Path, list[tuple[int, dict]]] | None:
+    """Jobs of the harbor task when ``spec`` names a Harbor task folder, a folder of them or a
+    dataset file naming them (tasks/harbor_folder.py); None for anything else."""
+    try:
+        folders = task_folders(Path(spec))
+    except (InvalidJob, OSError, ValueError) as exc:
+        fail(str(exc))
+    if folders is None:
+        return None
+    return Path(spec), [(n, {"task": "harbor", "instance": {"path": str(folder)},
+                             "metadata": {"harbor_task": folder.name}}) for n, folder in enumerate(folders, 1)]
+
+
 class Tally:
     """Counts of the results so far, for the progress line and the exit status."""
 
@@ -90,7 +104,9 @@ class Tally:
 
 def submit(
     tasks: str = typer.Argument(..., help="A JSONL file, one job per line ({\"task\": ..., \"instance\": {...}}), "
-                                "or the name of a task set shipped with rollstream: arith, code, echo, math, swe."),
+                                "the name of a task set shipped with rollstream (arith, code, echo, math, swe), or "
+                                "Harbor task folders: a folder, a folder of them, or a dataset file naming them "
+                                "(.txt, one path a line; or a Harbor registry .json with local paths)."),
     redis: Optional[str] = redis_option(), namespace: Optional[str] = namespace_option(),
     group_size: int = typer.Option(1, "--group-size", "-n", min=1, help="Submit each line as a group of N jobs."),
     wait: bool = typer.Option(False, "--wait", help="Show progress, print each result as a JSON line as it "
@@ -100,8 +116,9 @@ def submit(
                                     "submission, for all results (exit 3 past it; the jobs keep running)."),
 ) -> None:
     """Submit a task file; prints the job ids, or with --wait the results."""
-    path = task_file(tasks)
-    jobs = read_jobs(path)
+    harbor = harbor_jobs(tasks)
+    path, jobs = harbor if harbor is not None else (task_file(tasks), [])
+    jobs = jobs or read_jobs(path)
     settings = require_redis(settings_from(redis, namespace), "submit")
 
     async def go() -> int:

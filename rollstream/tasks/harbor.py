@@ -130,7 +130,8 @@ class HarborTask(AgentTask):
     # -- eval --------------------------------------------------------------------------
     async def score(self, env: Envelope, ctx: TaskContext) -> float:
         """tests/test.sh in a fresh sandbox, never in the agent's own (harbor_verify.py)."""
-        return await harbor_verify.score(self, env, ctx)
+        folder = await asyncio.to_thread(self.folder, env.job.instance)
+        return await harbor_verify.score(env, ctx, folder, self.sandbox_spec(env.job.instance))
 
     async def reward(self, env: Envelope, sandbox: SandboxClient) -> float:
         raise JobFailed("the harbor task is scored by score() in a fresh sandbox, never in the agent's own "

@@ -284,8 +284,12 @@ def task_folders(spec: Path) -> list[Path] | None:
     text = spec.read_text(encoding="utf-8")
     if spec.suffix == ".txt":
         names = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+        if any(name.startswith("{") for name in names):
+            return None  # a file of JSON jobs
     else:
-        names = _registry_paths(text, spec)
+        names = _registry_paths(text)
+        if names is None:
+            return None
     folders = [(spec.parent / name).absolute() for name in names]
     missing = [str(folder) for folder in folders if not is_task_folder(folder)]
     if missing:
@@ -294,18 +298,22 @@ def task_folders(spec: Path) -> list[Path] | None:
     return folders
 
 
-def _registry_paths(text: str, spec: Path) -> list[str]:
+def _registry_paths(text: str) -> list[str] | None:
+    """The tasks' paths of a Harbor registry JSON (a dataset, or a list of them, with 'tasks'),
+    or None when ``text`` is not one."""
     import json
 
-    data = json.loads(text)
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
     datasets = data if isinstance(data, list) else [data]
+    if not datasets or not all(isinstance(d, dict) and isinstance(d.get("tasks"), list) for d in datasets):
+        return None
     paths = []
+    spec = "the dataset file"
     for dataset in datasets:
-        tasks = dataset.get("tasks") if isinstance(dataset, dict) else None
-        if not isinstance(tasks, list):
-            raise HarborTaskRefused(f"{spec}: a dataset file is a Harbor registry JSON: a dataset (or a list of "
-                                    "them) with 'tasks': [{\"path\": ...}]")
-        for task in tasks:
+        for task in dataset["tasks"]:
             if not isinstance(task, dict) or not isinstance(task.get("path"), str):
                 raise HarborTaskRefused(f"{spec}: each task needs a 'path' string")
             if task.get("git_url"):

@@ -17,19 +17,16 @@ import asyncio
 import json
 import math
 import shlex
-from typing import TYPE_CHECKING
 
 from rollstream.errors import JobFailed
 from rollstream.messages import Envelope
+from rollstream.sandbox_spec import SandboxSpec
 from rollstream.sandboxes.errors import ToolError
 from rollstream.sandboxes.sandbox_client import SandboxClient
 from rollstream.tasks import eval_report, verification
 from rollstream.tasks.base import TaskContext
 from rollstream.tasks.harbor_folder import TaskFolder
 from rollstream.tasks.harbor_image import STATE_DIR
-
-if TYPE_CHECKING:
-    from rollstream.tasks.harbor import HarborTask
 
 EVAL_DIR = f"{STATE_DIR}/eval"
 VERIFIER_DIR = f"{STATE_DIR}/logs/verifier"
@@ -52,14 +49,14 @@ async def _sh(sandbox: SandboxClient, command: str, timeout_s: float = 120):
     return await sandbox.bash(command, timeout_s=timeout_s, no_output_timeout_s=0, session="rs-eval")
 
 
-async def score(task: HarborTask, env: Envelope, ctx: TaskContext) -> float:
-    folder = await asyncio.to_thread(task.folder, env.job.instance)
+async def score(env: Envelope, ctx: TaskContext, folder: TaskFolder, spec: SandboxSpec) -> float:
+    """Verify the job's episode of ``folder``; ``spec`` is the pristine sandbox the tests run in."""
     limit_s = folder.config.verifier.timeout_sec
     return await eval_report.within_limit(env, limit_s + 30 + FRESH_SANDBOX_ALLOWANCE_S,
-                                          lambda: _verify(task, folder, env, ctx, limit_s))
+                                          lambda: _verify(folder, spec, env, ctx, limit_s))
 
 
-async def _verify(task: HarborTask, folder: TaskFolder, env: Envelope, ctx: TaskContext, limit_s: float) -> float:
+async def _verify(folder: TaskFolder, spec: SandboxSpec, env: Envelope, ctx: TaskContext, limit_s: float) -> float:
     agent = verification.agent_handle(env, ctx)
     await asyncio.to_thread(verification.stop_processes, agent)
     try:
@@ -69,7 +66,6 @@ async def _verify(task: HarborTask, folder: TaskFolder, env: Envelope, ctx: Task
     if tree.refused:
         return eval_report.record(env, 0.0, f"special files refused in the workdir: {', '.join(tree.refused[:20])}")
     tests = await asyncio.to_thread(folder.files, "tests")
-    spec = task.sandbox_spec(env.job.instance)
     sandbox = await verification.fresh_sandbox(env, ctx, spec)
     async with sandbox:
         problem = await apply_agent_tree(sandbox, tree.tar, spec.workdir)

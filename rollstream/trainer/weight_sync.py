@@ -22,8 +22,8 @@ Two strategies, one per kind of backend:
 from __future__ import annotations
 
 import asyncio
-import logging
 import json
+import logging
 import os
 import shutil
 import stat
@@ -247,10 +247,67 @@ def atomic_folder(final: Path) -> Iterator[Path]:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+_SAFETENSORS_DTYPES = {  # torch dtype name -> safetensors dtype (torch is imported only when saving)
+    "float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64", "int64": "I64", "int32": "I32",
+    "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
+}
+
+
+def _tensors_to_save(model) -> dict[str, Any]:
+    """The model's tensors under the names save_pretrained would write: tied aliases dropped,
+    transformers' load-time renamings reverted (transformers 5); no tensor copied."""
+    state = model.state_dict()
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+        from transformers.modeling_utils import remove_tied_weights_from_state_dict
+    except ImportError:  # transformers 4: no renaming on load; drop aliases by storage
+        seen: set[tuple[int, int]] = set()
+        kept = {}
+        for name, tensor in state.items():
+            key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+            if key not in seen:
+                seen.add(key)
+                kept[name] = tensor
+        return kept
+    return revert_weight_conversion(model, remove_tied_weights_from_state_dict(state, model))
+
+
+def write_safetensors(tensors: dict[str, Any], path: Path, metadata: dict[str, str] | None = None) -> None:
+    """A .safetensors file written tensor by tensor straight from each tensor's memory (one
+    device-to-host copy for a GPU tensor, none for a contiguous CPU one) - safetensors' own
+    save_file first turns every tensor into a bytes object, a second copy of the model."""
+    import torch
+
+    header: dict[str, Any] = {"__metadata__": metadata or {"format": "pt"}}
+    offset = 0
+    for name, tensor in tensors.items():
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        if dtype not in _SAFETENSORS_DTYPES:
+            raise WeightSyncError(f"tensor {name} has dtype {dtype}, which safetensors cannot store")
+        size = tensor.numel() * tensor.element_size()
+        header[name] = {"dtype": _SAFETENSORS_DTYPES[dtype], "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + size]}
+        offset += size
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned
+    with open(path, "wb") as out:
+        out.write(len(encoded).to_bytes(8, "little"))
+        out.write(encoded)
+        for tensor in tensors.values():
+            host = tensor.detach().to("cpu").contiguous()
+            if host.numel():
+                out.write(memoryview(host.view(-1).view(torch.uint8).numpy()))
+
+
 def save_weights(model, tokenizer, out_dir: Path) -> Path:
-    """save_pretrained (safetensors) into out_dir atomically."""
+    """The model's weights (model.safetensors, in the model's own dtype) and config into out_dir,
+    atomically; a folder from_pretrained, the built-in server and vLLM all read."""
     with atomic_folder(out_dir) as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)
+        write_safetensors(_tensors_to_save(model), tmp / "model.safetensors")
+        model.config.save_pretrained(tmp)
+        generation = getattr(model, "generation_config", None)
+        if generation is not None:
+            generation.save_pretrained(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
     return Path(out_dir)

@@ -132,3 +132,26 @@ async def test_vllm_strategy_keeps_file_modes_and_restores_the_served_files_when
         await backend.load(client, weights, 1)
     assert old.read_bytes() == (weights / "model.safetensors").read_bytes()
     assert (old.stat().st_mode & 0o777) == 0o644 and served_version(served) == 1
+
+
+def test_saved_weights_are_what_save_pretrained_writes_and_load_back_bit_for_bit_in_bfloat16(tmp_path):
+    from safetensors import safe_open
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from rollstream.trainer.weight_sync import save_weights
+
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, tie_word_embeddings=True)
+    model = Qwen3ForCausalLM(config).to(torch.bfloat16)
+    save_weights(model, None, tmp_path / "ours")
+    model.save_pretrained(tmp_path / "theirs", safe_serialization=True)
+    with safe_open(tmp_path / "ours" / "model.safetensors", "pt") as ours, \
+            safe_open(tmp_path / "theirs" / "model.safetensors", "pt") as theirs:
+        assert sorted(ours.keys()) == sorted(theirs.keys())  # the tied lm_head is left out as transformers does
+        for name in theirs.keys():
+            assert ours.get_tensor(name).dtype == torch.bfloat16
+            assert torch.equal(ours.get_tensor(name), theirs.get_tensor(name)), name
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "ours", dtype=torch.bfloat16)
+    for (name, a), b in zip(model.state_dict().items(), loaded.state_dict().values()):
+        assert torch.equal(a, b), name

@@ -5,6 +5,7 @@ active sequence advances one token per step in one padded batch; weights swap be
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import queue
@@ -444,23 +445,30 @@ class Engine:
             _resolve(swap.future, swap.loop, result=swap.policy_version)
 
     def _load_state(self, path: Path) -> int:
-        from safetensors.torch import load_file
+        """Copy the tensors saved under `path` into the served model's own parameters, one
+        tensor at a time straight from the file (cast and moved by copy_), after checking every
+        name and shape, so that a wrong folder changes nothing."""
+        from safetensors import safe_open
 
         started = time.monotonic()
         own = self.model.state_dict()
-        loaded: dict[str, torch.Tensor] = {}
-        for file in sorted(path.glob("*.safetensors")):
-            loaded.update(load_file(str(file), device="cpu"))
-        unknown = [k for k in loaded if k not in own]
-        if unknown:
-            raise EngineError(f"{path} has tensors this model does not: {unknown[:3]}; is it the same architecture?")
-        wrong = [k for k, t in loaded.items() if tuple(t.shape) != tuple(own[k].shape)]
-        if wrong:
-            raise EngineError(f"{path} has tensors of the wrong shape: {wrong[:3]}")
-        for key, tensor in loaded.items():
-            own[key].copy_(tensor.to(dtype=own[key].dtype, device=own[key].device))
+        with contextlib.ExitStack() as files:
+            where = {}
+            for file in sorted(path.glob("*.safetensors")):
+                handle = files.enter_context(safe_open(str(file), framework="pt", device="cpu"))
+                where.update((key, handle) for key in handle.keys())  # noqa: SIM118 (not a dict)
+            unknown = [k for k in where if k not in own]
+            if unknown:
+                raise EngineError(
+                    f"{path} has tensors this model does not: {unknown[:3]}; is it the same architecture?"
+                )
+            wrong = [k for k, h in where.items() if tuple(h.get_slice(k).get_shape()) != tuple(own[k].shape)]
+            if wrong:
+                raise EngineError(f"{path} has tensors of the wrong shape: {wrong[:3]}")
+            for key, handle in where.items():
+                own[key].copy_(handle.get_tensor(key))
         logger.debug("weight copy took %.3fs", time.monotonic() - started)
-        return len(loaded)
+        return len(where)
 
 
 _request_counter = itertools.count()

@@ -127,6 +127,7 @@ async def _rebuild_changes(sandbox: SandboxClient, inst: dict, repo: str, tree: 
     if tree is not None:
         # The agent's files in a folder of their own, diffed against base_commit through a
         # separate index: the checkout the tests run in is never written by tar.
+        excludes += " " + " ".join(q(e) for e in verification.rebuild_pathspecs())
         await sandbox.write_file(f"{work}/tree.tar", tree.tar)
         command = (f"tar -x --no-same-owner -f {work}/tree.tar -C {work}/tree && cd {work}/tree && "
                    f"GIT_DIR={q(repo)}/.git GIT_WORK_TREE={work}/tree GIT_INDEX_FILE={work}/index "

@@ -22,12 +22,14 @@ from rollstream.tasks.base import TaskContext
 
 log = logging.getLogger(__name__)
 
-TREE_MAX_BYTES = 256 * 2**20
+# The tar travels in one message to the fresh sandbox (frames are at most 256 MiB).
+TREE_MAX_BYTES = 192 * 2**20
 TREE_MAX_FILES = 200_000
 TREE_MAX_DEPTH = 64
-# Never part of a change: git's own folder and caches that tools leave in a checkout.
-SKIPPED_DIRS = frozenset({".git", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".tox", ".nox",
-                          ".eggs", ".ipynb_checkpoints", ".hypothesis"})
+# Caches and environments that tools leave in a checkout: never read. A repository that tracks
+# such a folder (an sdist's *.egg-info) keeps it as base_commit has it: rebuild_pathspecs().
+SKIPPED_DIRS = frozenset({"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".tox", ".nox", ".eggs",
+                          ".ipynb_checkpoints", ".hypothesis", ".venv", "venv", "node_modules"})
 _NO_FOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 
@@ -87,6 +89,13 @@ def read_tree(host_dir: str, max_bytes: int = TREE_MAX_BYTES, max_files: int = T
     return tree
 
 
+def rebuild_pathspecs() -> list[str]:
+    """Git pathspecs that leave what ``read_tree`` skips out of a diff taken from its tar, so a
+    tracked cache folder never reads as deleted."""
+    return [f":(exclude,glob)**/{name}/**" for name in sorted(SKIPPED_DIRS)] + [
+        ":(exclude,glob)**/*.egg-info/**", ":(exclude,glob)**/*.pyc"]
+
+
 def left_behind(host_workdir: str, checkout: str) -> list[str]:
     """The workdir's entries beside the checkout (``checkout``: its first component): what the
     agent leaves in its sandbox and verification never sees. Names only, nothing opened."""
@@ -128,6 +137,9 @@ def _read_folder(fd: int, prefix: str, tar: tarfile.TarFile, links: list[tarfile
                 raise VerificationRefused(f"the agent's checkout holds more than {max_files} files or "
                                           f"{max_bytes // 2**20} MiB; nothing was verified")
             _add_file(fd, name, path, tar, info.st_size)
+            if tar.offset > max_bytes:  # headers count too: many small files
+                raise VerificationRefused(f"the agent's checkout makes a tar of more than {max_bytes // 2**20} MiB; "
+                                          "nothing was verified")
         else:
             kind = "FIFO" if stat.S_ISFIFO(info.st_mode) else "socket" if stat.S_ISSOCK(info.st_mode) else "device"
             tree.refused.append(f"{path} ({kind})")

@@ -76,9 +76,14 @@ class HarnessContext:
         return [m for m in self.messages if m["role"] != "system"]
 
     async def call_tool(self, name: str, arguments: dict | str) -> str:
-        """Run one of the task's tools in the job's sandbox; the observation as text."""
+        """Run one of the task's tools in the job's sandbox; the observation as text. A tool the
+        task does not offer (not in ``tools``) never reaches the sandbox: an error observation."""
         if self.sandbox is None:
             raise RuntimeError("this task gives its harness no sandbox")
+        offered = [schema.get("function", schema).get("name", "") for schema in self.tools]
+        if name not in offered:
+            self.tool_calls.append(ToolCallRecord(name=name, ok=False, error="unknown tool"))
+            return f"Error: unknown tool {name!r}; available: {', '.join(offered) or 'none'}"
         started = time.monotonic()
         try:
             output = await asyncio.wait_for(self.sandbox.call_tool(name, arguments), self.settings.tool_timeout_s)

@@ -62,8 +62,7 @@ def check_root(path: str | os.PathLike) -> str:
 def ensure_root(path: str | os.PathLike) -> str:
     """Make the sandbox root (and the folders missing above it) ours, mode 0700, and check it
     and what is above it (check_root); the absolute path."""
-    root = os.path.abspath(os.fspath(path))
-    _check_chain(root)  # never make folders below one another user controls
+    root = check_root(path)  # never make folders below one another user controls (nor where a link leads)
     os.makedirs(root, mode=0o700, exist_ok=True)
     return check_root(root)
 

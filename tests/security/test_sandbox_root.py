@@ -130,6 +130,12 @@ def test_a_root_squatted_as_a_symlink_is_refused(attacker_folder):
         with pytest.raises(UnsafeSandboxRoot, match=f"uid {ATTACKER}"):
             ensure_root(os.path.join(link, "ns"))
         assert os.listdir(attacker_folder) == []
+        # A link of root's own that leads into that user's folder: nothing is made there either.
+        os.unlink(link)
+        os.symlink(attacker_folder, link)
+        with pytest.raises(UnsafeSandboxRoot, match=f"uid {ATTACKER}"):
+            ensure_root(os.path.join(link, "ns"))
+        assert os.listdir(attacker_folder) == []
     finally:
         os.unlink(link)
 

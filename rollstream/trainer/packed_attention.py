@@ -75,6 +75,12 @@ def _per_sequence(query, key, value, bounds: list[int], scaling):
     return torch.cat(outs, dim=2)
 
 
+def _use_varlen(query: torch.Tensor) -> bool:
+    """torch's varlen kernel is flash attention: CUDA, half precision."""
+    return (_VARLEN is not None and _varlen_broken is None and query.is_cuda
+            and query.dtype in (torch.bfloat16, torch.float16))
+
+
 def packed_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
                              scaling: float | None = None, sliding_window: int | None = None, **kwargs):
     """transformers attention function: query [1, Hq, N, D], key/value [1, Hkv, N, D] ->
@@ -95,9 +101,7 @@ def packed_attention_forward(module, query, key, value, attention_mask, dropout:
         raise ValueError("packed attention does not implement attention logit soft-capping (softcap)")
     if dropout:
         raise ValueError("packed attention does not implement attention dropout; set the model's attention_dropout to 0")
-    use_varlen = (_VARLEN is not None and _varlen_broken is None and query.is_cuda
-                  and query.dtype in (torch.bfloat16, torch.float16))
-    if use_varlen:
+    if _use_varlen(query):
         try:
             out = _varlen(query[0].transpose(0, 1).contiguous(), key[0].transpose(0, 1).contiguous(),
                           value[0].transpose(0, 1).contiguous(), cu_seqlens, max_length, scaling)

@@ -136,3 +136,42 @@ def test_packed_update_equals_the_padded_dapo_update(tiny_model_dir, loss):
     scale = min(1.0, 1.0 / (stats.grad_norm + 1e-6))  # the update clips to max_grad_norm 1 in place
     for (name, expected), got in zip(expected_model.named_parameters(), model.parameters()):
         assert _close(got.grad, expected.grad * scale), name
+
+
+def _varlen_stand_in(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None, window_size=(-1, -1),
+                     is_causal=False, enable_gqa=False):
+    """torch.nn.attention.varlen.varlen_attn's contract ([N, H, D] tensors, cumulative
+    lengths; causal as window (-1, 0) from torch 2.11, as is_causal in 2.10), on the CPU, where
+    the flash kernel does not run."""
+    assert (window_size == (-1, 0) or is_causal) and cu_seq_q is cu_seq_k and max_q == max_k
+    assert enable_gqa or query.shape[1] == key.shape[1]
+    bounds = cu_seq_q.tolist()
+    outs = [torch.nn.functional.scaled_dot_product_attention(
+        query[s:e].transpose(0, 1), key[s:e].transpose(0, 1), value[s:e].transpose(0, 1), is_causal=True,
+        scale=scale, enable_gqa=enable_gqa).transpose(0, 1) for s, e in itertools.pairwise(bounds)]
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("kernel", ["torch 2.11", "torch 2.10", "fails"])
+def test_the_cuda_varlen_route_gives_the_per_sequence_logprobs(tiny_model_dir, monkeypatch, kernel):
+    from rollstream.trainer import packed_attention
+
+    model = _load(tiny_model_dir).eval()
+    micro = pack_rows(_batch(), list(range(4)))
+    every = torch.ones(micro.num_tokens, dtype=torch.bool)
+    with torch.no_grad():
+        expected = packed_token_logprobs(model, micro, positions=every)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel image is available for execution on the device")
+
+    monkeypatch.setattr(packed_attention, "_VARLEN", broken if kernel == "fails" else _varlen_stand_in)
+    params = {"window_size", "enable_gqa", "scale"} if kernel == "torch 2.11" else {"is_causal", "scale"}
+    monkeypatch.setattr(packed_attention, "_VARLEN_PARAMS", params)
+    monkeypatch.setattr(packed_attention, "_varlen_broken", None)
+    monkeypatch.setattr(packed_attention, "_use_varlen", lambda query: packed_attention._varlen_broken is None)
+    with torch.no_grad():
+        got = packed_token_logprobs(model, micro, positions=every)
+    assert torch.allclose(got, expected, atol=1e-5)
+    # a kernel that fails is given up once, with its reason, and the per-sequence route answers
+    assert (packed_attention._varlen_broken is None) == (kernel != "fails")

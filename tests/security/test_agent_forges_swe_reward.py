@@ -231,3 +231,22 @@ async def test_an_image_checkout_outside_the_workdir_is_verified_fresh_despite_a
     await apply_in_sandbox(ep, instance["patch"])  # now in the fresh sandbox, which the next score replaces
     assert await ep.score() == 1.0, ep.env.trajectory.extra["eval"]
     assert patch_paths(ep.env.trajectory.extra["model_patch"]) == ["minicalc/calc.py"]
+
+
+async def test_a_python_replaced_in_a_container_sandbox_does_not_forge_the_reward(episode):
+    # Under docker/podman the agent is root in a writable container: it swaps the environment's
+    # python for a shim that loads its own sitecustomize.py into every test run.
+    from tasks.test_swe_pypi_instances import PYPI_INSTANCES, _runnable
+
+    instance = next(i for i in PYPI_INSTANCES if i["repo"] == "pypi/cachetools")
+    why_not = _runnable("docker", instance)
+    if why_not:
+        pytest.fail(why_not)  # scripts/test builds the images (scripts/install-podman)
+    ep = await episode(SweTask(), instance, backend="docker")
+    shim = '#!/bin/sh\nPYTHONPATH=/root/forge${PYTHONPATH:+:$PYTHONPATH} exec /opt/rs-env/bin/python3 "$@"\n'
+    await agent(ep, "rm /opt/rs-env/bin/python && mv /workspace/.shim /opt/rs-env/bin/python && "
+                    "chmod +x /opt/rs-env/bin/python && mkdir -p /root/forge && mv /workspace/.forge.py "
+                    "/root/forge/sitecustomize.py && python -c 'import sitecustomize'",
+                files={"/workspace/.shim": shim, "/workspace/.forge.py": FORGE_AT_EXIT})
+    await assert_not_resolved(ep)
+    assert ep.env.trajectory.extra["verification"]["processes_killed_first"] is False  # no cgroup of ours there

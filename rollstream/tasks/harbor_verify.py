@@ -1,8 +1,8 @@
 """The ``harbor`` task's eval, verified in a fresh sandbox (tasks/verification.py): the agent's
-sandbox is stopped and its workdir read from the host (regular files; symlinks only where the
-pristine image has the same one; special files refused); a new sandbox from the pristine image
-gets the workdir as the Dockerfile left it, then the agent's files over it (and what it deleted
-removed). The task's ``tests/`` go to /tests and ``tests/test.sh`` runs there under task.toml's
+sandbox is stopped and its whole workdir read from the host (harbor_tree.py: folders and regular
+files, .git included; symlinks only where the pristine image has the same one; special files
+refused); a new sandbox from the pristine image gets the workdir as the Dockerfile left it, then
+the agent's tree over it (and what it deleted removed). The task's ``tests/`` go to /tests and ``tests/test.sh`` runs there under task.toml's
 ``[verifier] timeout_sec``; its reward file gives the reward: /logs/verifier/reward.txt (a
 number), else reward.json (``{"reward": x, ...}``, every field kept). Nothing the agent left
 outside its workdir, and none of its processes, reaches the tests.
@@ -23,7 +23,7 @@ from rollstream.messages import Envelope
 from rollstream.sandbox_spec import SandboxSpec
 from rollstream.sandboxes.errors import ToolError
 from rollstream.sandboxes.sandbox_client import SandboxClient
-from rollstream.tasks import eval_report, verification
+from rollstream.tasks import eval_report, harbor_tree, verification
 from rollstream.tasks.base import TaskContext
 from rollstream.tasks.harbor_folder import TaskFolder
 from rollstream.tasks.harbor_image import STATE_DIR
@@ -35,7 +35,6 @@ FRESH_SANDBOX_ALLOWANCE_S = 120.0
 REWARD_MAX_BYTES = 1 << 20
 OUTPUT_TAIL_BYTES = 3000
 MAX_TESTS_KEPT = 200
-_PRUNED = " -o ".join(f"-name {shlex.quote(name)}" for name in sorted(verification.SKIPPED_DIRS | {"*.egg-info"}))
 
 
 class RewardMissing(JobFailed):
@@ -60,7 +59,7 @@ async def _verify(folder: TaskFolder, spec: SandboxSpec, env: Envelope, ctx: Tas
     agent = verification.agent_handle(env, ctx)
     await asyncio.to_thread(verification.stop_processes, agent)
     try:
-        tree = await asyncio.to_thread(verification.read_tree, agent.host_workdir)
+        tree = await asyncio.to_thread(harbor_tree.read_workdir, agent.host_workdir)
     except verification.VerificationRefused as refused:
         return eval_report.record(env, 0.0, str(refused))
     if tree.refused:
@@ -94,10 +93,16 @@ async def apply_agent_tree(sandbox: SandboxClient, tar: bytes, workdir: str) -> 
                if line.startswith("refused link ")]
     if refused:
         return f"symlinks refused (added or changed by the agent): {', '.join(refused[:20])}"
+    # What the agent removed, or turned from a file into a folder or back, goes first; then its
+    # tree is unpacked over the rest.
     result = await _sh(sandbox, (
-        f"(set -e; cd {work}; find . \\( {_PRUNED} \\) -prune -o \\( -type f -o -type l \\) -print0 | "
-        f"while IFS= read -r -d '' path; do [ -e {agent}/\"$path\" ] || [ -L {agent}/\"$path\" ] || rm -f -- \"$path\"; "
-        f"done; tar -x --no-same-owner --overwrite -f {EVAL_DIR}/agent.tar -C {work}; rm -rf {agent} {EVAL_DIR}/agent.tar)"))
+        f"(set -e; cd {work}; "
+        "find . \\( -type f -o -type l \\) -print0 | while IFS= read -r -d '' path; do "
+        f"  if [ -L {agent}/\"$path\" ] || {{ [ -e {agent}/\"$path\" ] && [ ! -d {agent}/\"$path\" ]; }}; then :; "
+        "  else rm -f -- \"$path\"; fi; done; "
+        "find . -mindepth 1 -depth -type d -print0 | while IFS= read -r -d '' path; do "
+        f"  if [ -d {agent}/\"$path\" ] && [ ! -L {agent}/\"$path\" ]; then :; else rm -rf -- \"$path\"; fi; done; "
+        f"tar -x --no-same-owner -f {EVAL_DIR}/agent.tar -C {work}; rm -rf {agent} {EVAL_DIR}/agent.tar)"))
     if result.exit_code != 0:
         return f"the agent's workdir could not be rebuilt on the pristine image: {result.output[-800:]}"
     return ""

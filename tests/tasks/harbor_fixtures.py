@@ -17,13 +17,16 @@ from rollstream.tasks.harbor_image import ensure_image
 
 TASKS_DIR = Path(__file__).resolve().parent / "harbor_tasks"
 TASKS = ["hello-file", "fix-calc", "sum-numbers"]
+# Terminal-Bench-style tasks: pytest baked into the image, tests/test_outputs.py, a CTRF report.
+TB_DIR = TASKS_DIR.parent / "harbor_tasks_tb"
+TB_TASKS = ["log-status-summary", "csv-join-report", "fix-script-permissions", "git-recover-commit", "sqlite-answer"]
 SOLVE = "mkdir -p /solution && cd /solution && tar -xf /tmp/.rs-solution.tar && cd - >/dev/null && bash /solution/solve.sh"
 
 
 def harbor_environment(tmp_path_factory) -> Iterator[Path]:
     """The folder of the test tasks, their environment image built (rootfs too) once a session;
     harbor jobs may name folders there and under pytest's temporary folders."""
-    roots = [str(TASKS_DIR), str(tmp_path_factory.getbasetemp())]
+    roots = [str(TASKS_DIR), str(TB_DIR), str(tmp_path_factory.getbasetemp())]
     before = os.environ.get("ROLLSTREAM_HARBOR_TASK_ROOTS")
     os.environ["ROLLSTREAM_HARBOR_TASK_ROOTS"] = json.dumps(roots)
     ensure_image(TaskFolder.load(str(TASKS_DIR / TASKS[0])), load_settings().harbor_base_images, rootfs=True)

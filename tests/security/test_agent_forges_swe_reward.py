@@ -166,6 +166,8 @@ async def test_a_background_process_that_rewrites_the_report_plugin_does_not_for
     await agent(ep, "setsid nohup python3 /workspace/.rewriter.py > /dev/null 2>&1 < /dev/null &",
                 files={"/workspace/.rewriter.py": BACKGROUND_REWRITER, "/workspace/.forged_plugin.py": FORGED_PLUGIN})
     await assert_not_resolved(ep)
+    # A root node with a cgroup per sandbox (as here) kills them before it reads the checkout.
+    assert ep.env.trajectory.extra["verification"]["processes_killed_first"] is True
 
 
 async def test_the_gold_patch_still_scores_one_in_a_sandbox_full_of_forgeries(episode, instance):

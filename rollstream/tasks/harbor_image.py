@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from dataclasses import asdict, dataclass
 
 from rollstream.sandboxes.backends.docker import client_env
@@ -55,7 +56,12 @@ _PLAIN_PATH = re.compile(r"(?:/[A-Za-z0-9_.@+-]+)+")
 
 _locks: dict[str, threading.Lock] = {}
 _locks_guard = threading.Lock()
-_failed: dict[str, str] = {}  # key -> why its build failed, so each job of a broken task does not rebuild
+# key -> (when, why) its build failed: the jobs of a broken task that come soon after do not
+# rebuild it; past FAILED_BUILD_MEMO_S one tries again (a package index that was down, say).
+_failed: dict[str, tuple[float, str]] = {}
+FAILED_BUILD_MEMO_S = 300.0
+_keys: dict[str, tuple[tuple, tuple[str, str, list[tuple[str, str]]]]] = {}  # folder -> (signature, key)
+KEY_MEMO_ENTRIES = 4096
 
 
 def map_image(reference: str, mapping: dict[str, str]) -> str:
@@ -120,13 +126,34 @@ class HarborImage:
 
 def image_key(folder: TaskFolder, mapping: dict[str, str]) -> tuple[str, str, list[tuple[str, str]]]:
     """The content key of the folder's environment (its files, the mapped Dockerfile, this
-    module's build format), the mapped Dockerfile and what was mapped."""
+    module's build format), the mapped Dockerfile and what was mapped. Each stage asks for it:
+    the folder is read and hashed again only when a file's size, time or inode changed."""
+    signature = (_stat_signature(os.path.join(folder.path, "environment")), tuple(sorted(mapping.items())))
+    known = _keys.get(folder.path)
+    if known is not None and known[0] == signature:
+        return known[1]
     files = folder.files("environment")
     dockerfile, mapped = map_dockerfile(files.files["Dockerfile"][0].decode("utf-8", "replace"), mapping)
     sha = hashlib.sha256(f"harbor-format-{HARBOR_FORMAT}\0".encode())
     sha.update(files.digest().encode())
     sha.update(dockerfile.encode())
-    return sha.hexdigest()[:20], dockerfile, mapped
+    result = (sha.hexdigest()[:20], dockerfile, mapped)
+    if len(_keys) > KEY_MEMO_ENTRIES:
+        _keys.clear()
+    _keys[folder.path] = (signature, result)
+    return result
+
+
+def _stat_signature(top: str) -> tuple:
+    """What changes when any entry beneath ``top`` does (symlinks not followed)."""
+    entries = []
+    for parent, folders, names in os.walk(top):
+        for name in sorted(folders + names):
+            info = os.lstat(os.path.join(parent, name))
+            entries.append((os.path.relpath(os.path.join(parent, name), top), info.st_mode, info.st_size,
+                            info.st_mtime_ns, info.st_ctime_ns, info.st_ino))
+        folders.sort()
+    return tuple(entries)
 
 
 def _meta_path(key: str, images_dir: str | None) -> str:
@@ -154,8 +181,9 @@ def ensure_image(folder: TaskFolder, mapping: dict[str, str], rootfs: bool, imag
     across processes), and its rootfs when ``rootfs``. Raises EnvBuildFailed naming the failing
     step when the Dockerfile does not build."""
     key, dockerfile, mapped = image_key(folder, mapping)
-    if key in _failed:
-        raise EnvBuildFailed(_failed[key])
+    failed = _failed.get(key)
+    if failed is not None and time.monotonic() - failed[0] < FAILED_BUILD_MEMO_S:
+        raise EnvBuildFailed(failed[1])
     import fcntl
 
     with _lock(key):
@@ -167,7 +195,7 @@ def ensure_image(folder: TaskFolder, mapping: dict[str, str], rootfs: bool, imag
                 try:
                     image = _build(folder, key, dockerfile, network or build_network())
                 except EnvBuildFailed as failure:
-                    _failed[key] = str(failure)
+                    _failed[key] = (time.monotonic(), str(failure))
                     raise
                 image.mapped = mapped
             if rootfs and (image.built or image.rootfs is None or not os.path.isdir(image.rootfs)):

@@ -87,12 +87,13 @@ async def _verify(task: SweTask, env: Envelope, ctx: TaskContext, limit_s: float
             checkout = inside.parts[0] if inside.parts else ""
             record["left_behind"] = verification.left_behind(agent.host_workdir, checkout)
             tree = await asyncio.to_thread(verification.read_tree, os.path.join(agent.host_workdir, str(inside)))
-        elif ctx.sandbox is not None:
+        else:
             # A published image's checkout (SWE-bench's /testbed) lies outside the workdir, out of
             # the host's reach: its diff comes from the agent's own git, before its processes die
             # with its sandbox. Whatever that says is only ever a diff, rebuilt and filtered below.
             record["diff_from_agent_sandbox"] = True
-            agent_patch = await agent_diff(ctx.sandbox, str(repo), inst["base_commit"], excluded_pathspecs(inst))
+            agent_patch = await agent_diff(verification.agent_client(ctx), str(repo), inst["base_commit"],
+                                           excluded_pathspecs(inst))
     except verification.VerificationRefused as refused:
         return eval_report.record(env, 0.0, str(refused))
     sandbox = await verification.fresh_sandbox(env, ctx, task.sandbox_spec(env.job.instance))
@@ -121,7 +122,8 @@ async def _rebuild_changes(sandbox: SandboxClient, inst: dict, repo: str, tree: 
                            agent_patch: str) -> tuple[str, str]:
     """The agent's changes as a diff taken by the fresh sandbox's git (``repo`` stays at
     base_commit), and why they are refused ("" if they are not)."""
-    q, base, work = shlex.quote, q_base(inst), f"{EVAL_DIR}/agent"
+    q, work = shlex.quote, f"{EVAL_DIR}/agent"
+    base = q(inst["base_commit"])
     excludes = " ".join(q(e) for e in excluded_pathspecs(inst))
     await _sh(sandbox, f"mkdir -p {work}/tree")
     if tree is not None:
@@ -148,10 +150,6 @@ async def _rebuild_changes(sandbox: SandboxClient, inst: dict, repo: str, tree: 
     if links:
         problems.append(f"symlinks or submodules refused: {', '.join(links[:20])}")
     return model_patch, "; ".join(problems)
-
-
-def q_base(inst: dict) -> str:
-    return shlex.quote(inst["base_commit"])
 
 
 def _links_changed(patch: str) -> list[str]:

@@ -168,6 +168,14 @@ def agent_handle(env: Envelope, ctx: TaskContext) -> SandboxHandle:
     return handle
 
 
+def agent_client(ctx: TaskContext) -> SandboxClient:
+    """The stage's connection to the agent's sandbox (only for what must be asked inside it)."""
+    if ctx.sandbox is None:
+        raise JobFailed("eval reached a task that verifies in a fresh sandbox without a connection to the job's "
+                        "sandbox (TaskContext.sandbox); the eval stage sets it", retryable=True)
+    return ctx.sandbox
+
+
 async def fresh_sandbox(env: Envelope, ctx: TaskContext, spec: SandboxSpec) -> SandboxClient:
     """Destroy the job's sandbox and start a new one from ``spec`` on the same node, under the
     same id (the node's reaper keeps it as the job's own); returns a connected client. The new

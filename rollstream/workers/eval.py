@@ -1,6 +1,7 @@
-"""The eval stage: connects to the job's sandbox, lets the task score the trajectory (often by
-running tests in it), destroys the sandbox and delivers the result to the submitter's results
-stream. Its workers also reap the node's sandboxes that no job wants any more."""
+"""The eval stage: connects to the job's sandbox, lets the task score the trajectory (a task that
+runs tests verifies in a fresh sandbox it makes in the job's place: tasks/verification.py),
+destroys the sandbox and delivers the result to the submitter's results stream. Its workers also
+reap the node's sandboxes that no job wants any more."""
 
 from __future__ import annotations
 

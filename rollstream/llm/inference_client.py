@@ -19,6 +19,23 @@ DEFAULT_TIMEOUT_S = 600.0
 # A backend that is down refuses or drops the connection at once; waiting long for the
 # TCP handshake only delays the retry on another backend.
 CONNECT_TIMEOUT_S = 5.0
+# A backend cut off by the network neither refuses nor answers: a request already sent would
+# wait out its whole timeout (minutes, since a long generation is legitimate). The kernel finds
+# such a peer instead: keep-alive probes after this many idle seconds (a live server's kernel
+# answers them however long the generation), and data unacknowledged this long, fail the
+# connection; the turn is then retried on another backend.
+DEAD_PEER_S = 15
+
+
+def _dead_peer_socket_options() -> list[tuple[int, int, int]]:
+    import socket
+
+    options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+    for name, value in (("TCP_KEEPIDLE", DEAD_PEER_S // 3), ("TCP_KEEPINTVL", 2), ("TCP_KEEPCNT", 3),
+                        ("TCP_USER_TIMEOUT", DEAD_PEER_S * 1000)):
+        if hasattr(socket, name):  # Linux; other systems keep their defaults
+            options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
+    return options
 
 
 class Generation(BaseModel):
@@ -95,7 +112,8 @@ class _HTTPBackend:
         loop = asyncio.get_running_loop()
         if self._client is None or self._loop is not loop or self._client.is_closed:
             limits = httpx.Limits(max_connections=self._max_connections, max_keepalive_connections=64)
-            self._client = httpx.AsyncClient(limits=limits, headers=self._headers)
+            transport = httpx.AsyncHTTPTransport(limits=limits, socket_options=_dead_peer_socket_options())
+            self._client = httpx.AsyncClient(transport=transport, headers=self._headers)
             self._loop = loop
         return self._client
 

@@ -52,7 +52,7 @@ from rollstream.workers.pool import WorkerPool  # noqa: E402
 
 
 # -- the simulated inference server ------------------------------------------------------
-async def _serve_http(port: int, latency_s: float) -> None:
+async def _serve_http(port: int, latency_s: float, host: str = "127.0.0.1") -> None:
     """HTTP/1.1 with keep-alive on asyncio streams: read a request, sleep, answer. Costs
     almost no CPU, so the workers' own cost is what the benchmark sees."""
     body = b'{"choices": [{"text": "ok", "token_ids": [1, 2, 3]}]}'
@@ -77,7 +77,7 @@ async def _serve_http(port: int, latency_s: float) -> None:
         finally:
             writer.close()
 
-    server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=1024)
+    server = await asyncio.start_server(handle, host, port, backlog=1024)
     async with server:
         await server.serve_forever()
 
@@ -186,17 +186,20 @@ def say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-async def collect_watching(client: AsyncClient, pool: WorkerPool, n: int, timeout_s: float) -> list:
+async def collect_watching(client: AsyncClient, pool: WorkerPool | list[WorkerPool], n: int,
+                           timeout_s: float) -> list:
     """All ``n`` results, checking between batches that no worker died (whose jobs would
     otherwise wait out the visibility timeout in silence) and saying how far it got."""
     results: list = []
     deadline = time.monotonic() + timeout_s
     last_said = time.monotonic()
+    pools = pool if isinstance(pool, list) else [pool]
     while len(results) < n:
-        pool.check_alive()
+        for each in pools:
+            each.check_alive()
         if time.monotonic() > deadline:
             raise TimeoutError(f"{len(results)} of {n} results after {timeout_s:.0f} s; worker logs are kept "
-                               f"in {pool.log_dir}")
+                               f"in {[each.log_dir for each in pools]}")
         async for result in client.results(timeout_s=2.0, max_results=n - len(results)):
             results.append(result)
         if time.monotonic() - last_said > 10:
@@ -355,6 +358,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--collect-timeout-s", type=float, default=600.0, help="how long one measurement may take")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--serve-http", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--serve-host", default="127.0.0.1", help=argparse.SUPPRESS)
     return p.parse_args()
 
 
@@ -363,7 +367,7 @@ if __name__ == "__main__":
     if a.worker:
         worker_main(a.worker, a.concurrency)
     elif a.serve_http:
-        asyncio.run(_serve_http(a.serve_http, a.latency_ms / 1000))
+        asyncio.run(_serve_http(a.serve_http, a.latency_ms / 1000, a.serve_host))
     else:
         if not a.port:
             import socket

@@ -1,18 +1,28 @@
-"""Benchmark of the trainer (issue #4).
+"""Benchmark of the trainer (issues #4, #28).
 
-1. Update step throughput: tokens/s of one DAPO update (forward, clipped loss, backward,
-   AdamW) on a synthetic on-policy batch, against the baseline of a plain SFT step
-   (cross-entropy on the same response tokens, same micro-batching, same optimizer).
-2. Weight sync: time from a full batch to weights served again = update + save
-   (safetensors) + the built-in server loading them (POST /v1/load_weights).
+0. DAPO update vs a plain transformers training step (#28): the same real tokens through the
+   same model, once as rollstream's `PolicyUpdater.step` (packed micro-batches, chunked
+   chosen-token logprobs, DAPO loss) and once as transformers users train (padded
+   micro-batches of the same sequences, `model(input_ids, attention_mask, labels)` causal-LM
+   loss, backward, clip, AdamW). Each variant runs in a process of its own, so that its peak
+   memory is its own (ru_maxrss on the CPU, max_memory_allocated on CUDA). The model is a
+   Qwen3-shaped causal LM built from a config (no download) with Qwen3's 151,936-token
+   vocabulary and a small body, so that the vocabulary matters as it does in a real model.
+1. Update step throughput on the tiny model: tokens/s of one DAPO update against a plain SFT
+   step (cross-entropy on the same response tokens, same micro-batching, same optimizer).
+2. Weight sync: time from a finished update to weights served again = save (safetensors)
+   + the built-in server loading them (POST /v1/load_weights); `--sync-model qwen3-0.6b`
+   measures it on a Qwen3-0.6B-shaped model.
 3. End to end on this machine (bench/arith_rl.py): DAPO on the arith tool-use task through
    the whole pipeline (worker pools, bwrap sandboxes, built-in server, weight sync after each
    step), reward per step; `--e2e digits` runs the older toy instead (share of digit tokens
    in an 8-token completion, sampled straight from the server, no pipeline).
-On a CUDA machine 1 and 2 are repeated on the GPU, also with a ~150M-parameter Qwen2.
+On a CUDA machine 0 is repeated on the GPU with the Qwen3-0.6B shape in bf16 (64 sequences
+of 512 + 768-1,536 tokens, micro-batch 8, as in #28), and 1 and 2 with a ~150M Qwen2.
 
-    python bench/trainer.py [--e2e-steps 12] [--e2e arith|digits] [--quick]
-Last line: RESULT {json} with tokens_per_s, sync_s, reward_first, reward_last, ...
+    python bench/trainer.py [--e2e-steps 12] [--e2e arith|digits] [--quick] [--skip-e2e]
+Last line: RESULT {json} with dapo_over_plain_step, dapo_tok_s, plain_tok_s, dapo_peak_mb,
+plain_peak_mb, tokens_per_s, sync_s, reward_first, reward_last, ...
 """
 
 from __future__ import annotations
@@ -21,7 +31,11 @@ import argparse
 import asyncio
 import json
 import logging
+import os
+import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,7 +47,9 @@ from rollstream.llm.tiny_model import build_tiny_model
 from rollstream.trainer.batch import PaddedBatch, build_batch
 from rollstream.trainer.config import LossConfig, OptimConfig, TrainConfig
 from rollstream.trainer.direct_source import DirectServerSource
+from rollstream.trainer.logprobs import packed_token_logprobs
 from rollstream.trainer.loop import Trainer
+from rollstream.trainer.packing import micro_batch_rows, pack_rows
 from rollstream.trainer.sampler import SamplerConfig
 from rollstream.trainer.update import PolicyUpdater, token_logprobs
 from rollstream.trainer.weight_sync import BuiltinServerBackend, WeightPublisher
@@ -101,7 +117,6 @@ def measure_update(model, batch: PaddedBatch, device, micro_batch_size: int, rep
             run()
             sync_device(device)
             times.append(time.perf_counter() - t)
-    del baseline_model, optimizer
     tokens = batch.num_tokens
     return {
         "tokens": tokens,
@@ -210,6 +225,190 @@ def accelerator_section(device, model_dir: Path, tokenizer, batch: PaddedBatch, 
                  f"save {gsync['save_s'] * 1000:.0f} ms + load {gsync['load_s'] * 1000:.0f} ms"))
 
 
+# ---- 0. DAPO update vs a plain transformers training step -------------------------------
+# name -> (Qwen3 config overrides, workload: sequences, prompt tokens, response tokens min..max, micro-batch)
+PRESETS = {
+    # Qwen3's vocabulary on a small body: the output layer is most of the work, as the
+    # vocabulary is in a real model's training step; a minute or two on 2 cores
+    "cpu": (dict(hidden_size=64, intermediate_size=192, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16), (12, 48, 32, 160, 6)),
+    "cpu-small": (dict(vocab_size=32000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16), (8, 16, 8, 32, 4)),
+    # Qwen3-0.6B's shape, and #28's workload
+    "qwen3-0.6b": (dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                        num_key_value_heads=8, head_dim=128, rope_theta=1_000_000.0), (64, 512, 768, 1536, 8)),
+}
+
+
+def qwen3_model(preset: str, device: torch.device, dtype: torch.dtype):
+    """A randomly initialised Qwen3-shaped causal LM (no download), built on `device`."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    shape = dict(vocab_size=151936, max_position_embeddings=40960, tie_word_embeddings=True,
+                 attn_implementation="sdpa")
+    shape.update(PRESETS[preset][0])
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen3ForCausalLM(Qwen3Config(**shape))
+    return model.to(dtype=dtype), shape["vocab_size"]
+
+
+def workload_batch(preset: str, vocab: int) -> tuple[PaddedBatch, int]:
+    """The preset's sequences (random tokens, response lengths uniform in the range), and its micro-batch size."""
+    sequences, prompt_len, low, high, micro_batch_size = PRESETS[preset][1]
+    gen = torch.Generator().manual_seed(0)
+    trajs = []
+    for _ in range(sequences):
+        n = int(torch.randint(low, high + 1, (1,), generator=gen))
+        ids = torch.randint(3, vocab, (prompt_len + n,), generator=gen).tolist()
+        trajs.append(Trajectory(prompt_ids=ids[:prompt_len], response_ids=ids[prompt_len:], loss_mask=[1] * n,
+                                logprobs=[0.0] * n))
+    return build_batch(trajs, torch.randn(sequences, generator=gen), pad_token_id=0), micro_batch_size
+
+
+def plain_step(model, optimizer, batch: PaddedBatch, groups: list[list[int]], device) -> None:
+    """A training step as transformers users write it: padded micro-batches (the longest row of
+    each), labels = input ids with -100 on padding, the model's own causal-LM loss summed over
+    the batch's label tokens (num_items_in_batch), backward, clip, AdamW."""
+    optimizer.zero_grad(set_to_none=True)
+    label_tokens = int(sum(int(batch.attention_mask[g].sum()) - len(g) for g in groups))
+    for group in groups:
+        length = int(batch.attention_mask[group].sum(dim=1).max())
+        input_ids = batch.input_ids[group, :length].to(device)
+        attention_mask = batch.attention_mask[group, :length].to(device)
+        labels = input_ids.masked_fill(attention_mask == 0, -100)
+        out = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels,
+                    num_items_in_batch=torch.tensor(label_tokens, device=device), use_cache=False)
+        out.loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+
+
+def run_variant(variant: str, preset: str, device_name: str, reps: int) -> dict:
+    """One variant in this process: a warm-up step, then `reps` timed steps; peak memory of
+    the whole process (CPU: ru_maxrss; CUDA: max_memory_allocated)."""
+    device = torch.device(device_name)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model, vocab = qwen3_model(preset, device, dtype)
+    batch, micro_batch_size = workload_batch(preset, vocab)
+    groups = micro_batch_rows(batch, micro_batch_size)
+    if variant == "dapo":
+        with torch.no_grad():  # on-policy behaviour logprobs, as a rollout reports them
+            flat = [packed_token_logprobs(model.eval(), pack_rows(batch, [row]).to(device)).cpu()
+                    for row in range(len(batch))]
+        for row, logprobs in enumerate(flat):
+            batch.behaviour_logprobs[row, : logprobs.shape[0]] = logprobs
+        batch.behaviour_logprobs *= batch.response_mask
+        updater = PolicyUpdater(model, LossConfig(), OptimConfig(lr=1e-6, micro_batch_size=micro_batch_size))
+        step = lambda: updater.step(batch)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+        model.train()
+        step = lambda: plain_step(model, optimizer, batch, groups, device)
+    rss_before_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times, cpu_times = [], []
+    for i in range(reps + 1):
+        sync_device(device)
+        started, cpu_started = time.perf_counter(), time.process_time()
+        step()
+        sync_device(device)
+        if i > 0:  # the first step warms up allocator and kernels
+            times.append(time.perf_counter() - started)
+            cpu_times.append(time.process_time() - cpu_started)
+    padded = sum(len(g) * int(batch.attention_mask[g].sum(dim=1).max()) for g in groups)
+    peak_mb = (torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda"
+               else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    return {
+        "variant": variant, "preset": preset, "device": device.type, "dtype": str(dtype).removeprefix("torch."),
+        "params": sum(p.numel() for p in model.parameters()), "vocab": vocab, "sequences": len(batch),
+        "micro_batch_size": micro_batch_size, "tokens": batch.num_tokens, "padded_tokens": padded,
+        "response_tokens": batch.num_response_tokens, "step_s": statistics.median(times), "steps_s": times, "cpu_s": cpu_times,
+        "tok_s": batch.num_tokens / statistics.median(times), "peak_mb": peak_mb, "rss_before_steps_mb": rss_before_mb,
+    }
+
+
+def variant_in_subprocess(variant: str, preset: str, device: str, reps: int, timeout_s: float) -> dict:
+    cmd = [sys.executable, __file__, "--variant", variant, "--preset", preset, "--device", device,
+           "--reps", str(reps)]
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout_s, env=os.environ.copy())
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("VARIANT ")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-3000:]}")
+    return json.loads(lines[-1].removeprefix("VARIANT "))
+
+
+def dapo_vs_plain(preset: str, device: str, reps: int, rounds: int, rows: list, result: dict, prefix: str = "") -> None:
+    """Section 0: both variants, `rounds` times in alternation (load from other processes
+    hits both alike); the median step time over all rounds, the largest peak."""
+    runs: dict[str, list[dict]] = {"dapo": [], "plain": []}
+    load = os.getloadavg()[0]
+    try:
+        for _ in range(rounds):
+            for variant in ("dapo", "plain"):
+                runs[variant].append(variant_in_subprocess(variant, preset, device, reps, timeout_s=3600))
+    except RuntimeError as exc:
+        if not prefix:
+            raise
+        # on an accelerator a variant may not fit (the plain step's full logits): say so, go on
+        result[f"{prefix}dapo_vs_plain_error"] = str(exc)[-1000:]
+        rows.append((f"DAPO vs plain step, {device}, {preset}", "failed", str(exc).splitlines()[-1][:200]))
+        return
+    figures = {}
+    for variant, found in runs.items():
+        step_s = statistics.median(t for r in found for t in r["steps_s"])
+        cpu_s = statistics.median(t for r in found for t in r["cpu_s"])
+        figures[variant] = {"tok_s": found[0]["tokens"] / step_s, "peak_mb": max(r["peak_mb"] for r in found),
+                            "step_s": step_s, "cpu_s": cpu_s}
+    first = runs["dapo"][0]
+    ratio = figures["dapo"]["tok_s"] / figures["plain"]["tok_s"]
+    padding = 1 - first["tokens"] / first["padded_tokens"]
+    result.update({
+        f"{prefix}dapo_over_plain_step": ratio,
+        f"{prefix}dapo_tok_s": figures["dapo"]["tok_s"], f"{prefix}plain_tok_s": figures["plain"]["tok_s"],
+        f"{prefix}dapo_peak_mb": figures["dapo"]["peak_mb"], f"{prefix}plain_peak_mb": figures["plain"]["peak_mb"],
+        f"{prefix}dapo_vs_plain_model": f"Qwen3 shape '{preset}', {first['params'] / 1e6:.0f}M params, "
+                                        f"vocab {first['vocab']}, {first['dtype']}, {first['device']}",
+        f"{prefix}dapo_vs_plain_tokens": first["tokens"], f"{prefix}plain_padding_share": padding,
+        f"{prefix}dapo_vs_plain_load_1m": load,
+        # process CPU seconds per step: less sensitive than wall time to other processes on a shared machine
+        f"{prefix}dapo_over_plain_step_cpu_time": figures["plain"]["cpu_s"] / figures["dapo"]["cpu_s"],
+    })
+    where = f"{first['device']}, Qwen3 {first['params'] / 1e6:.0f}M/{first['vocab']} vocab"
+    rows.append((f"DAPO update, {where}", f"{figures['dapo']['tok_s']:.0f} tok/s",
+                 f"peak {figures['dapo']['peak_mb']:.0f} MB; {first['sequences']} seqs, {first['tokens']} real tokens, "
+                 f"micro-batch {first['micro_batch_size']}, packed"))
+    rows.append((f"plain transformers step, {where}", f"{figures['plain']['tok_s']:.0f} tok/s",
+                 f"peak {figures['plain']['peak_mb']:.0f} MB; same tokens padded ({padding:.0%} padding)"))
+    rows.append((f"DAPO / plain step, {where}", f"{ratio:.2f}x",
+                 f"memory {figures['dapo']['peak_mb'] / figures['plain']['peak_mb']:.2f}x; by process CPU time "
+                 f"{figures['plain']['cpu_s'] / figures['dapo']['cpu_s']:.2f}x; load avg {load:.1f}"))
+
+
+def sync_row(preset: str, device: torch.device, tokenizer, reps: int, rows: list, result: dict, prefix: str) -> None:
+    """Weight sync of a Qwen3-shaped model trained in bf16: from a finished update to the
+    built-in server (on `device`) serving the new weights = save + load."""
+    model, _ = qwen3_model(preset, device, torch.bfloat16)
+    params = sum(p.numel() for p in model.parameters())
+    load = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(dir=OUT) as tmp:
+        model.save_pretrained(Path(tmp) / "model")
+        tokenizer.save_pretrained(Path(tmp) / "model")  # sampled ids are never decoded here
+        proc, base_url = start_server_process(Path(tmp) / "model", device=device.type)
+        try:
+            sync = asyncio.run(measure_sync(model, None, base_url, Path(tmp) / "weights", reps))
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    result.update({f"{prefix}sync_s": sync["sync_s"], f"{prefix}sync_save_s": sync["save_s"],
+                   f"{prefix}sync_load_s": sync["load_s"], f"{prefix}sync_params": params,
+                   f"{prefix}sync_load_1m": load})
+    served = "fp32 CPU server" if device.type == "cpu" else f"{device.type} server"
+    rows.append((f"sync, Qwen3 {params / 1e6:.0f}M bf16 -> {served}", f"{sync['sync_s'] * 1000:.0f} ms",
+                 f"save {sync['save_s'] * 1000:.0f} ms + load {sync['load_s'] * 1000:.0f} ms; load avg {load:.1f}"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--e2e-steps", type=int, default=12)
@@ -219,8 +418,23 @@ def main() -> None:
     parser.add_argument("--skip-e2e", action="store_true", help="no end-to-end training run")
     parser.add_argument("--e2e", choices=("arith", "digits"), default="arith",
                         help="arith: the tool-use task through the pipeline (bench/arith_rl.py); digits: direct source")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu",
+                        help="model and workload of the DAPO-vs-plain comparison on the CPU")
+    parser.add_argument("--gpu-preset", choices=sorted(PRESETS), default="qwen3-0.6b",
+                        help="model and workload of the DAPO-vs-plain comparison on CUDA")
+    parser.add_argument("--rounds", type=int, default=1, help="DAPO/plain process pairs, in alternation")
+    parser.add_argument("--only-dapo-vs-plain", action="store_true",
+                        help="section 0 alone (CPU, and CUDA where there is one)")
+    parser.add_argument("--sync-model", choices=("tiny", "qwen3-0.6b"), default="tiny",
+                        help="model of the CPU weight-sync row (qwen3-0.6b: bf16 saved, served by a CPU server)")
+    parser.add_argument("--variant", choices=("dapo", "plain"), help=argparse.SUPPRESS)  # one child process
+    parser.add_argument("--device", default="cpu", help=argparse.SUPPRESS)
+    parser.add_argument("--reps", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    if args.variant:
+        print("VARIANT " + json.dumps(run_variant(args.variant, args.preset, args.device, args.reps or 3)), flush=True)
+        return
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -232,6 +446,13 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     rows: list[tuple[str, str, str]] = []
     result: dict = {}
+
+    dapo_vs_plain(args.preset, "cpu", 2 if args.quick else 3, args.rounds, rows, result)
+    if args.only_dapo_vs_plain:
+        if torch.cuda.is_available():
+            dapo_vs_plain(args.gpu_preset, "cuda", 3, args.rounds, rows, result, prefix="gpu_")
+        print_table(rows, result)
+        return
 
     cpu = torch.device("cpu")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -261,6 +482,8 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(30)
+    if args.sync_model != "tiny":
+        sync_row(args.sync_model, cpu, tokenizer, reps, rows, result, prefix="big_")
     if not args.skip_e2e and args.e2e == "arith":
         arith_e2e(steps, rows, result)
     if metrics:
@@ -275,9 +498,16 @@ def main() -> None:
 
     if torch.cuda.is_available() or args.accelerator_section_on_cpu:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        dapo_vs_plain("cpu-small" if args.accelerator_section_on_cpu else args.gpu_preset, device.type, 3, args.rounds,
+                      rows, result, prefix="gpu_")
         accelerator_section(device, model_dir, tokenizer, batch, reps, rows, result,
                             small=args.accelerator_section_on_cpu)
+        sync_row("cpu-small" if args.accelerator_section_on_cpu else args.gpu_preset, device, tokenizer, reps,
+                 rows, result, prefix="gpu_qwen3_")
+    print_table(rows, result)
 
+
+def print_table(rows: list, result: dict) -> None:
     width = max(len(r[0]) for r in rows)
     print(f"\n{'measure':<{width}}  {'value':>16}  notes")
     for name, value, note in rows:

@@ -67,10 +67,12 @@ def _per_sequence(query, key, value, bounds: list[int], scaling):
             extra["enable_gqa"] = True
         else:
             key, value = _repeat_heads(key, value, groups, dim=1)
+    # split, not slices: the backward of a split is one cat, that of each slice a zero-filled
+    # full-size gradient per sequence
+    lengths = [e - s for s, e in itertools.pairwise(bounds)]
     outs = [
-        F.scaled_dot_product_attention(query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], is_causal=True,
-                                       scale=scaling, **extra)
-        for s, e in itertools.pairwise(bounds)
+        F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, **extra)
+        for q, k, v in zip(query.split(lengths, dim=2), key.split(lengths, dim=2), value.split(lengths, dim=2))
     ]
     return torch.cat(outs, dim=2)
 

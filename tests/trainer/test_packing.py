@@ -175,3 +175,33 @@ def test_the_cuda_varlen_route_gives_the_per_sequence_logprobs(tiny_model_dir, m
     assert torch.allclose(got, expected, atol=1e-5)
     # a kernel that fails is given up once, with its reason, and the per-sequence route answers
     assert (packed_attention._varlen_broken is None) == (kernel != "fails")
+
+
+def test_several_mini_batches_take_the_old_logprobs_of_the_policy_each_one_starts_from(tiny_model_dir):
+    """mini_batches=2: each half is one optimizer step whose ratio is taken against the model
+    as that step finds it (recomputed, as the update always did), with TIS against behaviour."""
+    loss = LossConfig(tis_cap=1.5)
+    batch = _batch(6)
+    model = _load(tiny_model_dir)
+    with torch.no_grad():
+        current = token_logprobs(model.eval(), batch.input_ids, batch.attention_mask)
+        noise = torch.randn(current.shape, generator=torch.Generator().manual_seed(7)) * 0.3
+        batch.behaviour_logprobs = (current + noise) * batch.response_mask
+    expected_model = copy.deepcopy(model)
+    sgd = torch.optim.SGD(expected_model.parameters(), lr=0.5)
+    for half in (slice(0, 2), slice(2, 4)):
+        mini = batch.select(half)
+        with torch.no_grad():  # the recomputation the update used to make before each mini-batch
+            old = token_logprobs(expected_model.eval(), mini.input_ids, mini.attention_mask)
+        sgd.zero_grad()
+        logprobs = token_logprobs(expected_model.train(), mini.input_ids, mini.attention_mask)
+        dapo_policy_loss(logprobs, mini.behaviour_logprobs, mini.advantages, mini.response_mask, old_logprobs=old,
+                         tis_cap=1.5).loss.backward()
+        torch.nn.utils.clip_grad_norm_(expected_model.parameters(), 1.0)
+        sgd.step()
+
+    updater = PolicyUpdater(model, loss, OptimConfig(micro_batch_size=1, mini_batches=2))
+    updater.optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    updater.step(batch)
+    for (name, expected), got in zip(expected_model.named_parameters(), model.parameters()):
+        assert _close(got.detach(), expected.detach(), rel=1e-5), name

@@ -130,6 +130,11 @@ class Settings(BaseSettings):
         "(docker.io/library/ left off) -> a locally built image. Default: python, debian and ubuntu (any tag) -> "
         "$ROLLSTREAM_BASE_IMAGE or localhost/rollstream/python:bookworm (scripts/install-podman). An image no "
         "entry matches is built from as written.")
+    verifiers_environments: list[str] = Field(
+        default_factory=list, description="verifiers environments (their ids, e.g. 'reverse-text', the module "
+        "reverse_text; JSON list) a verifiers job may load: installed packages exposing load_environment, loaded "
+        "by id, never from a path. Empty (the default): no verifiers job runs; each fails (failure 'job') naming "
+        "this setting.")
     swe_bundle_max_bytes: int = Field(1 << 30, gt=0, description="Largest git bundle of a repository that init "
                                       "reads from the mirror into a sandbox (1 GiB).")
     agent_job_chat_templates: bool = Field(

@@ -14,7 +14,7 @@ import os
 import re
 import shlex
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rollstream.messages import Envelope
 from rollstream.sandboxes.sandbox_client import SandboxClient
@@ -23,7 +23,18 @@ from rollstream.tasks.base import TaskContext
 from rollstream.trajectory import Trajectory
 
 if TYPE_CHECKING:
-    from rollstream.tasks.swe import SweTask
+    from rollstream.sandbox_spec import SandboxSpec
+
+
+class SweTask(Protocol):
+    """What verification needs of the SWE task (tasks/swe.py), named here so that the task
+    can import its eval without the eval importing the task back."""
+
+    def repo_dir(self, instance: dict, workdir: str = "/workspace") -> str: ...
+
+    def sandbox_spec(self, instance: dict) -> SandboxSpec: ...
+
+    async def prepare(self, env: Envelope, sandbox: SandboxClient) -> None: ...
 
 _PLUGIN_SOURCE = Path(__file__).with_name("swe_report_plugin.py")
 EVAL_DIR = "/tmp/.rs-eval"

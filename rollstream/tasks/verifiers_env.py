@@ -1,0 +1,88 @@
+"""The ``verifiers`` task: a verifiers environment (a package exposing ``load_environment``), run
+unmodified. The instance names the environment by id (an installed package the operator allows),
+its ``load_environment`` arguments and a row of its dataset; run plays the environment's own
+episode through the job's door (verifiers_episode.py), so the model's tokens are recorded exactly;
+eval reports the environment's rubric: the reward and each reward function's score.
+
+Instance: ``{"environment": "reverse-text", "args": {...}, "index": 0, "split": "train" | "eval"}``.
+``jobs(env_id, args)`` makes one job per dataset row; ``rollstream submit verifiers:ENV_ID[:ARGS]``
+submits them. The environment's code (its tools included) runs on the run worker, as a task plugin
+does: install only packages you trust, and allow them by id in ``verifiers_environments``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rollstream.agent.harness import run_harness
+from rollstream.errors import InvalidJob, JobFailed
+from rollstream.messages import Envelope
+from rollstream.tasks import eval_report, verifiers_episode
+from rollstream.tasks.base import Task, TaskContext
+from rollstream.tasks.verifiers_episode import SPLITS, check_allowed
+from rollstream.trajectory import Trajectory
+
+HARNESS = "verifiers-env"  # verifiers_episode.run, through the rollstream.harnesses entry point
+INSTANCE_FIELDS = ("environment", "args", "index", "split")
+MAX_INDEX = 10**9
+
+
+class VerifiersTask(Task):
+    name = "verifiers"
+
+    def validate(self, instance: dict) -> None:
+        unknown = sorted(set(instance) - set(INSTANCE_FIELDS))
+        if unknown:
+            raise InvalidJob(f"verifiers: unknown instance fields {unknown}; it takes {list(INSTANCE_FIELDS)}")
+        check_allowed(instance.get("environment"))
+        if not isinstance(instance.get("args", {}), dict):
+            raise InvalidJob("verifiers: args must be an object of load_environment's keyword arguments")
+        index = instance.get("index", 0)
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < MAX_INDEX:
+            raise InvalidJob(f"verifiers: index must be a dataset row number (an integer >= 0), got {index!r}")
+        if instance.get("split", "train") not in SPLITS:
+            raise InvalidJob(f"verifiers: split must be one of {list(SPLITS)}, got {instance.get('split')!r}")
+
+    async def rollout(self, env: Envelope, ctx: TaskContext) -> Trajectory:
+        job = env.job
+        if job.agent.get("harness"):
+            raise JobFailed("a verifiers job's episode is driven by its environment's own turn protocol; leave "
+                            "agent.harness unset", retryable=False, failure="job")
+        verifiers_episode.outcomes[job.job_id] = None
+        try:
+            traj = await run_harness(HARNESS, [], [], env, ctx.services, ctx.sandbox)
+            outcome = verifiers_episode.outcomes.get(job.job_id)
+        finally:
+            verifiers_episode.outcomes.pop(job.job_id, None)
+        if outcome is None:
+            raise JobFailed(f"the verifiers episode of {job.instance.get('environment')!r} did not start: "
+                            f"{traj.extra.get('finish_detail', 'no detail')}")
+        if outcome.error is not None:
+            raise JobFailed(outcome.error, retryable=False, failure="job")
+        traj.extra.pop("harness", None)
+        traj.extra["verifiers"] = {**outcome.detail, "reward": outcome.reward, "metrics": outcome.metrics,
+                                   "weights": outcome.weights}
+        return traj
+
+    async def score(self, env: Envelope, ctx: TaskContext) -> float:
+        """The environment's rubric scored the rollout on the run worker; its reward, with each
+        function's score (``metrics``) and weight, goes to the eval info."""
+        found = (env.trajectory.extra.get("verifiers") if env.trajectory is not None else None) or {}
+        reward = found.get("reward")
+        if reward is None:
+            return eval_report.record(env, 0.0, "the environment's rubric gave no reward")
+        reason = f"the rubric of verifiers environment {found.get('environment')!r}"
+        if found.get("error"):
+            reason += f" (the rollout ended on an error: {found['error']})"
+        return eval_report.record(env, float(reward), reason, metrics=found.get("metrics", {}),
+                                  weights=found.get("weights", {}), stop_condition=found.get("stop_condition"))
+
+
+def jobs(env_id: str, args: dict[str, Any] | None = None, split: str = "train", limit: int | None = None,
+         **job_fields: Any) -> list[dict]:
+    """One job per row of the environment's dataset (loaded here to count them)."""
+    args = args or {}
+    env = verifiers_episode.load_environment(check_allowed(env_id), args)
+    dataset = env.get_eval_dataset() if split == "eval" else env.get_dataset()
+    count = len(dataset) if limit is None else min(limit, len(dataset))
+    return [{"task": VerifiersTask.name, "instance": {"environment": env_id, "args": args, "index": i, "split": split},
+             "metadata": {"verifiers_environment": env_id}, **job_fields} for i in range(count)]

@@ -1,4 +1,5 @@
-"""Backend routes: register, list and remove inference servers in the balancer."""
+"""Backend routes: register, list and remove inference servers in the balancer; pause and resume
+generation across them."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, Field
 
 from rollstream.api.state import Shared
-from rollstream.pipeline.balancer import BackendStatus, add_backend, list_backends, normalize_url, remove_backend
+from rollstream.pipeline.balancer import (BackendStatus, Balancer, add_backend, list_backends, normalize_url,
+                                         remove_backend)
 
 router = APIRouter(tags=["backends"])
 
@@ -41,3 +43,25 @@ async def remove(url: str, state: Shared) -> dict:
     if not await remove_backend(state.r, url, state.keys.namespace):
         raise HTTPException(404, detail=f"no backend {url}")
     return {"removed": url}
+
+
+class PauseRequest(BaseModel):
+    reason: str = Field("paused through the API", max_length=500, description="Why; shown while paused.")
+    ttl_s: float = Field(600.0, gt=0, le=86400, description="The pause ends by itself after this long.")
+    drain_timeout_s: float = Field(120.0, gt=0, le=3600, description="How long turns in flight may take to finish.")
+
+
+@router.post("/v1/backends/pause")
+async def pause(req: PauseRequest, state: Shared) -> dict:
+    """Pause generation on every backend; answers once the turns in flight have finished."""
+    balancer = Balancer(state.r, namespace=state.keys.namespace)
+    try:
+        drained_s = await balancer.pause(req.reason, ttl_s=req.ttl_s, drain_timeout_s=req.drain_timeout_s)
+    except TimeoutError as exc:
+        raise HTTPException(504, detail=str(exc)) from None
+    return {"paused": True, "reason": req.reason, "drained_s": drained_s}
+
+
+@router.post("/v1/backends/resume")
+async def resume(state: Shared) -> dict:
+    return {"resumed": await Balancer(state.r, namespace=state.keys.namespace).resume()}

@@ -1,4 +1,5 @@
-"""``rollstream backends add|list|remove``: the inference servers in the balancer."""
+"""``rollstream backends add|list|remove|pause|resume``: the inference servers in the balancer,
+and generation paused across them (around a weight sync)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import typer
 from rich.table import Table
 
 from rollstream.cli.common import console, namespace_option, redis_option, require_redis, settings_from
-from rollstream.pipeline.balancer import add_backend, list_backends, normalize_url, remove_backend
+from rollstream.pipeline.balancer import Balancer, add_backend, list_backends, normalize_url, remove_backend
 from rollstream.pipeline.connection import async_redis
 
 app = typer.Typer(help="Inference servers (vLLM, SGLang, built-in) the run workers balance over.",
@@ -72,3 +73,24 @@ def remove(url: str = typer.Argument(..., help="Base URL as registered."),
     if not _run(lambda r, ns: remove_backend(r, url, ns), redis, namespace):
         raise typer.Exit(f"no backend {url}")
     console.print(f"removed: {url}")
+
+
+@app.command()
+def pause(reason: str = typer.Option("paused by the operator", help="Why; shown by 'backends paused'."),
+          ttl_s: float = typer.Option(600.0, help="The pause ends by itself after this long (a forgotten one "
+                                                  "never stops training for good)."),
+          drain_timeout_s: float = typer.Option(120.0, help="How long the turns in flight may take to finish."),
+          redis: Optional[str] = redis_option(), namespace: Optional[str] = namespace_option()):
+    """Pause generation on every backend: no new model turn starts; returns once the turns in
+    flight have finished (what a weight sync does around loading, by itself)."""
+    drained_s = _run(lambda r, ns: Balancer(r, namespace=ns).pause(reason, ttl_s=ttl_s,
+                                                                   drain_timeout_s=drain_timeout_s), redis, namespace)
+    console.print(f"generation paused ({reason}); turns in flight finished in {drained_s:.2f} s; "
+                  f"'rollstream backends resume' ends it (or it ends by itself in {ttl_s:.0f} s)")
+
+
+@app.command()
+def resume(redis: Optional[str] = redis_option(), namespace: Optional[str] = namespace_option()):
+    """Resume generation after 'backends pause'."""
+    resumed = _run(lambda r, ns: Balancer(r, namespace=ns).resume(), redis, namespace)
+    console.print("generation resumed" if resumed else "generation was not paused")

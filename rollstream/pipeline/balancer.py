@@ -10,9 +10,10 @@ import logging
 import os
 import socket
 import time
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import AsyncIterator, Iterable
 
 import httpx
 from pydantic import BaseModel, Field
@@ -26,6 +27,7 @@ from rollstream.pipeline.keys import Keys
 log = logging.getLogger(__name__)
 
 LUA_DIR = Path(__file__).parent / "lua"
+PAUSE_POLL_S = 0.05  # how often a paused process looks whether generation resumed
 
 
 class NoBackendAvailable(RuntimeError):
@@ -100,6 +102,7 @@ class Balancer:
         self.reclaim_batch = reclaim_batch
         self.worker_id = worker_id or default_worker_id()
         self._held: dict[str, Lease] = {}
+        self._resumed: asyncio.Future | None = None
         # The keys every lease script takes first, in the order the Lua scripts name them.
         self._lease_keys = [self.keys.backends, self.keys.backends_down, self.keys.leases, self.keys.lease_backends]
         self._scripts = {
@@ -179,16 +182,21 @@ class Balancer:
         backend while within the slack, else the least loaded one."""
         k = self.keys
         ttl_ms = int((lease_ttl_s or self.lease_ttl_s) * 1000)
-        result = await self._scripts["acquire"](
-            keys=[*self._lease_keys, k.lease_seq, k.job_backend(job_id), k.group_backends(group_id) if group_id else ""],
-            args=[
-                worker_id or self.worker_id,
-                ttl_ms,
-                self.group_affinity_slack,
-                self.affinity_ttl_s,
-                self.reclaim_batch,
-            ],
-        )
+        while True:
+            result = await self._scripts["acquire"](
+                keys=[*self._lease_keys, k.lease_seq, k.job_backend(job_id),
+                      k.group_backends(group_id) if group_id else "", k.generation_paused],
+                args=[
+                    worker_id or self.worker_id,
+                    ttl_ms,
+                    self.group_affinity_slack,
+                    self.affinity_ttl_s,
+                    self.reclaim_batch,
+                ],
+            )
+            if not (result and _s(result[2]) == "paused"):
+                break
+            await self._until_resumed()
         if not result:
             raise NoBackendAvailable(
                 f"no healthy LLM backend in {k.backends}; register one with "
@@ -198,6 +206,51 @@ class Balancer:
         lease = Lease(_s(result[0]), _s(result[1]), job_id, _s(result[2]))
         self._held[lease.lease_id] = lease
         return lease
+
+    async def _until_resumed(self) -> None:
+        """Wait while generation is paused: one poll of the flag per process, however many
+        turns wait (the flag expires by itself, so this never waits past its ttl)."""
+        if self._resumed is None or self._resumed.done():
+            self._resumed = asyncio.ensure_future(self._poll_resumed())
+        await asyncio.shield(self._resumed)
+
+    async def _poll_resumed(self) -> None:
+        while await self.redis.exists(self.keys.generation_paused):
+            await asyncio.sleep(PAUSE_POLL_S)
+
+    async def pause(self, reason: str, *, ttl_s: float = 600.0, drain_timeout_s: float = 120.0) -> float:
+        """Pause generation on every backend: no new turn starts (acquire waits), and this
+        returns once the turns in flight have finished, with the seconds that took. The pause
+        ends with resume(), or by itself after ttl_s. Raises TimeoutError, resuming first,
+        when turns are still in flight after drain_timeout_s."""
+        k = self.keys
+        await self.redis.set(k.generation_paused, json.dumps({"reason": reason, "by": self.worker_id,
+                                                              "at": time.time()}), px=int(ttl_s * 1000))
+        log.info("generation paused", extra={"reason": reason})
+        started = time.monotonic()
+        while True:
+            await self.reclaim_expired()
+            in_flight = sum((await self.in_flight()).values())
+            if in_flight <= 0:
+                return time.monotonic() - started
+            if time.monotonic() - started > drain_timeout_s:
+                await self.resume()
+                raise TimeoutError(f"{in_flight} model turns still in flight {drain_timeout_s:.0f} s after pausing "
+                                   f"generation ({reason}); generation resumed. A backend that hangs holds them: "
+                                   "check 'rollstream backends list'")
+            await asyncio.sleep(PAUSE_POLL_S)
+
+    async def resume(self) -> bool:
+        """End a pause; True when generation was paused."""
+        resumed = bool(await self.redis.delete(self.keys.generation_paused))
+        if resumed:
+            log.info("generation resumed")
+        return resumed
+
+    async def paused(self) -> dict | None:
+        """Who paused generation and why, while it is paused; else None."""
+        raw = await self.redis.get(self.keys.generation_paused)
+        return json.loads(_s(raw)) if raw else None
 
     async def release(self, *leases: Lease | str) -> int:
         """Give slots back; returns how many were still held (expired ones count 0)."""
@@ -329,3 +382,17 @@ async def list_backends(redis: Redis, namespace: str = "rs") -> list[BackendStat
 
 async def remove_backend(redis: Redis, url: str, namespace: str = "rs") -> bool:
     return await Balancer(redis, namespace=namespace).remove(url)
+
+
+@asynccontextmanager
+async def generation_paused(redis: Redis, namespace: str, reason: str, *, ttl_s: float = 600.0,
+                            drain_timeout_s: float = 120.0) -> AsyncIterator[float]:
+    """``async with generation_paused(r, ns, "weight sync v3") as drained_s:`` no model turn
+    runs on any backend inside the block (those in flight finished before it starts), so a
+    weight load never lands mid-turn and every turn's policy version is exact."""
+    balancer = Balancer(redis, namespace=namespace)
+    drained_s = await balancer.pause(reason, ttl_s=ttl_s, drain_timeout_s=drain_timeout_s)
+    try:
+        yield drained_s
+    finally:
+        await balancer.resume()

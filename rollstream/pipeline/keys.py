@@ -117,6 +117,12 @@ class Keys:
         return self._k("backends", "info")
 
     @property
+    def generation_paused(self) -> str:
+        """Present while generation is paused (around a weight sync): acquire hands out no slot.
+        Holds who paused and why; expires by itself, so a trainer that died never pauses for good."""
+        return self._k("backends", "paused")
+
+    @property
     def leases(self) -> str:
         """Sorted set of in-flight slots scored by their expiry (ms), so dead workers' expire."""
         return self._k("leases")

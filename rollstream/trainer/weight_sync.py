@@ -30,10 +30,11 @@ import stat
 import tempfile
 import time
 from collections.abc import Iterator
+import contextlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, AsyncContextManager, Literal, Protocol
 
 import httpx
 from pydantic import BaseModel, Field
@@ -327,8 +328,10 @@ class WeightPublisher:
         timeout_s: float = 300.0,
         redis: Any = None,
         namespace: str = "rs",
+        pause_generation: bool = True,
     ) -> None:
         self.root = Path(root)
+        self.pause_generation = pause_generation
         self.backends = backends
         self.keep_versions = max(keep_versions, 1)
         self.timeout_s = timeout_s
@@ -343,7 +346,7 @@ class WeightPublisher:
         started = time.monotonic()
         weights_dir = await asyncio.to_thread(save_weights, model, tokenizer, self.version_dir(policy_version))
         saved = time.monotonic()
-        async with httpx.AsyncClient(timeout=self.timeout_s) as client:
+        async with self._generation_paused(policy_version), httpx.AsyncClient(timeout=self.timeout_s) as client:
             outcomes = await asyncio.gather(
                 *(b.load(client, weights_dir, policy_version) for b in self.backends), return_exceptions=True
             )
@@ -366,6 +369,17 @@ class WeightPublisher:
         log.info("published policy v%d to %d backends", policy_version, len(self.backends))
         return SyncReport(policy_version, weights_dir, save_s=saved - started, load_s=loaded - saved,
                           served={b.url: policy_version for b in self.backends})
+
+    def _generation_paused(self, policy_version: int) -> AsyncContextManager:
+        """With Redis, generation is paused on every backend while they load (turns in flight
+        finish first, none starts until all have loaded), so no turn mixes two policies and
+        every backend serves the new one from the same moment; saving happens before."""
+        if self.redis is None or not self.pause_generation:
+            return contextlib.nullcontext()
+        from rollstream.pipeline.balancer import generation_paused
+
+        return generation_paused(self.redis, self.namespace, f"weight sync to policy v{policy_version}",
+                                 drain_timeout_s=self.timeout_s)
 
     def _prune(self, current: int) -> None:
         for old in sorted(self.root.glob("policy-v*")):

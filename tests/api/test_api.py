@@ -114,3 +114,38 @@ async def test_results_stream_cancel_status_and_metrics(api_server, auth, worker
     assert any(s["stage"] == "init" for s in status["streams"])
     assert "rollstream_stream_length" in metrics and "rollstream_jobs_total" in metrics
     assert 'rollstream_stage_duration_seconds_bucket{stage="init",le="+Inf"}' in metrics
+
+
+async def test_generation_is_paused_and_resumed_through_the_api_and_the_cli(api_server, auth, settings, cli_env):
+    import subprocess
+    import sys
+
+    from redis.asyncio import Redis
+
+    from rollstream.pipeline.balancer import Balancer
+
+    r = Redis.from_url(settings.redis_url)
+    balancer = Balancer(r, namespace=settings.namespace)
+    try:
+        await balancer.register("http://gpu7:8000")
+        async with httpx.AsyncClient(base_url=api_server, headers=auth) as http:
+            paused = await http.post("/v1/backends/pause", json={"reason": "weight sync by hand"})
+            assert paused.status_code == 200 and paused.json()["paused"]
+            assert (await balancer.paused())["reason"] == "weight sync by hand"
+            waiting = asyncio.create_task(balancer.acquire("job"))
+            await asyncio.sleep(0.3)
+            assert not waiting.done()
+            assert (await http.post("/v1/backends/resume")).json() == {"resumed": True}
+            assert (await asyncio.wait_for(waiting, timeout=5)).backend == "http://gpu7:8000"
+            await balancer.release(waiting.result())
+        cli = [sys.executable, "-m", "rollstream", "backends"]
+        done = await asyncio.to_thread(subprocess.run, [*cli, "pause", "--reason", "from the CLI"], env=cli_env,
+                                       capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and "generation paused" in done.stdout + done.stderr, done.stderr
+        assert (await balancer.paused())["reason"] == "from the CLI"
+        done = await asyncio.to_thread(subprocess.run, [*cli, "resume"], env=cli_env, capture_output=True,
+                                       text=True, timeout=120)
+        assert done.returncode == 0 and "generation resumed" in done.stdout + done.stderr
+        assert await balancer.paused() is None
+    finally:
+        await r.aclose()

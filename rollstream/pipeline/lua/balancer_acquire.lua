@@ -1,8 +1,10 @@
 -- Pick a backend for one request of a job and take a lease on one in-flight slot.
 -- KEYS: backends, backends:down, leases, leases:backend, lease sequence,
---       job affinity key (backend), group affinity key (set of backends; '' if none)
+--       job affinity key (backend), group affinity key (set of backends; '' if none),
+--       the generation-paused flag
 -- ARGV: worker id, lease ttl ms, group affinity slack, affinity ttl s, reclaim batch
--- Returns {lease id, backend, reason} or false when no healthy backend exists.
+-- Returns {lease id, backend, reason}, {'', '', 'paused'} while generation is paused (a
+-- weight sync: no turn may start), or false when no healthy backend exists.
 local up, down, leases, lease_backend, seq = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local job_key, group_key = KEYS[6], KEYS[7]
 local worker, ttl_ms = ARGV[1], tonumber(ARGV[2])
@@ -11,6 +13,10 @@ local now = now_ms()
 
 -- Any acquiring worker cleans up after dead ones, so no separate reaper is required.
 reclaim(up, down, leases, lease_backend, now, tonumber(ARGV[5]))
+
+if redis.call('EXISTS', KEYS[8]) == 1 then
+  return {'', '', 'paused'}
+end
 
 local least = redis.call('ZRANGE', up, 0, 0, 'WITHSCORES')
 if #least == 0 then

@@ -17,13 +17,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rollstream.cli.common import (console, fail, namespace_option, redis_option, require_redis,
                                    settings_from)
 from rollstream.client import AsyncClient
-from rollstream.errors import InvalidJob, RedisUnavailable
+from rollstream.errors import InvalidJob, JobFailed, RedisUnavailable
 from rollstream.messages import Result
 from rollstream.pipeline import cancel as cancel_flags
 from rollstream.pipeline.connection import async_redis
 from rollstream.pipeline.keys import Keys
 from rollstream.tasks.harbor_folder import task_folders
 from rollstream.tasks.registry import shipped_task_sets
+from rollstream.tasks.verifiers_env import task_set as verifiers_task_set
 
 EXIT_FAILED = 1  # some job failed or was cancelled
 EXIT_TIMEOUT = 3  # the deadline passed before every result came
@@ -75,6 +76,15 @@ def harbor_jobs(spec: str) -> tuple[Path, list[tuple[int, dict]]] | None:
                              "metadata": {"harbor_task": folder.name}}) for n, folder in enumerate(folders, 1)]
 
 
+def verifiers_jobs(spec: str) -> tuple[Path, list[tuple[int, dict]]] | None:
+    """Jobs of the verifiers task when ``spec`` is ``verifiers:ENV_ID[:ARGS]``: one per dataset row."""
+    try:
+        found = verifiers_task_set(spec)
+    except (InvalidJob, JobFailed) as exc:
+        fail(str(exc))
+    return None if found is None else (Path(spec), list(enumerate(found, 1)))
+
+
 class Tally:
     """Counts of the results so far, for the progress line and the exit status."""
 
@@ -106,7 +116,8 @@ def submit(
     tasks: str = typer.Argument(..., help="A JSONL file, one job per line ({\"task\": ..., \"instance\": {...}}), "
                                 "the name of a task set shipped with rollstream (arith, code, echo, math, swe), or "
                                 "Harbor task folders: a folder, a folder of them, or a dataset file naming them "
-                                "(.txt, one path a line; or a Harbor registry .json with local paths)."),
+                                "(.txt, one path a line; or a Harbor registry .json with local paths), or "
+                                "verifiers:ENV_ID[:JSON-ARGS], one job per row of a verifiers environment's dataset."),
     redis: Optional[str] = redis_option(), namespace: Optional[str] = namespace_option(),
     group_size: int = typer.Option(1, "--group-size", "-n", min=1, help="Submit each line as a group of N jobs."),
     wait: bool = typer.Option(False, "--wait", help="Show progress, print each result as a JSON line as it "
@@ -116,7 +127,7 @@ def submit(
                                     "submission, for all results (exit 3 past it; the jobs keep running)."),
 ) -> None:
     """Submit a task file; prints the job ids, or with --wait the results."""
-    harbor = harbor_jobs(tasks)
+    harbor = verifiers_jobs(tasks) or harbor_jobs(tasks)
     path, jobs = harbor if harbor is not None else (task_file(tasks), [])
     jobs = jobs or read_jobs(path)
     settings = require_redis(settings_from(redis, namespace), "submit")

@@ -11,9 +11,9 @@ does: install only packages you trust, and allow them by id in ``verifiers_envir
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from rollstream.agent.harness import run_harness
 from rollstream.errors import InvalidJob, JobFailed
 from rollstream.messages import Envelope
 from rollstream.tasks import eval_report, verifiers_episode
@@ -47,6 +47,10 @@ class VerifiersTask(Task):
         if job.agent.get("harness"):
             raise JobFailed("a verifiers job's episode is driven by its environment's own turn protocol; leave "
                             "agent.harness unset", retryable=False, failure="job")
+        from rollstream.agent.harness import (
+            run_harness,  # the run stage's: the CLI imports this module too
+        )
+
         verifiers_episode.outcomes[job.job_id] = None
         try:
             traj = await run_harness(HARNESS, [], [], env, ctx.services, ctx.sandbox)
@@ -86,3 +90,22 @@ def jobs(env_id: str, args: dict[str, Any] | None = None, split: str = "train", 
     count = len(dataset) if limit is None else min(limit, len(dataset))
     return [{"task": VerifiersTask.name, "instance": {"environment": env_id, "args": args, "index": i, "split": split},
              "metadata": {"verifiers_environment": env_id}, **job_fields} for i in range(count)]
+
+
+TASK_SET_PREFIX = "verifiers:"
+
+
+def task_set(spec: str) -> list[dict] | None:
+    """The jobs of ``verifiers:ENV_ID`` or ``verifiers:ENV_ID:{"arg": ...}`` (a task-set name for
+    ``rollstream submit``): one per row of the environment's dataset; None for any other spec."""
+    if not spec.startswith(TASK_SET_PREFIX):
+        return None
+    env_id, _, raw_args = spec[len(TASK_SET_PREFIX):].partition(":")
+    try:
+        args = json.loads(raw_args) if raw_args else {}
+    except json.JSONDecodeError as exc:
+        raise InvalidJob(f"{spec}: the environment's arguments after the second ':' must be a JSON object ({exc})") \
+            from None
+    if not isinstance(args, dict):
+        raise InvalidJob(f"{spec}: the environment's arguments after the second ':' must be a JSON object")
+    return jobs(env_id, args)

@@ -1,0 +1,142 @@
+"""verifiers environments, unmodified, through the whole pipeline (real Redis, real worker
+processes, the built-in model server): a single-turn (reverse-text), a multi-turn (alphabet-sort,
+env_response) and a tool environment (tool-test), after verifiers' own examples
+(tests/tasks/verifiers_envs). A model that gives the dataset's answer scores 1 by each
+environment's rubric, a model that writes garbage 0; every model token in the trajectory is the
+backend's own; an environment that raises fails its job (failure 'job'), naming the error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import model_cache
+import pytest
+
+pytest.importorskip("verifiers", reason="the verifiers extra: pip install rollstream[verifiers]")
+
+from rollstream.client import AsyncClient
+from rollstream.errors import InvalidJob
+from rollstream.llm.inference_client import SamplingParams, VLLMClient
+from rollstream.pipeline.balancer import add_backend
+
+from .verifiers_scripted import ENVS_DIR, build
+
+ENVIRONMENTS = ["vf-reverse-text", "vf-alphabet-sort", "vf-tool-test"]
+ALLOWED = [*ENVIRONMENTS, "vf-broken"]
+GREEDY = {"temperature": 0.0}
+AGENT = {"max_turns": 4, "max_tokens_per_turn": 64, "max_context_tokens": 4096}
+
+
+@pytest.fixture(scope="session")
+def answering_model_dir() -> Path:
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return build(model_cache.cache_dir() / "verifiers-model", model_cache.load("tiny_model_dir"))
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def allowed(monkeypatch):
+    """The operator's allow-list, for the client's checks here and the workers started after."""
+    monkeypatch.setenv("ROLLSTREAM_VERIFIERS_ENVIRONMENTS", json.dumps(ALLOWED))
+
+
+def start_pool(worker_pool, model_dir, sandbox_root):
+    pool = worker_pool(model_dir=model_dir, sandbox_root=sandbox_root)
+    pool.env["PYTHONPATH"] = str(ENVS_DIR)  # the environments' packages, installed on the workers
+    pool.start_all(concurrency=4)
+    return pool
+
+
+def job(environment: str, index: int = 0, **instance) -> dict:
+    return {"task": "verifiers", "instance": {"environment": environment, "index": index, **instance},
+            "sampling": GREEDY, "agent": AGENT}
+
+
+async def run_jobs(settings, server: str, jobs: list[dict]) -> dict[str, object]:
+    async with AsyncClient(settings=settings) as client:
+        await add_backend(client.r, server, settings.namespace)
+        for j in jobs:
+            await client.submit(j)
+        results = await client.collect(len(jobs), timeout_s=240)
+    return {r.trajectory.extra["verifiers"]["environment"] if r.ok else r.error: r for r in results}
+
+
+async def test_each_environment_scores_the_datasets_answer_one_and_the_ids_are_the_models_own(
+        settings, worker_pool, answering_model_dir, sandbox_root, allowed):
+    from rollstream.llm.server import served_model
+
+    start_pool(worker_pool, answering_model_dir, sandbox_root)
+    with served_model(answering_model_dir, device="cpu") as server:
+        results = await run_jobs(settings, server, [job(name) for name in ENVIRONMENTS])
+        assert sorted(results) == sorted(ENVIRONMENTS), [r.error for r in results.values()]
+        backend = VLLMClient()
+        try:
+            for name, result in results.items():
+                assert result.status == "completed" and result.reward == 1.0, (name, result.trajectory.extra)
+                found = result.trajectory.extra["verifiers"]
+                evaluation = result.trajectory.extra["eval"]
+                # The rubric's own functions, each with its score and weight, in the eval info.
+                assert evaluation["reward"] == 1.0 and evaluation["metrics"] and evaluation["weights"]
+                main = {"vf-reverse-text": "lcs_reward_func", "vf-alphabet-sort": "weighted_reward",
+                        "vf-tool-test": "tool_call_reward_func"}[name]
+                assert evaluation["metrics"][main] == 1.0 and evaluation["weights"][main] == 1.0
+                assert found["index"] == 0 and found["completion"]
+                traj = result.trajectory
+                calls = traj.extra["calls"]
+                assert len(calls) == (2 if name == "vf-alphabet-sort" else 1)  # the environment's turns
+                for call in calls:
+                    seg = traj.segments[call["segment"]]
+                    sequence = seg.prompt_ids + seg.response_ids
+                    start = call["prompt_tokens"] - len(seg.prompt_ids)
+                    recorded = seg.response_ids[start:start + call["completion_tokens"]]
+                    assert recorded and seg.loss_mask[start:start + len(recorded)] == [1] * len(recorded)
+                    # Asked again greedily for as many tokens, the backend writes the same ids.
+                    again = await backend.generate(server, sequence[:call["prompt_tokens"]], SamplingParams(
+                        temperature=0.0, max_tokens=len(recorded), ignore_eos=True))
+                    assert again.token_ids == recorded
+        finally:
+            await backend.aclose()
+
+
+async def test_a_model_answering_garbage_scores_zero_in_each_environment(
+        settings, worker_pool, sandbox_root, allowed):
+    from rollstream.llm.server import served_model
+
+    random_model = model_cache.load("tiny_model_dir")  # untrained: no tags, no tool calls
+    start_pool(worker_pool, random_model, sandbox_root)
+    with served_model(random_model, device="cpu") as server:
+        results = await run_jobs(settings, server, [job(name) for name in ENVIRONMENTS])
+    assert sorted(results) == sorted(ENVIRONMENTS), [r.error for r in results.values()]
+    for name, result in results.items():
+        assert result.status == "completed" and result.reward == 0.0, (name, result.trajectory.extra)
+        assert result.trajectory.extra["eval"]["reward"] == 0.0
+
+
+async def test_an_environment_that_raises_fails_its_job_naming_the_error(
+        settings, worker_pool, sandbox_root, allowed):
+    from rollstream.llm.server import served_model
+
+    random_model = model_cache.load("tiny_model_dir")
+    start_pool(worker_pool, random_model, sandbox_root)
+    with served_model(random_model, device="cpu") as server:
+        async with AsyncClient(settings=settings) as client:
+            await add_backend(client.r, server, settings.namespace)
+            with pytest.raises(InvalidJob, match="not allowed here"):
+                await client.submit(job("vf-not-listed"))
+            with pytest.raises(InvalidJob, match="never a path"):
+                await client.submit(job("../vf_broken"))
+            await client.submit(job("vf-broken", args={"fail": "load"}))
+            await client.submit(job("vf-broken", args={"fail": "rubric"}))
+            results = await client.collect(2, timeout_s=240)
+    by_args = {r.metadata.get("fail") or json.dumps(r.error): r for r in results}
+    assert all(r.status == "failed" and r.failure == "job" and r.attempts == 1 for r in results), \
+        [(r.status, r.failure, r.error) for r in results]
+    errors = sorted(r.error for r in by_args.values())
+    assert any("failed to load" in e and "cannot find its dataset" in e for e in errors), errors
+    assert any("rubric failed" in e and "exploding_reward" in e for e in errors), errors

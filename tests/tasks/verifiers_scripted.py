@@ -1,0 +1,94 @@
+"""A tiny model trained (CPU, seconds) to give the dataset's answer to row 0 of each test
+environment in tests/tasks/verifiers_envs, in the environments' own formats, so a verifiers
+episode scores 1 through the real pipeline, deterministically (greedy). The conversations are
+rendered as the job's door renders what verifiers sends it (same template, same tool schemas)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+ENVS_DIR = Path(__file__).parent / "verifiers_envs"
+
+
+def _environments():
+    sys.path.insert(0, str(ENVS_DIR))
+    import verifiers as vf
+
+    return vf, {name: vf.load_environment(name) for name in ("vf-reverse-text", "vf-alphabet-sort", "vf-tool-test")}
+
+
+def conversations() -> list[tuple[list[dict], list[dict] | None]]:
+    """(messages ending in the answer, tools as the door shows them) for row 0 of each environment."""
+    vf, envs = _environments()
+    reverse = envs["vf-reverse-text"].get_dataset()[0]
+    sort = envs["vf-alphabet-sort"].get_dataset()[0]
+    tools_row = envs["vf-tool-test"].get_dataset()[0]
+    client = vf.OpenAIChatCompletionsClient(object())
+    tool_schemas = [json.loads(json.dumps(asyncio.run(client.to_native_tool(t)))) for t in envs["vf-tool-test"].tool_defs]
+    first, second = sort["info"]["ground_truths"]
+    return [
+        (reverse["prompt"] + [{"role": "assistant",
+                               "content": f"<reversed_text>\n{reverse['answer']}\n</reversed_text>"}], None),
+        (sort["prompt"] + [
+            {"role": "assistant", "content": "<alphabetical_sorted>\n" + "\n".join(first) + "\n</alphabetical_sorted>"},
+            {"role": "user", "content": sort["info"]["follow_ups"][0]},
+            {"role": "assistant", "content": "<combined_alphabetical_sorted>\n" + "\n".join(second)
+             + "\n</combined_alphabetical_sorted>"}], None),
+        (tools_row["prompt"] + [{"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": name, "arguments": {"x": 1}}}
+            for name in tools_row["info"]["tool_names"]]}],
+         [{**s, "function": {k: v for k, v in s["function"].items() if k != "strict"}} for s in tool_schemas]),
+    ]
+
+
+def build(folder: Path, base: Path, steps: int = 400) -> Path:
+    """Train the tiny model of ``base`` on the conversations into folder/verifiers-<recipe>."""
+    import torch
+    from agent.scripted_model import (
+        _example,  # the agent tests' masking of assistant turns
+    )
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rollstream.agent.chat import ChatRenderer
+
+    data = conversations()
+    key = hashlib.sha1(Path(__file__).read_bytes() + json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+    out = folder / f"verifiers-{key}"
+    if (out / "trained.json").exists():
+        return out
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    examples = [_example(ChatRenderer(tokenizer, tools), messages) for messages, tools in data]
+    torch.manual_seed(0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    model.train()
+    total = 0.0
+    for step in range(steps):
+        optimizer.zero_grad()
+        total = 0.0
+        for ids, mask in examples:
+            logits = model(torch.tensor([ids])).logits[0, :-1]
+            weight = torch.tensor(mask[1:], dtype=torch.float32)
+            loss = (torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:]), reduction="none")
+                    * weight).sum() / weight.sum()
+            loss.backward()
+            total += float(loss.detach())
+        optimizer.step()
+        if total < 1e-3 * len(examples):
+            break
+    model.eval()
+    tmp = folder / f".{out.name}.{os.getpid()}"
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "trained.json").write_text(json.dumps({"steps": step + 1, "loss": total}))
+    try:
+        os.rename(tmp, out)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)  # another session saved it first
+    return out

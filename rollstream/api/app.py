@@ -1,9 +1,9 @@
 """The HTTP API: the Python client's operations for any language — submit jobs and groups,
 job state, results (long-poll with a cursor, or a stream of NDJSON), cancel, status,
-backends, Prometheus metrics and health. The OpenAPI spec at /openapi.json documents it
+backends, node drains, Prometheus metrics and health. The OpenAPI spec at /openapi.json documents it
 (behind the token, like /docs, unless the api_public_docs setting opens them).
 
-The routes live by resource (jobs.py, results.py, backends.py, ops.py); create_app
+The routes live by resource (jobs.py, results.py, backends.py, nodes.py, ops.py); create_app
 composes them, guards them with the token and keeps what they share on ``app.state``."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import JSONResponse, Response
 
-from rollstream.api import backends, jobs, ops, results
+from rollstream.api import backends, jobs, nodes, ops, results
 from rollstream.api.auth import BearerAuth, load_token
 from rollstream.api.limits import BodySizeLimit
 from rollstream.api.state import ApiState, lifespan
@@ -59,7 +59,7 @@ def create_app(settings: Settings, *, token: str | None = None) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_exception_handler(redis.RedisError, _redis_failed)
     app.include_router(ops.health_router)  # no token: load balancers and probes ask it
-    for router in (jobs.router, results.router(settings.api_max_wait_s), ops.router, backends.router):
+    for router in (jobs.router, results.router(settings.api_max_wait_s), ops.router, backends.router, nodes.router):
         app.include_router(router, dependencies=guarded)
     return app
 

@@ -44,7 +44,8 @@ def render(status: PipelineStatus, jobs_per_s: float | None = None) -> Group:
         # Names wrap rather than being cut: an operator copies them into redis-cli.
         workers.add_column(col, overflow="fold" if col in ("worker", "node") else "ellipsis")
     for w in status.workers:
-        workers.add_row(w.worker, w.stage, w.node, str(w.inflight), str(w.concurrency), str(w.processed),
+        stage = f"{w.stage} (draining)" if w.draining else w.stage
+        workers.add_row(w.worker, stage, w.node, str(w.inflight), str(w.concurrency), str(w.processed),
                         f"{w.heartbeat_age_s:.1f}")
     summary = Table.grid(padding=(0, 2))
     rate = f"{jobs_per_s:.1f}" if jobs_per_s is not None else "-"

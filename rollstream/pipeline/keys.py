@@ -76,6 +76,10 @@ class Keys:
     def submitters(self) -> str:
         return self._k("submitters")
 
+    def drain(self, node: str) -> str:
+        """Present while ``node`` drains: the unix time by which its workers let go (drain.py)."""
+        return self._k("drain", node)
+
     def node_sandboxes(self, node: str) -> str:
         """Set of the sandbox ids live on ``node`` (init's back-pressure)."""
         return self._k("node", node, "sandboxes")

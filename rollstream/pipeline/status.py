@@ -36,6 +36,8 @@ class WorkerStatus(BaseModel):
     processed: int = 0
     concurrency: int = 0
     heartbeat_age_s: float = 0.0
+    draining: bool = Field(False, description="Stopping (SIGTERM) or its node drains: it takes no new work and "
+                           "leaves the list once its jobs are done or handed back.")
 
 
 class PipelineStatus(BaseModel):
@@ -95,7 +97,8 @@ async def snapshot(r: aioredis.Redis, keys: Keys, *, worker_ttl_s: float = DEFAU
         status.workers.append(WorkerStatus(
             worker=name, stage=info.get("stage", ""), node=info.get("node", ""),
             inflight=int(info.get("inflight", 0)), processed=int(info.get("processed", 0)),
-            concurrency=int(info.get("concurrency", 0)), heartbeat_age_s=round(now - beat, 1)))
+            concurrency=int(info.get("concurrency", 0)), heartbeat_age_s=round(now - beat, 1),
+            draining=info.get("draining") == "1"))
     status.dead_letters = await r.xlen(keys.dead)
     for submitter in await r.zrange(keys.submitters, 0, -1):
         status.results_waiting += await r.xlen(keys.results(submitter.decode()))

@@ -1,8 +1,9 @@
 """The consumer loop every stage worker runs: read its stream through a consumer group,
 keep N jobs in flight, keep them fresh with heartbeats (membership.py), reclaim what dead
-workers left, and hand each job on through ``pipeline.handoff``. A job its stage does not
-hand on ends in outcomes.py; cancellations.py and deadlines.py interrupt work in a stage.
-A stage hop costs one wake-up and one awaited round trip (the hand-off script); the
+workers left, and hand each job on through ``pipeline.handoff``. SIGTERM or a drain of its
+node (pipeline/drain.py) stops it; heartbeats go on until its jobs are let go. A job its
+stage does not hand on ends in outcomes.py; cancellations.py and deadlines.py interrupt work
+in a stage. A stage hop costs one wake-up and one awaited round trip (the hand-off script); the
 "running" mark goes off the critical path (running_marks.py), and a finished job's
 latencies join the shared histograms with the process's next flush."""
 
@@ -29,6 +30,7 @@ from rollstream.pipeline.rescue import rescue_dead_nodes
 from rollstream.pipeline.wire import FastRedis, stream_entries
 from rollstream.workers.cancellations import Cancellations
 from rollstream.workers.deadlines import TIMED_OUT, Deadlines, queue_overrun
+from rollstream.workers.letting_go import LettingGo
 from rollstream.workers.membership import Membership, message_id
 from rollstream.workers.outcomes import Outcomes
 from rollstream.workers.running_marks import LateRunningMarks
@@ -62,6 +64,9 @@ class ConsumerLoop:
         self.deadlines = Deadlines(on_due=lambda msg_id: self.cancels.interrupt(msg_id, TIMED_OUT))
         self.outcomes = Outcomes(stage, ctx, self.consumer)
         self._stopping = asyncio.Event()
+        self._let_go = asyncio.Event()  # set once in-flight jobs finished or went back: heartbeats end
+        self.letting_go = LettingGo(self.membership, self.consumer, self._stopping, self.stop, self._heartbeat,
+                                    self.inflight)
         self._slot_freed = asyncio.Event()
         self.processed = 0
         self.running_marks = LateRunningMarks(self.r, ctx.keys, outage=self.outage, consumer=self.consumer)
@@ -81,6 +86,10 @@ class ConsumerLoop:
         """Stop pulling work; in-flight jobs get ``shutdown_grace_s`` to finish."""
         self._stopping.set()
 
+    def terminate(self) -> None:
+        """SIGTERM: let go of this worker's jobs within ``shutdown_grace_s`` (letting_go.py)."""
+        self.letting_go.by(time.time() + self.s.shutdown_grace_s)
+
     async def _register(self) -> None:
         """Create the group and announce this worker, riding out a Redis that restarts."""
         while True:
@@ -96,7 +105,7 @@ class ConsumerLoop:
 
     async def serve(self) -> None:
         await self._register()
-        background = [asyncio.create_task(self._every(self.s.heartbeat_interval_s, self._heartbeat)),
+        background = [asyncio.create_task(self._every(self.s.heartbeat_interval_s, self._heartbeat, self._let_go)),
                       asyncio.create_task(self._every(max(self.s.visibility_timeout_s / 4, 0.2), self._reclaim)),
                       asyncio.create_task(self.cancels.follow(self._stopping)),
                       asyncio.create_task(self._every(1.0, self.cancels.watch)),
@@ -108,20 +117,25 @@ class ConsumerLoop:
             await self._read_loop()
         finally:
             await self._drain()
+            self._let_go.set()
             await self._flush_observations(final=True)
+            background += self.letting_go.tasks
             for task in background:
                 task.cancel()
             self.running_marks.stop()
             self.deadlines.close()
             await asyncio.gather(*background, return_exceptions=True)
             await self.membership.leave()
+            await self.membership.hand_back_node_if_last(self.ctx)
             if self._reader is not None:
                 await self._reader.close()
             await self.running_marks.aclose()
             await self.ctx.handoff.aclose()
 
     async def _heartbeat(self) -> None:
-        await self.membership.heartbeat(list(self.inflight), self.processed)
+        deadline = await self.membership.heartbeat(list(self.inflight), self.processed, self.letting_go.draining)
+        if deadline is not None:
+            self.letting_go.node_drain_heard(deadline)
 
     async def _rescue(self) -> None:
         """Move jobs of dead nodes back to init. Not while Redis refuses writes, nor within
@@ -131,8 +145,9 @@ class ConsumerLoop:
             return
         await rescue_dead_nodes(self.ctx.redis, self.ctx.keys, self.ctx.handoff, self.s, self.consumer)
 
-    async def _every(self, period_s: float, fn) -> None:
-        while not self._stopping.is_set():
+    async def _every(self, period_s: float, fn, until: asyncio.Event | None = None) -> None:
+        until = until or self._stopping
+        while not until.is_set():
             try:
                 await fn()
             except (redis.RedisError, OSError) as exc:
@@ -142,7 +157,7 @@ class ConsumerLoop:
                     log.warning("%s: background step %s failed: %s", self.consumer, getattr(fn, "__name__", fn), exc)
             raise_if_cancelled()
             try:
-                await asyncio.wait_for(self._stopping.wait(), period_s)
+                await asyncio.wait_for(until.wait(), period_s)
             except asyncio.TimeoutError:
                 pass
 
@@ -350,10 +365,10 @@ class ConsumerLoop:
     # -- shutdown ----------------------------------------------------------------------
     async def _drain(self) -> None:
         if self.inflight:
-            log.info("%s stopping: %d jobs in flight, %ss grace", self.consumer, len(self.inflight),
-                     self.s.shutdown_grace_s)
+            grace_s = self.letting_go.grace_s(self.s.shutdown_grace_s)
+            log.info("%s stopping: %d jobs in flight, %.1fs grace", self.consumer, len(self.inflight), grace_s)
             tasks = [t for t, _e in self.inflight.values()]
-            _done, pending = await asyncio.wait(tasks, timeout=self.s.shutdown_grace_s)
+            _done, pending = await asyncio.wait(tasks, timeout=grace_s)
             for msg_id, (task, _env) in list(self.inflight.items()):
                 if task in pending:
                     if msg_id in self.cancels.at_work:  # hand the job back (see _run_job)

@@ -1,7 +1,9 @@
 """A worker's membership: its consumer in the stage's group, its entry in the workers list
-and its hash (what ``rollstream status`` shows), kept fresh by heartbeats that also tell
-reclaimers its in-flight messages are alive, and removed when it stops; and the reclaim of
-messages that consumers which stopped heart-beating left pending."""
+and its hash (what ``rollstream status`` shows, draining or not), kept fresh by heartbeats that
+also tell reclaimers its in-flight messages are alive and bring back a drain request for its
+node (pipeline/drain.py), and removed when it stops; the last worker of a node to leave hands
+what is still queued there back to init. And the reclaim of messages that consumers which
+stopped heart-beating left pending."""
 
 from __future__ import annotations
 
@@ -13,7 +15,10 @@ import time
 import redis
 
 from rollstream.pipeline.connection import Outage
+from rollstream.pipeline.drain import node_members, node_workers
 from rollstream.pipeline.groups import autoclaim, ensure_group, remove_idle_consumer
+from rollstream.pipeline.keys import STAGES
+from rollstream.pipeline.rescue import rescue_node
 from rollstream.workers.stage import WorkerContext
 
 log = logging.getLogger(__name__)
@@ -42,7 +47,9 @@ class Membership:
         await ensure_group(self.r, self.stream, self.group)
         await self.heartbeat([], 0)
 
-    async def heartbeat(self, inflight_ids: list[str], processed: int) -> None:
+    async def heartbeat(self, inflight_ids: list[str], processed: int, draining: bool = False) -> float | None:
+        """Refresh this worker's liveness and in-flight messages; returns the deadline of a drain
+        of its node, if one was asked for."""
         now = time.time()
         keys = self.keys
         async with self.r.pipeline(transaction=False) as pipe:
@@ -55,10 +62,33 @@ class Membership:
             pipe.hset(keys.worker(self.consumer), mapping={
                 "stage": self.stage, "node": self.node, "pid": os.getpid(), "concurrency": self.concurrency,
                 "inflight": len(inflight_ids), "processed": processed, "heartbeat_at": now,
-                "event_loop": type(asyncio.get_running_loop()).__module__.split(".")[0]})
+                "draining": int(draining), "event_loop": type(asyncio.get_running_loop()).__module__.split(".")[0]})
             pipe.expire(keys.worker(self.consumer), int(self.settings.worker_ttl_s * 3) + 1)
-            await pipe.execute()
+            pipe.get(keys.drain(self.node))
+            replies = await pipe.execute()
         self.outage.recovered()  # Redis took these writes (a read loop held by back-pressure may not tell)
+        return float(replies[-1]) if replies[-1] else None
+
+    @property
+    def upstream(self) -> tuple[str, ...]:
+        """The stages that feed this one on this node (none for init: its stream is shared)."""
+        return STAGES[:STAGES.index(self.stage)] if self.stage in STAGES else ()
+
+    async def nothing_more_comes(self, *, node_drains: bool) -> bool:
+        """Whether a stopping worker of a stage fed by earlier ones on this node may stop reading:
+        another worker of its stage here serves on; or no earlier stage's worker here will still
+        hand it jobs (while the node drains, any live one may; otherwise those that are stopping
+        themselves and finish theirs) and its stream holds nothing undelivered."""
+        members = await node_members(self.r, self.keys, self.node, self.settings.worker_ttl_s)
+        if any(m.stage == self.stage and m.name != self.consumer and not m.draining for m in members):
+            return True
+        if any(m.stage in self.upstream and (node_drains or m.draining) for m in members):
+            return False
+        async with self.r.pipeline(transaction=False) as pipe:
+            pipe.xlen(self.stream)
+            pipe.xpending(self.stream, self.group)
+            length, pending = await pipe.execute()
+        return length - pending["pending"] <= 0  # hand-offs delete what they acknowledge
 
     async def reclaim(self, count: int) -> list[tuple[str, dict, int]]:
         """Up to ``count`` messages left idle past the visibility timeout (their consumer died
@@ -91,3 +121,21 @@ class Membership:
             await remove_idle_consumer(self.r, self.stream, self.group, self.consumer)
         except (redis.RedisError, OSError) as exc:
             log.warning("%s: could not deregister (%s)", self.consumer, exc)
+
+    async def hand_back_node_if_last(self, ctx: WorkerContext) -> None:
+        """After leaving: if no worker of this node is left, move what is still queued or held on
+        its run and eval streams back to init at once (rather than once the node's heartbeat is
+        worker_ttl_s old), and take the node off the live list."""
+        try:
+            if await node_workers(self.r, self.keys, self.node, self.settings.worker_ttl_s):
+                return
+            moved = await rescue_node(self.r, self.keys, ctx.handoff, self.settings, self.node, f"{self.consumer}:last")
+            async with self.r.pipeline(transaction=False) as pipe:
+                pipe.zrem(self.keys.nodes, self.node)
+                pipe.delete(self.keys.node_sandboxes(self.node), self.keys.drain(self.node))
+                await pipe.execute()
+            log.info("%s: the last worker of node %s left%s", self.consumer, self.node,
+                     f"; {moved} jobs queued there went back to init" if moved else "")
+        except (redis.RedisError, OSError) as exc:
+            log.warning("%s: node %s not handed back (%s); init workers elsewhere rescue it once its heartbeat "
+                        "is worker_ttl_s old", self.consumer, self.node, exc)

@@ -50,7 +50,7 @@ async def serve_stage(stage: str, settings: Settings, concurrency: int, *, consu
     background = await loop.stage.start_services(loop.consumer)
     aloop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        aloop.add_signal_handler(sig, loop.stop)
+        aloop.add_signal_handler(sig, loop.terminate)
     try:
         await loop.serve()
     finally:

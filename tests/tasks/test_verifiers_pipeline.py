@@ -140,3 +140,21 @@ async def test_an_environment_that_raises_fails_its_job_naming_the_error(
     errors = sorted(r.error for r in by_args.values())
     assert any("failed to load" in e and "cannot find its dataset" in e for e in errors), errors
     assert any("rubric failed" in e and "exploding_reward" in e for e in errors), errors
+
+
+async def test_a_run_worker_that_loaded_an_environment_still_stops_as_a_worker_on_sigterm(
+        settings, worker_pool, sandbox_root, allowed):
+    # verifiers' Environment takes SIGTERM for its own teardown (then exit(143)) when it is made;
+    # a run worker must keep its own graceful stop, which hands in-flight jobs back.
+    import signal
+
+    from rollstream.llm.server import served_model
+
+    random_model = model_cache.load("tiny_model_dir")
+    pool = start_pool(worker_pool, random_model, sandbox_root)
+    with served_model(random_model, device="cpu") as server:
+        [result] = (await run_jobs(settings, server, [job("vf-reverse-text")])).values()
+    assert result.status == "completed", result.error
+    [run_worker] = [proc for stage, proc in pool.procs if stage == "run"]
+    run_worker.send_signal(signal.SIGTERM)
+    assert run_worker.wait(timeout=60) == 0, pool._log_tail(1, "run")

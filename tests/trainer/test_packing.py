@@ -205,3 +205,16 @@ def test_several_mini_batches_take_the_old_logprobs_of_the_policy_each_one_start
     updater.step(batch)
     for (name, expected), got in zip(expected_model.named_parameters(), model.parameters()):
         assert _close(got.detach(), expected.detach(), rel=1e-5), name
+
+
+def test_a_model_whose_logits_are_not_plain_lm_head_output_goes_through_its_own_forward(tiny_model_dir, monkeypatch):
+    from rollstream.trainer import logprobs
+
+    model = _load(tiny_model_dir).eval()
+    micro = pack_rows(_batch(), list(range(4)))
+    with torch.no_grad():
+        expected = packed_token_logprobs(model, micro, chunk_tokens=5)
+        monkeypatch.setattr(logprobs, "_plain_output_layer", lambda model: None)  # e.g. soft-capped logits
+        got = packed_token_logprobs(model, micro, chunk_tokens=5)
+    assert got.abs().sum() > 0
+    assert torch.allclose(got, expected, atol=1e-5)

@@ -158,6 +158,10 @@ class Settings(BaseSettings):
                                        "head, then its body; a slower one is cut (408).")
     door_keepalive_s: float = Field(300.0, gt=0, description="How long a door connection waits for its next "
                                     "request before it is closed.")
+    harness_preset_dirs: list[Path] = Field(
+        default_factory=list, description="Folders of harness presets of the operator's own (TOML files, "
+        "agent/presets.py; JSON list in the environment), looked up before rollstream's own "
+        "(rollstream/data/harnesses); `rollstream harnesses list` shows them.")
 
 
 def load_settings(**overrides) -> Settings:

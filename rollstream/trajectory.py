@@ -7,7 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-FinishReason = Literal["stop", "max_turns", "context", "timeout", "cancelled", "error", "length", "harness_error"]
+FinishReason = Literal["stop", "max_turns", "context", "timeout", "cancelled", "error", "length", "harness_error",
+                       "harness_timeout"]
 
 
 class ToolCallRecord(BaseModel):

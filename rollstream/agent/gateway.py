@@ -4,7 +4,9 @@ key; behind it each call is rendered with the model's chat template, sent token-
 through the job's LLM session (the balancer's job and group affinity kept), and recorded
 exactly (agent/recorder.py). One small HTTP/1.1 server per run-worker process serves every
 job's door; a key reaches only its own job, and nothing else (no backend, no other job) is
-served. The server listens on loopback only: sandboxes, whose network is off, never reach it."""
+served. The server listens on loopback only: sandboxes, whose network is off, never reach it.
+A harness that runs inside its sandbox reaches its door through a Unix socket of that job alone,
+bound into that sandbox alone (``open_in_sandbox``; the relay inside is agent/door_relay.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,9 @@ import asyncio
 import json
 import logging
 import math
+import os
 import secrets
+import stat
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -31,6 +35,10 @@ MODEL_NAME = "rollstream"
 MAX_REQUEST_BYTES = 32 * 1024 * 1024
 MAX_HEAD_BYTES = 64 * 1024
 MAX_REQUESTS_PER_DOOR = 16
+DOOR_SOCKET_NAME = "door.sock"
+# What the relay in the sandbox sends first on each connection to the job's socket: the key,
+# which thus never enters the harness's environment, its requests or its trajectory.
+SANDBOX_PREAMBLE = b"ROLLSTREAM-DOOR "
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
             408: "Request Timeout", 411: "Length Required", 413: "Payload Too Large",
             431: "Request Header Fields Too Large", 502: "Bad Gateway", 503: "Service Unavailable"}
@@ -191,6 +199,18 @@ def _stream_events(body: dict, include_usage: bool) -> list[bytes]:
     return events
 
 
+def _remove_socket(path: str) -> None:
+    """Remove what is at ``path`` if it is a socket or a link (never a folder or a file)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISSOCK(info.st_mode) or stat.S_ISLNK(info.st_mode):
+        os.unlink(path)
+    else:
+        raise RuntimeError(f"{path} is in the way of the job's door socket and is not a socket; remove it")
+
+
 def _response(status: int, payload: dict, close: bool = False) -> bytes:
     data = json.dumps(payload).encode()
     extra = "connection: close\r\n" if close else ""
@@ -214,10 +234,11 @@ class _Connection:
     """One client connection: idle while it waits for a request's head (then it may be closed
     to make room for a new one), busy while a request is read or served."""
 
-    __slots__ = ("idle", "since", "writer")
+    __slots__ = ("bound", "idle", "since", "writer")
 
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, writer: asyncio.StreamWriter, bound: JobDoor | None = None) -> None:
         self.writer, self.idle, self.since = writer, True, time.monotonic()
+        self.bound = bound  # the door of the job whose sandbox socket this came through
 
 
 class Gateway:
@@ -240,6 +261,8 @@ class Gateway:
         self.doors: dict[str, JobDoor] = {}
         self.connections: dict[_Connection, None] = {}  # open ones, oldest first
         self._server: asyncio.base_events.Server | None = None
+        # key -> (server, socket path) of the doors opened into a sandbox
+        self._sandbox_servers: dict[str, tuple[asyncio.base_events.Server, str]] = {}
 
     @property
     def base_url(self) -> str:
@@ -252,6 +275,10 @@ class Gateway:
         return self
 
     async def aclose(self) -> None:
+        for server, path in self._sandbox_servers.values():
+            server.close()
+            _remove_socket(path)
+        self._sandbox_servers.clear()
         if self._server is not None:
             self._server.close()
             for conn in list(self.connections):
@@ -265,7 +292,58 @@ class Gateway:
         return door
 
     def close(self, door: JobDoor) -> None:
+        """The door's key stops working at once, its sandbox socket is removed, and every
+        connection that came through that socket is cut (a process left behind gets nothing)."""
         self.doors.pop(door.key, None)
+        opened = self._sandbox_servers.pop(door.key, None)
+        if opened is not None:
+            server, path = opened
+            server.close()
+            _remove_socket(path)
+        for conn in list(self.connections):
+            if conn.bound is door:
+                self.connections.pop(conn, None)
+                conn.writer.transport.abort()
+
+    async def open_in_sandbox(self, door: JobDoor, folder: str) -> str:
+        """Serve ``door`` on a Unix socket in ``folder``, the job's sandbox's door folder (bound
+        read-only into that sandbox alone, sandboxes/backends/base.py): the relay inside sends
+        ``SANDBOX_PREAMBLE + key + "\\n"`` first; a connection without the key is cut. Returns the
+        socket's host path. The socket is world-connectable because the sandbox runs under a uid
+        of its own; the folder above it (the sandbox's, mode 0710) keeps other host users out."""
+        info = os.lstat(folder)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+            raise RuntimeError(f"{folder} is not a door folder of ours (a folder only this worker's uid writes); "
+                               "the sandbox was made by an older rollstream: start the job again")
+        path = os.path.join(folder, DOOR_SOCKET_NAME)
+        _remove_socket(path)
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await self._serve_sandbox(door, reader, writer)
+
+        server = await asyncio.start_unix_server(serve, path, limit=MAX_HEAD_BYTES)
+        os.chmod(path, 0o666)
+        self._sandbox_servers[door.key] = (server, path)
+        return path
+
+    async def _serve_sandbox(self, door: JobDoor, reader: asyncio.StreamReader,
+                             writer: asyncio.StreamWriter) -> None:
+        deadline = _deadline(writer, self.read_timeout_s)
+        try:
+            line = await reader.readuntil(b"\n")
+        except (asyncio.LimitOverrunError, asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+            return
+        finally:
+            deadline.cancel()
+        expected = SANDBOX_PREAMBLE + door.key.encode() + b"\n"
+        if not secrets.compare_digest(line, expected) or self.doors.get(door.key) is not door:
+            writer.write(_response(401, DoorError(401, "this socket serves one job's door, through its relay; the "
+                                                  "key did not match or the job has ended", "invalid_api_key",
+                                                  "authentication_error").body(), close=True))
+            writer.close()
+            return
+        await self._serve(reader, writer, bound=door)
 
     # -- HTTP/1.1, the little that OpenAI clients use ------------------------------------
     def _admit(self, conn: _Connection) -> bool:
@@ -279,8 +357,9 @@ class Gateway:
         self.connections[conn] = None
         return True
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = _Connection(writer)
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     bound: JobDoor | None = None) -> None:
+        conn = _Connection(writer, bound)
         try:
             if not self._admit(conn):
                 await self._send(writer, 503, DoorError(503, "the door is serving its maximum of connections; "
@@ -303,7 +382,7 @@ class Gateway:
                 finally:
                     deadline.cancel()
                 conn.idle, first = False, False
-                if not await self._request(reader, writer, head):
+                if not await self._request(reader, writer, head, bound):
                     return
         except (ConnectionError, asyncio.IncompleteReadError):
             return
@@ -313,7 +392,8 @@ class Gateway:
             self.connections.pop(conn, None)
             writer.close()
 
-    async def _request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: bytes) -> bool:
+    async def _request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: bytes,
+                       bound: JobDoor | None = None) -> bool:
         """Serve the request of ``head``; False when the connection is to be closed."""
         lines = head.decode("latin-1").split("\r\n")
         try:
@@ -326,8 +406,13 @@ class Gateway:
             if sep:
                 headers[name.strip().lower()] = value.strip()
         # The key first, from the head alone: a caller without one never gets its body read.
-        auth = headers.get("authorization", "")
-        door = self.doors.get(auth[7:].strip()) if auth[:7].lower() == "bearer " else None
+        # Through a sandbox's socket the key came first on the connection (the harness's own
+        # Authorization is a placeholder); the door must still be open.
+        if bound is not None:
+            door = bound if self.doors.get(bound.key) is bound else None
+        else:
+            auth = headers.get("authorization", "")
+            door = self.doors.get(auth[7:].strip()) if auth[:7].lower() == "bearer " else None
         if door is None:
             await self._send(writer, 401, DoorError(401, "unknown or expired key: each job's door takes only its own "
                                                     "OPENAI_API_KEY", "invalid_api_key", "authentication_error").body(),

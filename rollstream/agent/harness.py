@@ -4,7 +4,8 @@ calls the harness with a ``HarnessContext`` (the door's URL and key, the task's 
 tool schemas, the job's sandbox), and builds the trajectory from the calls it recorded; the
 task's eval scores ``extra["answer"]`` (the harness's return value) as for the built-in loop.
 
-Harnesses are found by name: rollstream's own (``HARNESSES``), then the ``rollstream.harnesses``
+Harnesses are found by name: rollstream's own (``HARNESSES``), then presets (agent/presets.py: a
+command run inside the job's sandbox, agent/sandbox_harness.py), then the ``rollstream.harnesses``
 entry point group (a package the operator installed). A job never names code to import."""
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import import_module
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from rollstream.agent.backend_link import PooledVLLMClient
 from rollstream.agent.gateway import MODEL_NAME, Gateway
 from rollstream.agent.llm_service import LLMService
+from rollstream.agent.presets import all_presets, find_preset
 from rollstream.agent.episode import truncate_middle
 from rollstream.agent.session import LLMSession
 from rollstream.episode_settings import AgentSettings, agent_settings
@@ -106,7 +109,7 @@ class HarnessContext:
 
 
 def harness_names() -> list[str]:
-    return sorted(set(HARNESSES) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
+    return sorted(set(HARNESSES) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)} | set(all_presets()))
 
 
 @lru_cache(maxsize=None)
@@ -124,6 +127,11 @@ def get_harness(name: str) -> Harness:
     except ImportError as exc:
         raise InvalidJob(f"harness {name!r} needs a package that is not installed here ({exc}); "
                          "install rollstream[harness] on the run workers") from exc
+
+
+def _preset_dirs(services: ProcessServices) -> list[Path]:
+    settings = services.llm.settings if services.llm is not None else None
+    return list(getattr(settings, "harness_preset_dirs", None) or [])
 
 
 async def _gateway(services: ProcessServices) -> Gateway:
@@ -151,7 +159,14 @@ def _session(llm: LLMService, services: ProcessServices, job: Job, settings: Age
 async def run_harness(harness: str, messages: list[dict], tools: list[dict], env: Envelope,
                       services: ProcessServices, sandbox: SandboxClient | None) -> Trajectory:
     """The run stage of a harness job: ``sandbox`` is the job's, connected by the stage (None
-    for a task without one); ``services`` the run worker's (its LLM service, door, link)."""
+    for a task without one); ``services`` the run worker's (its LLM service, door, link). A name
+    that is no Python harness of ours but a preset's runs as a command in the sandbox."""
+    if harness not in HARNESSES:
+        preset = find_preset(harness, _preset_dirs(services))
+        if preset is not None:
+            from rollstream.agent.sandbox_harness import run_sandbox_harness  # it imports this module
+
+            return await run_sandbox_harness(preset, messages, env, services, sandbox)
     fn = get_harness(harness)
     job = env.job
     llm = services.need_llm()

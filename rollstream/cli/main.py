@@ -14,7 +14,7 @@ from typing import Optional
 import typer
 from rich.live import Live
 
-from rollstream.cli import api, backends, demo, drain, images, llm, sandboxes, submit, train, up
+from rollstream.cli import api, backends, demo, drain, harnesses, images, llm, sandboxes, submit, train, up
 from rollstream.cli.common import (console, data_dir_option, namespace_option, redis_option, require_redis,
                                    settings_from, setup_logging, verbose_option)
 from rollstream.cli.status_view import rate_sampler, render
@@ -99,6 +99,7 @@ for commands in (up, submit, demo, llm, train, api, drain):
     commands.register(app)
 app.add_typer(backends.app, name="backends")
 app.add_typer(images.app, name="images")
+app.add_typer(harnesses.app, name="harnesses")
 app.add_typer(sandboxes.app, name="sandboxes")
 
 

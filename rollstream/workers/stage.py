@@ -59,7 +59,8 @@ class WorkerContext:
 
 # Finish reasons of an episode that ended on one of the policy's own limits: its result is
 # scored and trained on, and says failure="agent".
-AGENT_LIMIT_FINISHES = frozenset({"max_turns", "context", "length", "timeout", "harness_error"})
+AGENT_LIMIT_FINISHES = frozenset({"max_turns", "context", "length", "timeout", "harness_error",
+                                  "harness_timeout"})
 
 
 def completed_result(env: Envelope, reward: float) -> Result:

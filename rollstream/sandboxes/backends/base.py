@@ -48,6 +48,12 @@ class SandboxLayout:
         return os.path.join(self.dir, "k")
 
     @property
+    def door(self) -> str:
+        """Where the run stage puts the job's door socket (agent/door_relay.py); bound read-only
+        into this sandbox alone, at DOOR_DIR_INNER."""
+        return os.path.join(self.dir, "door")
+
+    @property
     def socket_path(self) -> str:
         return os.path.join(self.dir, "s.sock")
 
@@ -61,8 +67,9 @@ class SandboxLayout:
 
     def make(self) -> None:
         os.makedirs(self.dir, mode=0o700)
-        for folder in (self.work, self.tmp, self.kernel):
+        for folder in (self.work, self.tmp, self.kernel, self.door):
             os.makedirs(folder)
+        os.chmod(self.door, 0o755)  # the sandbox's uid walks in; only we write (the run stage's socket)
         # The sandbox user may map to another uid; /tmp must be world-writable like a real /tmp.
         os.chmod(self.tmp, 0o1777)
 

@@ -20,6 +20,7 @@ from ..image_cache import resolve_image
 from .base import LaunchPlan, SandboxLayout
 from .common import (
     BASH_ARGS,
+    DOOR_DIR_INNER,
     KERNEL_ARGS,
     KERNEL_DIR_INNER,
     STANDARD_PATH,
@@ -170,6 +171,7 @@ class BwrapBackend:
             "--bind", layout.work, spec.workdir,
             "--bind", layout.tmp, "/tmp",
             "--bind", layout.kernel, KERNEL_DIR_INNER,
+            "--ro-bind", layout.door, DOOR_DIR_INNER,
             "--chdir", spec.workdir,
             "--clearenv",
         ]

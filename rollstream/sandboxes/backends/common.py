@@ -14,6 +14,8 @@ from rollstream.sandbox_spec import SandboxLimits, SandboxSpec
 from .base import SandboxLayout
 
 KERNEL_DIR_INNER = "/run/rollstream"
+# The job's door socket inside every sandbox (read-only: the sandbox connects, never replaces it).
+DOOR_DIR_INNER = "/run/rollstream-door"
 BASH_ARGS = ["bash", "--noediting", "--noprofile", "--norc", "-i"]
 # Runs as `python -c` (so it needs no file inside the image) in place of ipykernel_launcher.
 # ipykernel flushes stdout and stderr after every cell by a round trip to its IO thread

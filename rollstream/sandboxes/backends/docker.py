@@ -17,6 +17,7 @@ from ..image_cache import resolve_image
 from .base import LaunchPlan, SandboxLayout
 from .common import (
     BASH_ARGS,
+    DOOR_DIR_INNER,
     KERNEL_ARGS,
     KERNEL_DIR_INNER,
     STANDARD_PATH,
@@ -98,6 +99,7 @@ class DockerBackend:
             "--volume", f"{layout.work}:{spec.workdir}",
             "--volume", f"{layout.tmp}:/tmp",
             "--volume", f"{layout.kernel}:{KERNEL_DIR_INNER}",
+            "--volume", f"{layout.door}:{DOOR_DIR_INNER}:ro",
             "--workdir", spec.workdir,
         ]
         if not spec.network:

@@ -17,6 +17,7 @@ from ..image_cache import resolve_image
 from .base import LaunchPlan, SandboxLayout
 from .common import (
     BASH_ARGS,
+    DOOR_DIR_INNER,
     KERNEL_ARGS,
     KERNEL_DIR_INNER,
     STANDARD_PATH,
@@ -67,6 +68,7 @@ class SingularityBackend:
             "--bind", f"{layout.work}:{spec.workdir}",
             "--bind", f"{layout.tmp}:/tmp",
             "--bind", f"{layout.kernel}:{KERNEL_DIR_INNER}",
+            "--bind", f"{layout.door}:{DOOR_DIR_INNER}:ro",
             "--pwd", spec.workdir,
             "--hostname", "sandbox",
         ]

@@ -1,0 +1,214 @@
+"""Harness presets: a declarative TOML file per harness that runs as a command inside the job's
+sandbox (agent/sandbox_harness.py runs it). A preset says how the harness is installed into an
+environment image (a PyPI package at a pinned version, in a venv of its own, once when the image
+is built), its command line, the environment and files that point it at the job's door, the API
+it speaks, and where its answer is. Shipped presets live in rollstream/data/harnesses/; an
+operator adds folders of their own (``harness_preset_dirs``). No preset holds code."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rollstream.errors import InvalidJob
+
+BUILTIN_DIR = Path(__file__).resolve().parent.parent / "data" / "harnesses"
+IMAGE_REPOSITORY = "localhost/rollstream/harness"
+LABEL = "rollstream.harness"
+APIS = ("openai-chat",)  # what the door serves today; the preset's `api` must be one of them
+_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+_PIN = re.compile(r"^[A-Za-z0-9._-]+==[A-Za-z0-9.+!-]+$")
+
+
+class PresetError(ValueError):
+    """A preset file that cannot be used; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class PresetFile:
+    """A file written into the sandbox before the harness starts (a config it reads)."""
+
+    path: str
+    content: str
+    mode: int = 0o644
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    source: Path
+    description: str
+    api: str
+    package: str | None  # "name==version" (PyPI); None: nothing to install (the command is in the image)
+    prefix: str  # the venv the package is installed into, inside the image (and on a bwrap host)
+    argv: list[str]
+    env: dict[str, str]
+    files: list[PresetFile] = field(default_factory=list)
+    answer_file: str | None = None  # where the harness leaves its answer; else its output's last line
+    answer_json_key: str | None = None  # dotted key of the answer in that file when it is JSON
+    python: str = "python3"  # the interpreter the venv is made from (in the image)
+
+    @property
+    def version(self) -> str:
+        return self.package.split("==", 1)[1] if self.package else "-"
+
+    def image_tag(self, base_image: str) -> str:
+        """The environment image holding this preset on top of ``base_image``."""
+        digest = hashlib.sha256(f"{base_image}\n{self.package}\n{self.prefix}".encode()).hexdigest()[:12]
+        return f"{IMAGE_REPOSITORY}:{self.name}-{self.version}-{digest}"
+
+    def install_commands(self) -> list[str]:
+        """The shell commands that install the preset into an image (or this host)."""
+        q = shlex.quote
+        if self.package is None:
+            return []
+        return [f"{q(self.python)} -m venv {q(self.prefix)}",
+                f"{q(self.prefix)}/bin/pip install --no-cache-dir --disable-pip-version-check -q {q(self.package)}"]
+
+    def containerfile(self, base_image: str) -> str:
+        if self.package is None:
+            raise PresetError(f"{self.source}: this preset installs nothing ([install] has no 'pypi'); its command "
+                              "must be in the image already")
+        return (f"FROM {base_image}\n"
+                f"LABEL {LABEL}.{self.name}={self.version}\n"
+                f"RUN set -e; {' && '.join(self.install_commands())}\n")
+
+    def installed_on_host(self) -> bool:
+        if self.package is not None and not os.path.isfile(os.path.join(self.prefix, "pyvenv.cfg")):
+            return False
+        command = self.argv[0]
+        return os.path.exists(command) if command.startswith("/") else shutil.which(command) is not None
+
+
+def _text(data: dict, key: str, source: Path, required: bool = True) -> str | None:
+    value = data.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value:
+        raise PresetError(f"{source}: '{key}' must be a non-empty string")
+    return value
+
+
+def load_preset(path: Path) -> Preset:
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise PresetError(f"{path}: not a readable TOML preset ({exc})") from exc
+    name = _text(data, "name", path)
+    assert name is not None
+    if not _NAME.match(name) or path.stem != name:
+        raise PresetError(f"{path}: name {name!r} must be the file's own name (lower case, digits, '.-_')")
+    api = _text(data, "api", path)
+    if api not in APIS:
+        raise PresetError(f"{path}: api {api!r} is not served by the door; use one of {', '.join(APIS)}")
+    install, run = data.get("install") or {}, data.get("run") or {}
+    package = _text(install, "pypi", path, required=False)
+    if package is not None and not _PIN.match(package):
+        raise PresetError(f"{path}: install.pypi {package!r} must pin one version, e.g. 'mini-swe-agent==2.4.6'")
+    prefix = _text(install, "prefix", path, required=package is not None) or "/"
+    if not prefix.startswith("/") or ".." in prefix.split("/"):
+        raise PresetError(f"{path}: install.prefix must be an absolute path without '..'")
+    argv = run.get("argv")
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        raise PresetError(f"{path}: run.argv must be a list of strings (the command line)")
+    env = run.get("env") or {}
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise PresetError(f"{path}: run.env must map names to strings")
+    files = []
+    for entry in data.get("files") or []:
+        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str) \
+                or not isinstance(entry.get("content"), str):
+            raise PresetError(f"{path}: each [[files]] needs 'path' and 'content' strings")
+        files.append(PresetFile(entry["path"], entry["content"], int(entry.get("mode", 0o644))))
+    answer = data.get("answer") or {}
+    return Preset(name=name, source=path, description=str(data.get("description", "")), api=api, package=package,
+                  prefix=prefix, argv=[a.replace("{prefix}", prefix) for a in argv],
+                  env={k: v.replace("{prefix}", prefix) for k, v in env.items()}, files=files,
+                  answer_file=_text(answer, "file", path, required=False),
+                  answer_json_key=_text(answer, "json_key", path, required=False),
+                  python=_text(install, "python", path, required=False) or "python3")
+
+
+def preset_dirs(extra: list[Path] | None = None) -> list[Path]:
+    """Where presets are found: the operator's folders first (their preset of a name wins), then ours."""
+    return [*(extra or []), BUILTIN_DIR]
+
+
+def all_presets(extra: list[Path] | None = None) -> dict[str, Preset]:
+    found: dict[str, Preset] = {}
+    for folder in preset_dirs(extra):
+        for path in sorted(Path(folder).glob("*.toml")):
+            found.setdefault(path.stem, load_preset(path))
+    return found
+
+
+def find_preset(name: str, extra: list[Path] | None = None) -> Preset | None:
+    """The preset ``name``, or None when no preset of that name exists (a Python harness may)."""
+    if not _NAME.match(name):
+        return None
+    for folder in preset_dirs(extra):
+        path = Path(folder) / f"{name}.toml"
+        if path.is_file():
+            try:
+                return load_preset(path)
+            except PresetError as exc:
+                raise InvalidJob(str(exc)) from exc
+    return None
+
+
+def install_on_host(preset: Preset) -> str:
+    """Install ``preset`` into its prefix on this host (what bwrap sandboxes on the host's own
+    root see); returns the prefix. Nothing happens when it is there already."""
+    if preset.installed_on_host() or preset.package is None:
+        return preset.prefix
+    for command in preset.install_commands():
+        completed = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, timeout=3600)
+        if completed.returncode != 0:
+            raise RuntimeError(f"installing {preset.package} into {preset.prefix} failed at `{command}`:\n"
+                               f"{(completed.stderr or completed.stdout)[-3000:]}")
+    return preset.prefix
+
+
+def build_image(preset: Preset, base_image: str) -> str:
+    """Build (once) the environment image with ``preset`` installed on ``base_image``; its tag."""
+    import tempfile
+
+    from rollstream.sandboxes.env_images import _build, build_network, image_exists
+
+    tag = preset.image_tag(base_image)
+    if image_exists(tag):
+        return tag
+    with tempfile.TemporaryDirectory(prefix="rs-harness-") as context:
+        Path(context, "Containerfile").write_text(preset.containerfile(base_image))
+        _build(context, tag, build_network())
+    return tag
+
+
+def images_with(preset: Preset) -> list[str]:
+    """The local engine's images that hold ``preset`` (by the label the build gives them)."""
+    binary = shutil.which("docker")
+    if binary is None:
+        return []
+    from rollstream.sandboxes.backends.docker import client_env
+
+    completed = subprocess.run(
+        [binary, "images", "--filter", f"label={LABEL}.{preset.name}={preset.version}", "--format",
+         "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True, timeout=60, env={**os.environ, **client_env()})
+    if completed.returncode != 0:
+        return []
+    return sorted({line.strip() for line in completed.stdout.splitlines() if line.strip() and "<none>" not in line})
+
+
+def describe(preset: Preset) -> dict[str, Any]:
+    """What `rollstream harnesses list` shows of a preset."""
+    return {"name": preset.name, "package": preset.package, "api": preset.api, "file": str(preset.source),
+            "prefix": preset.prefix, "host": preset.installed_on_host(), "images": images_with(preset),
+            "description": preset.description}

@@ -1,0 +1,172 @@
+"""The run stage of a job whose harness is a preset (agent/presets.py): a command started inside
+the job's own sandbox, in the task's working directory, with the task's instruction. Its model
+calls reach the job's door through a Unix socket bound into that sandbox alone and the relay
+that starts it (agent/door_relay.py); the door holds the job's limits on calls and tokens, the
+sandbox's bash machinery its uid, rlimits and cgroup, and this module its wall time. When it
+ends (exits, times out) every process it left behind is killed, the door is closed, and the
+sandbox's final state (the workdir: an SWE task's diff) stays for eval; the answer is what the
+preset names (a file it writes, else its output's last line).
+
+Whatever the harness does is the agent's conduct, scored: a hang is ``harness_timeout``, an exit
+with a failure status (or at once) ``harness_error``, a spent budget the door's ``max_turns``.
+Only the service's own failures (backends down, the sandbox lost) fail the job for a retry."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rollstream.agent.gateway import DOOR_SOCKET_NAME, MODEL_NAME
+from rollstream.agent.presets import Preset
+from rollstream.episode_settings import agent_settings
+from rollstream.errors import InvalidJob, JobFailed
+from rollstream.messages import Envelope
+from rollstream.sandboxes.backends.common import DOOR_DIR_INNER
+from rollstream.sandboxes.errors import SandboxGone, ToolError
+from rollstream.sandboxes.sandbox_client import SandboxClient
+from rollstream.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from rollstream.tasks.base import ProcessServices
+
+log = logging.getLogger(__name__)
+
+RELAY_SOURCE = Path(__file__).with_name("door_relay.py")
+HARNESS_SESSION = "rollstream-harness"
+REAP_SESSION = "rollstream-harness-reap"
+# Not a secret: what the harness sends as its API key (the relay adds the job's own key).
+PLACEHOLDER_KEY = "rollstream-door"
+MAX_ANSWER_BYTES = 1 << 20
+OUTPUT_KEPT_CHARS = 4000
+# Time for the run stage's own steps around the harness (writing its files, killing leftovers).
+SETUP_TIMEOUT_S = 60.0
+
+
+def instruction_of(messages: list[dict]) -> str:
+    """What a CLI harness is asked: the task's user messages (it brings its own system prompt)."""
+    return "\n\n".join(str(m.get("content") or "") for m in messages if m.get("role") == "user")
+
+
+def _fill(text: str, values: dict[str, str]) -> str:
+    for name, value in values.items():
+        text = text.replace("{" + name + "}", value)
+    return text
+
+
+def _answer_from(data: bytes, json_key: str | None) -> object:
+    if json_key is None:
+        return data.decode("utf-8", "replace").strip()
+    value: object = json.loads(data)
+    for part in json_key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value.strip() if isinstance(value, str) else value
+
+
+def _last_line(output: str) -> str | None:
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    return lines[-1] if lines else None
+
+
+async def run_sandbox_harness(preset: Preset, messages: list[dict], env: Envelope, services: ProcessServices,
+                              sandbox: SandboxClient | None) -> Trajectory:
+    from rollstream.agent.harness import _gateway, _session  # the door and session a Python harness gets
+
+    if sandbox is None:
+        raise InvalidJob(f"harness {preset.name!r} runs inside the task's sandbox, and this task has none; "
+                         "use a Python harness (e.g. 'openai-chat') for it")
+    job = env.job
+    llm = services.need_llm()
+    settings = agent_settings(job.agent, job.sampling)
+    version_at_start = await llm.policy_version()
+    gateway = await _gateway(services)
+    session = _session(llm, services, job, settings)
+    door = gateway.open(job.job_id, session, llm.tokenizer, settings)
+    started = time.monotonic()
+    result = None
+    harness_dir = f"/tmp/.rollstream-harness-{secrets.token_hex(6)}"
+    values = {"door_url": "http://127.0.0.1:{door_port}/v1", "door_key": PLACEHOLDER_KEY, "model": MODEL_NAME,
+              "harness_dir": harness_dir, "instruction": instruction_of(messages)}
+    try:
+        try:
+            await gateway.open_in_sandbox(door, os.path.join(os.path.dirname(sandbox.socket_path), "door"))
+        except FileNotFoundError:
+            raise JobFailed("the job's sandbox has no door folder (made by an older rollstream, or gone); the job "
+                            "is tried again in a new sandbox", retryable=True) from None
+        for extra in preset.files:
+            await sandbox.write_file(_fill(extra.path, values), _fill(extra.content, values), mode=extra.mode)
+        await sandbox.write_file(f"{harness_dir}/door_relay.py", RELAY_SOURCE.read_bytes(), mode=0o644)
+        launch = {"key": door.key, "socket": f"{DOOR_DIR_INNER}/{DOOR_SOCKET_NAME}",
+                  "argv": [_fill(a, values) for a in preset.argv],
+                  "env": {k: _fill(v, values) for k, v in preset.env.items()}}
+        await sandbox.write_file(f"{harness_dir}/launch.json", json.dumps(launch), mode=0o600)
+        # No output for a while is no sign of a hang (the model may be thinking): wall time alone.
+        result = await sandbox.bash(f"python3 -S {harness_dir}/door_relay.py {harness_dir}/launch.json",
+                                    timeout_s=settings.max_wall_time_s, no_output_timeout_s=0,
+                                    session=HARNESS_SESSION)
+    except (SandboxGone, ToolError) as exc:
+        raise JobFailed(f"the sandbox failed under harness {preset.name}: {exc}") from exc
+    finally:
+        gateway.close(door)
+        await session.close()
+        await _kill_leftovers(sandbox)
+    if door.ended == "error":  # the backends failed it: the service's failure, retried
+        raise JobFailed(f"harness {preset.name}: {door.ended_detail}")
+    output = result.output
+    finish, detail = "stop", None
+    if result.timed_out:
+        finish = "harness_timeout"
+        detail = f"the harness ran past max_wall_time_s={settings.max_wall_time_s:g} and was killed"
+    elif result.exit_code != 0:
+        finish = "harness_error"
+        detail = f"the harness exited with status {result.exit_code}"
+    if door.ended is not None and finish != "harness_timeout":  # the door's verdict says why it stopped
+        finish, detail = door.ended, door.ended_detail
+    answer = await _answer(preset, sandbox, values, output)
+    traj = door.recorder.trajectory()
+    traj.finish_reason = finish  # type: ignore[assignment]
+    if detail:
+        traj.extra["finish_detail"] = detail
+    if answer is not None:
+        traj.extra["answer"] = answer
+    traj.extra["harness"] = preset.name
+    traj.extra["harness_run"] = {"exit_code": result.exit_code, "timed_out": result.timed_out,
+                                 "output_bytes": result.total_bytes, "output_tail": output[-OUTPUT_KEPT_CHARS:],
+                                 "note": result.note}
+    traj.extra["door"] = {"requests": door.requests, "refused": door.refused}
+    traj.backend = session.backend
+    if traj.policy_version == 0 and "policy_versions" not in traj.extra:
+        traj.policy_version = version_at_start
+    traj.response_text = llm.tokenizer.decode(traj.response_ids, skip_special_tokens=False)
+    traj.timings_s.update({"llm_s": round(door.llm_s, 6), "total_s": round(time.monotonic() - started, 6)})
+    return traj
+
+
+async def _answer(preset: Preset, sandbox: SandboxClient, values: dict[str, str], output: str) -> object:
+    if preset.answer_file is None:
+        return _last_line(output)
+    try:
+        data = await sandbox.read_file(_fill(preset.answer_file, values), max_bytes=MAX_ANSWER_BYTES)
+        return _answer_from(data, preset.answer_json_key)
+    except ToolError:  # the harness left no answer (it failed before writing one)
+        return None
+    except ValueError:  # not JSON: the harness's answer file is its own to get right
+        return None
+
+
+async def _kill_leftovers(sandbox: SandboxClient) -> None:
+    """Every process the harness started, wherever it went: its session is killed (under bwrap its
+    own pid namespace with it); in a container, where sessions share one pid namespace, a fresh
+    session kills every process but the container's first."""
+    try:
+        await sandbox.close_session(HARNESS_SESSION)
+        await sandbox.bash("exec kill -KILL -1", timeout_s=SETUP_TIMEOUT_S, session=REAP_SESSION)
+        await sandbox.close_session(REAP_SESSION)
+    except (SandboxGone, ToolError) as exc:
+        log.warning("killing a harness's processes failed: %s", exc)

@@ -48,6 +48,7 @@ class SentinelRedis:
     data_ports: list[int]
     sentinel_ports: list[int]
     procs: dict[int, subprocess.Popen] = field(default_factory=dict)
+    service: str = SERVICE
 
     @property
     def url(self) -> str:

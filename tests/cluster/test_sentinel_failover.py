@@ -21,8 +21,8 @@ DURABLE = {"visibility_timeout_s": 10.0, "worker_ttl_s": 10.0}
 ACKS_ENV = {"ROLLSTREAM_REPLICA_ACKS": "1", "ROLLSTREAM_REPLICA_ACK_TIMEOUT_MS": "2000"}
 
 
-def _echo(job_id: str) -> dict:
-    return {"job_id": job_id, "task": "echo", "instance": {"prompt": job_id, "run_s": 0.2}}
+def _echo(job_id: str, run_s: float = 0.2) -> dict:
+    return {"job_id": job_id, "task": "echo", "instance": {"prompt": job_id, "run_s": run_s}}
 
 
 async def _submit_until_told_to_stop(client: AsyncClient, acknowledged: list[str], stop: asyncio.Event) -> None:
@@ -98,5 +98,58 @@ async def test_primary_killed_mid_load_loses_no_acknowledged_job_and_doubles_non
         assert not doubled, f"jobs with more than one result: {doubled}"
         assert set(seen) == set(acknowledged), (
             f"lost: {sorted(set(acknowledged) - set(seen))[:10]}, unknown: {sorted(set(seen) - set(acknowledged))[:10]}")
+    finally:
+        await watcher.aclose()
+
+
+async def test_workers_and_the_client_leave_a_primary_that_sentinel_demotes(
+        sentinel_redis, worker_pool, settings, wait_until):
+    """SENTINEL FAILOVER: the old primary lives on as a replica and answers READONLY to the
+    connections still open to it; every client must drop them and ask the Sentinels again."""
+    url = sentinel_redis.url
+    settings = settings.model_copy(update={"redis_url": url, **DURABLE})
+    pool = worker_pool(redis_url=url, **DURABLE)
+    pool.start_all(concurrency=16)
+    watcher = async_redis(url)
+    try:
+        await pool.wait_registered(watcher, Keys(settings.namespace).workers, 3)
+        async with AsyncClient(settings=settings) as client:
+            before = await client.submit_many([_echo(new_id(), run_s=2.0) for _ in range(8)])
+
+            async def at_work():
+                return all(s and s.stage == "run" for s in [await client.status(j) for j in before])
+
+            await wait_until(at_work, what="jobs at work in run")
+            old = sentinel_redis.primary_port()
+            redis.Redis(host="127.0.0.1", port=sentinel_redis.sentinel_ports[0]).execute_command(
+                "SENTINEL", "FAILOVER", sentinel_redis.service)
+            new = await sentinel_redis.wait_failover(old)
+
+            async def old_is_replica():
+                return redis.Redis(host="127.0.0.1", port=old).info("replication")["role"] == "slave"
+
+            await wait_until(old_is_replica, timeout_s=60, what="the old primary turned into a replica")
+            while True:  # the client's first call after the switch may meet the demoted primary
+                try:
+                    after = await client.submit_many([_echo(new_id()) for _ in range(8)])
+                    break
+                except (RedisUnavailable, redis.RedisError, OSError):
+                    await asyncio.sleep(0.2)
+            seen: Counter = Counter()
+
+            async def all_in():
+                try:
+                    async for result in client.results(timeout_s=0.5):
+                        assert result.status == "completed", result
+                        seen[result.job_id] += 1
+                except (RedisUnavailable, redis.RedisError, OSError):
+                    pass
+                return set(seen) >= set(before) | set(after)
+
+            await wait_until(all_in, timeout_s=90, what="results of the jobs from before and after the failover")
+            await all_in()  # a late second result would arrive now
+        pool.check_alive()
+        assert new != old
+        assert set(seen) == set(before) | set(after) and set(seen.values()) == {1}, seen
     finally:
         await watcher.aclose()

@@ -16,7 +16,9 @@ from typing import Any
 
 from rollstream.errors import InvalidJob, JobFailed
 from rollstream.messages import Envelope
-from rollstream.tasks import eval_report, verifiers_episode
+from rollstream.sandbox_spec import SandboxSpec
+from rollstream.sandboxes.tools import tool_schemas
+from rollstream.tasks import eval_report, verifiers_episode, verifiers_sandbox
 from rollstream.tasks.base import Task, TaskContext
 from rollstream.tasks.verifiers_episode import SPLITS, check_allowed
 from rollstream.trajectory import Trajectory
@@ -42,6 +44,12 @@ class VerifiersTask(Task):
         if instance.get("split", "train") not in SPLITS:
             raise InvalidJob(f"verifiers: split must be one of {list(SPLITS)}, got {instance.get('split')!r}")
 
+    def sandbox_spec(self, instance: dict) -> SandboxSpec | None:
+        """The operator's default sandbox for an environment that runs commands (a SandboxEnv);
+        none for the others, whose episodes need only the model."""
+        loaded = verifiers_episode.load_environment(instance["environment"], instance.get("args") or {})
+        return SandboxSpec() if verifiers_sandbox.is_sandbox_env(loaded) else None
+
     async def rollout(self, env: Envelope, ctx: TaskContext) -> Trajectory:
         job = env.job
         if job.agent.get("harness"):
@@ -53,7 +61,8 @@ class VerifiersTask(Task):
 
         verifiers_episode.outcomes[job.job_id] = None
         try:
-            traj = await run_harness(HARNESS, [], [], env, ctx.services, ctx.sandbox)
+            tools = tool_schemas(["bash"]) if ctx.sandbox is not None else []  # what a SandboxEnv's commands use
+            traj = await run_harness(HARNESS, [], tools, env, ctx.services, ctx.sandbox)
             outcome = verifiers_episode.outcomes.get(job.job_id)
         finally:
             verifiers_episode.outcomes.pop(job.job_id, None)

@@ -21,6 +21,7 @@ from typing import Any
 
 from rollstream.config import load_settings
 from rollstream.errors import InvalidJob, JobFailed
+from rollstream.tasks import verifiers_sandbox
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,7 @@ def load_environment(env_id: str, args: dict) -> Any:
     if not isinstance(env, vf.Environment):
         raise JobFailed(f"verifiers environment {env_id!r}: load_environment returned {type(env).__name__}, not a "
                         "verifiers Environment", retryable=False, failure="job")
-    _environments[key] = env
+    _environments[key] = verifiers_sandbox.adopt(env)
     return env
 
 
@@ -134,9 +135,13 @@ async def run(ctx) -> None:
     import verifiers as vf
     from openai import AsyncOpenAI
 
+    if verifiers_sandbox.is_sandbox_env(env) and ctx.sandbox is None:
+        raise JobFailed(f"verifiers environment {env_id!r} runs commands in a sandbox, and this job has none",
+                        retryable=False, failure="job")
     client = AsyncOpenAI(base_url=ctx.base_url, api_key=ctx.api_key, max_retries=0)
     errors: list[str] = []
     token = _rubric_errors.set(errors)
+    episode = verifiers_sandbox.current_episode.set(ctx)
     try:
         output = await env.run_rollout(row, vf.OpenAIChatCompletionsClient(client), ctx.model,
                                        dict(env.sampling_args))
@@ -148,6 +153,9 @@ async def run(ctx) -> None:
         return
     finally:
         _rubric_errors.reset(token)
+        verifiers_sandbox.current_episode.reset(episode)
+        if isinstance(getattr(env, "sandbox_client", None), verifiers_sandbox.JobSandboxClient):
+            env.sandbox_client.episodes.pop(ctx.job_id, None)
         await client.close()
     if errors:
         outcome.error = f"verifiers environment {env_id!r}: its rubric failed: {'; '.join(errors)[:2000]}"

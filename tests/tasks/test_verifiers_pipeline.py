@@ -1,6 +1,7 @@
 """verifiers environments, unmodified, through the whole pipeline (real Redis, real worker
 processes, the built-in model server): a single-turn (reverse-text), a multi-turn (alphabet-sort,
-env_response) and a tool environment (tool-test), after verifiers' own examples
+env_response), a tool environment (tool-test) and a SandboxEnv whose commands run in the job's
+sandbox (sandbox-secret), after verifiers' own examples
 (tests/tasks/verifiers_envs). A model that gives the dataset's answer scores 1 by each
 environment's rubric, a model that writes garbage 0; every model token in the trajectory is the
 backend's own; an environment that raises fails its job (failure 'job'), naming the error."""
@@ -22,7 +23,7 @@ from rollstream.pipeline.balancer import add_backend
 
 from .verifiers_scripted import ENVS_DIR, build
 
-ENVIRONMENTS = ["vf-reverse-text", "vf-alphabet-sort", "vf-tool-test"]
+ENVIRONMENTS = ["vf-reverse-text", "vf-alphabet-sort", "vf-tool-test", "vf-sandbox-secret"]
 ALLOWED = [*ENVIRONMENTS, "vf-broken"]
 GREEDY = {"temperature": 0.0}
 AGENT = {"max_turns": 4, "max_tokens_per_turn": 64, "max_context_tokens": 4096}
@@ -84,12 +85,16 @@ async def test_each_environment_scores_the_datasets_answer_one_and_the_ids_are_t
                 # The rubric's own functions, each with its score and weight, in the eval info.
                 assert evaluation["reward"] == 1.0 and evaluation["metrics"] and evaluation["weights"]
                 main = {"vf-reverse-text": "lcs_reward_func", "vf-alphabet-sort": "weighted_reward",
-                        "vf-tool-test": "tool_call_reward_func"}[name]
+                        "vf-tool-test": "tool_call_reward_func", "vf-sandbox-secret": "secret_found"}[name]
                 assert evaluation["metrics"][main] == 1.0 and evaluation["weights"][main] == 1.0
                 assert found["index"] == 0 and found["completion"]
                 traj = result.trajectory
                 calls = traj.extra["calls"]
-                assert len(calls) == (2 if name == "vf-alphabet-sort" else 1)  # the environment's turns
+                two_turns = name in ("vf-alphabet-sort", "vf-sandbox-secret")
+                assert len(calls) == (2 if two_turns else 1)  # the environment's turns
+                if name == "vf-sandbox-secret":  # set-up's command and the model's ran in the job's sandbox
+                    assert [(c.name, c.ok) for c in traj.tool_calls] == [("bash", True), ("bash", True)]
+                    assert traj.tool_calls[1].arguments["command"] == "cat secret.txt"
                 for call in calls:
                     seg = traj.segments[call["segment"]]
                     sequence = seg.prompt_ids + seg.response_ids

@@ -1,5 +1,6 @@
 """A tiny model trained (CPU, seconds) to give the dataset's answer to row 0 of each test
-environment in tests/tasks/verifiers_envs, in the environments' own formats, so a verifiers
+environment in tests/tasks/verifiers_envs, in the environments' own formats (tool calls, a command
+in the sandbox and its output included), so a verifiers
 episode scores 1 through the real pipeline, deterministically (greedy). The conversations are
 rendered as the job's door renders what verifiers sends it (same template, same tool schemas)."""
 
@@ -20,7 +21,8 @@ def _environments():
     sys.path.insert(0, str(ENVS_DIR))
     import verifiers as vf
 
-    return vf, {name: vf.load_environment(name) for name in ("vf-reverse-text", "vf-alphabet-sort", "vf-tool-test")}
+    names = ("vf-reverse-text", "vf-alphabet-sort", "vf-tool-test", "vf-sandbox-secret")
+    return vf, {name: vf.load_environment(name) for name in names}
 
 
 def conversations() -> list[tuple[list[dict], list[dict] | None]]:
@@ -30,7 +32,12 @@ def conversations() -> list[tuple[list[dict], list[dict] | None]]:
     sort = envs["vf-alphabet-sort"].get_dataset()[0]
     tools_row = envs["vf-tool-test"].get_dataset()[0]
     client = vf.OpenAIChatCompletionsClient(object())
-    tool_schemas = [json.loads(json.dumps(asyncio.run(client.to_native_tool(t)))) for t in envs["vf-tool-test"].tool_defs]
+
+    def schemas(env) -> list[dict]:
+        native = [json.loads(json.dumps(asyncio.run(client.to_native_tool(t)))) for t in env.tool_defs]
+        return [{**s, "function": {k: v for k, v in s["function"].items() if k != "strict"}} for s in native]
+
+    secret = envs["vf-sandbox-secret"].get_dataset()[0]
     first, second = sort["info"]["ground_truths"]
     return [
         (reverse["prompt"] + [{"role": "assistant",
@@ -43,7 +50,13 @@ def conversations() -> list[tuple[list[dict], list[dict] | None]]:
         (tools_row["prompt"] + [{"role": "assistant", "content": "", "tool_calls": [
             {"type": "function", "function": {"name": name, "arguments": {"x": 1}}}
             for name in tools_row["info"]["tool_names"]]}],
-         [{**s, "function": {k: v for k, v in s["function"].items() if k != "strict"}} for s in tool_schemas]),
+         schemas(envs["vf-tool-test"])),
+        (secret["prompt"] + [
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"type": "function", "function": {"name": "bash", "arguments": {"command": "cat secret.txt"}}}]},
+            {"role": "tool", "content": secret["answer"]},  # what SandboxEnv's bash returns: the file, stripped
+            {"role": "assistant", "content": f"<answer>{secret['answer']}</answer>"}],
+         schemas(envs["vf-sandbox-secret"])),
     ]
 
 

@@ -86,7 +86,8 @@ class Deployment:
     def auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"}
 
-    def compose(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+    def compose(self, *args: str, check: bool = True, timeout: float = 300, input: str | None = None
+                ) -> subprocess.CompletedProcess:
         # Only .env speaks: the test process's own ROLLSTREAM_* variables would win over it.
         env = {k: v for k, v in os.environ.items() if not k.startswith(("ROLLSTREAM_", "VLLM_"))}
         env.update(DOCKER_BUILDKIT="0", COMPOSE_DOCKER_CLI_BUILD="0")
@@ -94,7 +95,7 @@ class Deployment:
         for f in self.files:
             command += ["-f", str(f)]
         done = subprocess.run([*command, *args], check=False, capture_output=True, text=True, env=env, timeout=timeout,
-                              cwd=self.folder)
+                              cwd=self.folder, input=input)
         if check and done.returncode != 0:
             raise AssertionError(f"docker compose {' '.join(args)} failed ({done.returncode}):\n"
                                  f"{done.stdout}\n{done.stderr}\n{self.logs()}")
@@ -119,7 +120,7 @@ class Deployment:
         return listed.stdout.split()
 
     def wait_until_up(self, services: dict[str, int]) -> list[dict]:
-        """Until every service has its number of containers running and every healthcheck
+        """Until every service has (at least) its number of containers running and every healthcheck
         passes. podman runs healthchecks from systemd timers, which this host lacks: the test
         runs each check as such a timer would (`podman healthcheck run`), the engine runs it."""
         deadline = time.monotonic() + UP_TIMEOUT_S
@@ -127,7 +128,7 @@ class Deployment:
             listed = self.containers()
             running = {s: [c for c in listed if c["Service"] == s and c["State"] == "running"] for s in services}
             checking = [c for c in listed if c["State"] == "running" and c.get("Health") not in ("", "healthy")]
-            if all(len(running[s]) == n for s, n in services.items()) and not checking:
+            if all(len(running[s]) >= n for s, n in services.items()) and not checking:
                 return listed
             if time.monotonic() > deadline:
                 raise AssertionError(f"not up within {UP_TIMEOUT_S} s: {json.dumps(listed, indent=1)}\n{self.logs()}")
@@ -137,16 +138,21 @@ class Deployment:
             time.sleep(2)
 
     def wait_for_workers(self, pools: dict[str, int]) -> list[dict]:
-        """Until the API's status lists this many live workers per pool (a worker that
-        crashes at start keeps its container "running" between restarts, never registered)."""
+        """Until the API's status lists (at least) this many live workers per pool (a worker
+        that crashes at start keeps its container "running" between restarts, never registered)."""
         deadline = time.monotonic() + UP_TIMEOUT_S
+        counts: dict[str, int] = {}
         while True:
-            status = httpx.get(self.api + "/v1/status", headers=self.auth, timeout=10)
-            assert status.status_code == 200, status.text
-            workers = status.json()["workers"]
-            counts = {stage: len([w for w in workers if w["stage"] == stage]) for stage in pools}
-            if counts == pools:
-                return workers
+            try:
+                status = httpx.get(self.api + "/v1/status", headers=self.auth, timeout=10)
+            except httpx.TransportError:  # the API is still starting
+                status = None
+            if status is not None:
+                assert status.status_code == 200, status.text
+                workers = status.json()["workers"]
+                counts = {stage: len([w for w in workers if w["stage"] == stage]) for stage in pools}
+                if all(counts[stage] >= n for stage, n in pools.items()):
+                    return workers
             if time.monotonic() > deadline:
                 raise AssertionError(f"workers {counts}, expected {pools} within {UP_TIMEOUT_S} s\n{self.logs()}")
             time.sleep(2)
@@ -247,6 +253,52 @@ def test_scale_run_to_four_gives_four_run_workers_registered(deployment):
     workers = deployment.wait_for_workers({"init": 1, "run": 4, "eval": 1})
     run_workers = [w for w in workers if w["stage"] == "run"]
     assert len({w["worker"] for w in run_workers}) == 4 and {w["node"] for w in run_workers} == {"compose"}
+
+
+# Run inside the pools' containers: a bwrap sandbox made by one process of init, used from
+# run, removed from eval, as the pools hand a job's sandbox on (one volume, one PID namespace).
+_IN_CONTAINER = """
+import asyncio, json, sys
+from rollstream.config import Settings
+from rollstream.sandboxes import SandboxClient, SandboxHandle, SandboxSpec, create_sandbox, destroy_sandbox
+from rollstream.sandboxes.roots import namespace_root_dir
+
+async def main(step):
+    s = Settings()
+    if step == "create":
+        handle = await create_sandbox(SandboxSpec(backend="bwrap"), sandbox_id="compose-check", owner="test",
+                                      root_dir=namespace_root_dir(s.namespace, s.sandbox_root))
+        print(handle.model_dump_json())
+        return
+    handle = SandboxHandle.model_validate_json(sys.stdin.read())
+    if step == "use":
+        async with SandboxClient(handle.socket_path) as sb:
+            result = await sb.bash("echo $((6 * 7)) > answer; cat answer; ls /proc | grep -c '^[0-9]'")
+        print(json.dumps({"output": result.output, "exit_code": result.exit_code}))
+    else:
+        await destroy_sandbox(handle)
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+@pytest.mark.timeout(240)
+def test_bwrap_sandbox_made_by_init_is_used_from_run_and_removed_from_eval(deployment):
+    deployment.wait_for_workers({"init": 1, "run": 1, "eval": 1})
+
+    def in_pool(service: str, step: str, stdin: str = "") -> str:
+        done = deployment.compose("exec", "-T", service, "python", "-c", _IN_CONTAINER, step, input=stdin)
+        return done.stdout.strip()
+
+    handle = in_pool("init", "create")
+    used = json.loads(in_pool("run", "use", handle))
+    answer, processes = used["output"].split()
+    assert (answer, used["exit_code"]) == ("42", 0), used
+    # bwrap's own PID namespace: the sandbox sees its few processes, not the pools'.
+    assert int(processes) < 10, used
+    in_pool("eval", "destroy", handle)
+    left = deployment.compose("exec", "-T", "sandbox-host", "sh", "-c", "ps -eo comm= | grep -c bwrap || true")
+    assert left.stdout.strip() == "0", "the sandbox's processes outlived destroy"
 
 
 @pytest.mark.timeout(180)

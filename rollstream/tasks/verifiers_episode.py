@@ -28,6 +28,10 @@ log = logging.getLogger(__name__)
 ENV_ID = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,99}")
 SPLITS = ("train", "eval")
 MAX_KEPT_CHARS = 20_000  # of the environment's completion messages, kept with the trajectory
+# Environments a worker process keeps loaded (one per environment id and arguments): verifiers
+# registers each for teardown at exit, so one loaded is never freed; jobs varying the arguments
+# without end must not grow a worker without end.
+MAX_ENVIRONMENTS = 64
 
 
 def module_name(env_id: str) -> str:
@@ -86,6 +90,10 @@ def load_environment(env_id: str, args: dict) -> Any:
     if key in _environments:
         return _environments[key]
     check_allowed(env_id)
+    if len(_environments) >= MAX_ENVIRONMENTS:
+        raise JobFailed(f"this worker holds {MAX_ENVIRONMENTS} verifiers environments (ids with their arguments) "
+                        "already, the most it loads; vary load_environment's arguments less, or restart the worker",
+                        retryable=True)
     if importlib.util.find_spec(module_name(env_id)) is None:
         raise JobFailed(f"verifiers environment {env_id!r} is allowed but not installed on this worker (no module "
                         f"{module_name(env_id)!r}); install its package on the run workers", retryable=False,

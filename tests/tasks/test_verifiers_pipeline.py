@@ -165,3 +165,19 @@ async def test_a_run_worker_that_loaded_an_environment_still_stops_as_a_worker_o
     [run_worker] = [proc for stage, proc in pool.procs if stage == "run"]
     run_worker.send_signal(signal.SIGTERM)
     assert run_worker.wait(timeout=60) == 0, pool._log_tail(1, "run")
+
+
+async def test_the_jobs_turn_budget_ends_a_multi_turn_environment_as_the_agents_end(
+        settings, worker_pool, answering_model_dir, sandbox_root, allowed):
+    # alphabet-sort wants two turns; the job allows one: the door refuses the second call, the
+    # environment's rollout ends on that error, its rubric scores the first turn alone.
+    from rollstream.llm.server import served_model
+
+    start_pool(worker_pool, answering_model_dir, sandbox_root)
+    with served_model(answering_model_dir, device="cpu") as server:
+        one_turn = {**job("vf-alphabet-sort"), "agent": {**AGENT, "max_turns": 1}}
+        [result] = (await run_jobs(settings, server, [one_turn])).values()
+    assert result.status == "completed" and result.failure == "agent", result.error
+    assert result.trajectory.finish_reason == "max_turns" and len(result.trajectory.extra["calls"]) == 1
+    found = result.trajectory.extra["verifiers"]
+    assert found["error"] and result.reward == 0.5 == result.trajectory.extra["eval"]["reward"]

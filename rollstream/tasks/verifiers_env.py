@@ -71,6 +71,13 @@ class VerifiersTask(Task):
                             f"{traj.extra.get('finish_detail', 'no detail')}")
         if outcome.error is not None:
             raise JobFailed(outcome.error, retryable=False, failure="job")
+        refused = (traj.extra.get("door") or {}).get("refused", 0)
+        if refused and traj.finish_reason not in ("max_turns", "context"):
+            # Not the job's limits: the environment asked the door for what it does not serve
+            # (its sampling arguments, say). Its rubric would score an episode that never ran.
+            raise JobFailed(f"verifiers environment {job.instance.get('environment')!r}: the job's door refused its "
+                            f"model call: {outcome.detail.get('error') or 'no detail'}", retryable=False,
+                            failure="job")
         traj.extra.pop("harness", None)
         traj.extra["verifiers"] = {**outcome.detail, "reward": outcome.reward, "metrics": outcome.metrics,
                                    "weights": outcome.weights}

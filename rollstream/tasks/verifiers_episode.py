@@ -171,7 +171,9 @@ async def run(ctx) -> None:
     outcome.reward = _number(output.get("reward"))
     outcome.metrics = {name: _number(value) for name, value in (output.get("metrics") or {}).items()}
     outcome.weights = rubric_weights(env.rubric)
-    error = output.get("error")
+    error = output.get("error")  # verifiers' ErrorData: the error and its chain, as text
+    if isinstance(error, dict):
+        error = error.get("error_chain_repr") or error.get("message") or error  # repr: with each one's message
     outcome.detail = {
         "environment": env_id, "args": args, "split": instance.get("split", "train"), "index": instance.get("index", 0),
         "answer": _plain(output.get("answer", "")), "stop_condition": output.get("stop_condition"),

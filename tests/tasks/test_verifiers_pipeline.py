@@ -136,10 +136,10 @@ async def test_an_environment_that_raises_fails_its_job_naming_the_error(
                 await client.submit(job("vf-not-listed"))
             with pytest.raises(InvalidJob, match="never a path"):
                 await client.submit(job("../vf_broken"))
-            for fail in ("load", "rubric", "turn"):
+            for fail in ("load", "rubric", "turn", "sampling"):
                 await client.submit(job("vf-broken", args={"fail": fail}))
             await client.submit(job("vf-reverse-text", index=99))
-            results = await client.collect(4, timeout_s=240)
+            results = await client.collect(5, timeout_s=240)
     assert all(r.status == "failed" and r.failure == "job" and r.attempts == 1 for r in results), \
         [(r.status, r.failure, r.error) for r in results]
     errors = sorted(r.error for r in results)
@@ -147,6 +147,8 @@ async def test_an_environment_that_raises_fails_its_job_naming_the_error(
     assert any("rubric failed" in e and "exploding_reward" in e for e in errors), errors
     assert any("raised during its rollout" in e and "no follow-up for this row" in e for e in errors), errors
     assert any("has 3 rows, no row 99" in e for e in errors), errors
+    # A reward function that would give 1 does not score a call the door refused.
+    assert any("door refused its model call" in e and "logit_bias" in e for e in errors), errors
 
 
 async def test_a_run_worker_that_loaded_an_environment_still_stops_as_a_worker_on_sigterm(

@@ -1,6 +1,7 @@
 """Environments that fail, as a buggy package would: ``load_environment(fail="load")`` raises
 while loading; ``fail="rubric"`` loads a single-turn environment whose reward function raises;
-``fail="turn"`` a multi-turn environment whose env_response raises."""
+``fail="turn"`` a multi-turn environment whose env_response raises; ``fail="sampling"`` one whose
+sampling arguments (a logit bias) the job's door does not serve."""
 
 import verifiers as vf
 from datasets import Dataset
@@ -21,5 +22,9 @@ def load_environment(fail: str = "load") -> vf.Environment:
         return ExplodingTurns(dataset=lambda: Dataset.from_list([{"question": "Say hi.", "answer": "hi"}]),
                               rubric=vf.Rubric(funcs=[lambda completion, answer: 0.0]), max_turns=3)
 
+    if fail == "sampling":
+        return vf.SingleTurnEnv(dataset=lambda: Dataset.from_list([{"question": "Say hi.", "answer": "hi"}]),
+                                rubric=vf.Rubric(funcs=[lambda completion, answer: 1.0]),
+                                sampling_args={"logit_bias": {"1": 5}})
     return vf.SingleTurnEnv(dataset=lambda: Dataset.from_list([{"question": "Say hi.", "answer": "hi"}]),
                             rubric=vf.Rubric(funcs=[exploding_reward]))

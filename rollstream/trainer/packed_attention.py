@@ -5,7 +5,8 @@ token attends causally within its own sequence only, given the sequences' bounda
 Registered with transformers' AttentionInterface as "rollstream_packed"; `packed_attention`
 switches a model to it for the duration of a packed forward. On CUDA with half-precision
 weights it runs PyTorch's own variable-length flash attention (torch.nn.attention.varlen);
-elsewhere (CPU, float32, an older torch) one causal SDPA call per sequence."""
+elsewhere (CPU, float32, an older torch) one causal SDPA call over the sequences right-padded
+side by side (attention alone sees the padding)."""
 
 from __future__ import annotations
 
@@ -58,8 +59,20 @@ def _varlen(query, key, value, cu_seqlens, max_length, scaling):
     return _VARLEN(query, key, value, cu_seqlens, cu_seqlens, max_length, max_length, **kwargs)
 
 
-def _per_sequence(query, key, value, bounds: list[int], scaling):
-    """query [1, Hq, N, D], key/value [1, Hkv, N, D] -> [1, Hq, N, D], one SDPA per sequence."""
+def _padded_sdpa(query, key, value, bounds: list[int], scaling):
+    """query [1, Hq, N, D], key/value [1, Hkv, N, D] -> [1, Hq, N, D]: the sequences
+    right-padded side by side ([S, H, longest, D]) for one causal SDPA call. Right padding needs
+    no mask: a real token's causal window holds only real tokens of its own sequence, and what
+    the padding rows compute is dropped. Only attention sees padding; the rest of the model
+    runs on the packed row. (One call per sequence instead costs a few small operations per
+    sequence and layer, which on a busy CPU cost more than the padding.)"""
+    lengths = [e - s for s, e in itertools.pairwise(bounds)]
+    longest, device = max(lengths), query.device
+    starts = torch.tensor(bounds[:-1], device=device)
+    offsets = torch.arange(longest, device=device)
+    valid = offsets[None, :] < torch.tensor(lengths, device=device)[:, None]  # [S, longest]
+    tokens = query.shape[2]
+    gather = torch.where(valid, starts[:, None] + offsets[None, :], tokens).view(-1)  # padding -> a zero row
     groups = query.shape[1] // key.shape[1]
     extra: dict[str, Any] = {}
     if groups > 1:
@@ -67,14 +80,15 @@ def _per_sequence(query, key, value, bounds: list[int], scaling):
             extra["enable_gqa"] = True
         else:
             key, value = _repeat_heads(key, value, groups, dim=1)
-    # split, not slices: the backward of a split is one cat, that of each slice a zero-filled
-    # full-size gradient per sequence
-    lengths = [e - s for s, e in itertools.pairwise(bounds)]
-    outs = [
-        F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, **extra)
-        for q, k, v in zip(query.split(lengths, dim=2), key.split(lengths, dim=2), value.split(lengths, dim=2))
-    ]
-    return torch.cat(outs, dim=2)
+
+    def padded(x):  # [1, H, N, D] -> [S, H, longest, D]
+        rows = torch.cat([x[0].transpose(0, 1), x.new_zeros(1, x.shape[1], x.shape[3])])  # [N + 1, H, D]
+        return rows.index_select(0, gather).view(len(lengths), longest, x.shape[1], x.shape[3]).transpose(1, 2)
+
+    out = F.scaled_dot_product_attention(padded(query), padded(key), padded(value), is_causal=True, scale=scaling,
+                                         **extra)
+    out = out.transpose(1, 2).reshape(len(lengths) * longest, query.shape[1], query.shape[3])
+    return out.index_select(0, valid.view(-1).nonzero().squeeze(-1)).transpose(0, 1).unsqueeze(0)
 
 
 def _use_varlen(query: torch.Tensor) -> bool:
@@ -102,18 +116,19 @@ def packed_attention_forward(module, query, key, value, attention_mask, dropout:
     if kwargs.get("softcap") is not None:
         raise ValueError("packed attention does not implement attention logit soft-capping (softcap)")
     if dropout:
-        raise ValueError("packed attention does not implement attention dropout; set the model's attention_dropout to 0")
+        raise ValueError("packed attention does not implement attention dropout; set the model's "
+                         "attention_dropout to 0")
     if _use_varlen(query):
         try:
             out = _varlen(query[0].transpose(0, 1).contiguous(), key[0].transpose(0, 1).contiguous(),
                           value[0].transpose(0, 1).contiguous(), cu_seqlens, max_length, scaling)
             return out.unsqueeze(0), None
         except (RuntimeError, TypeError, NotImplementedError) as exc:
-            # an older or different build: stay correct with per-sequence SDPA, and say so once
+            # an older or different build: stay correct with padded SDPA, and say so once
             _varlen_broken = f"{type(exc).__name__}: {exc}"
-            log.warning("torch varlen attention failed (%s); packed attention falls back to one SDPA call per "
-                        "sequence", _varlen_broken)
-    out = _per_sequence(query, key, value, cu_seqlens.tolist(), scaling)
+            log.warning("torch varlen attention failed (%s); packed attention falls back to SDPA over the "
+                        "sequences right-padded", _varlen_broken)
+    out = _padded_sdpa(query, key, value, cu_seqlens.tolist(), scaling)
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -153,7 +153,7 @@ def _varlen_stand_in(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, sca
 
 
 @pytest.mark.parametrize("kernel", ["torch 2.11", "torch 2.10", "fails"])
-def test_the_cuda_varlen_route_gives_the_per_sequence_logprobs(tiny_model_dir, monkeypatch, kernel):
+def test_the_cuda_varlen_route_gives_the_cpu_route_logprobs(tiny_model_dir, monkeypatch, kernel):
     from rollstream.trainer import packed_attention
 
     model = _load(tiny_model_dir).eval()
@@ -173,7 +173,7 @@ def test_the_cuda_varlen_route_gives_the_per_sequence_logprobs(tiny_model_dir, m
     with torch.no_grad():
         got = packed_token_logprobs(model, micro, positions=every)
     assert torch.allclose(got, expected, atol=1e-5)
-    # a kernel that fails is given up once, with its reason, and the per-sequence route answers
+    # a kernel that fails is given up once, with its reason, and the CPU route answers
     assert (packed_attention._varlen_broken is None) == (kernel != "fails")
 
 

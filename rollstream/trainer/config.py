@@ -42,9 +42,11 @@ class OptimConfig(BaseModel):
     weight_decay: float = Field(0.0, ge=0.0)
     betas: tuple[float, float] = (0.9, 0.999)
     max_grad_norm: float = Field(1.0, gt=0.0, description="gradient clipping by global norm")
-    micro_batch_size: int = Field(8, ge=1, description="sequences per forward/backward, packed into one row (memory bound)")
+    micro_batch_size: int = Field(
+        8, ge=1, description="sequences per forward/backward, packed into one row (memory bound)"
+    )
     micro_batch_tokens: int | None = Field(
-        None, ge=1, description="also close a micro-batch before it passes this many tokens (None: by micro_batch_size only)"
+        None, ge=1, description="also close a micro-batch before it passes this many tokens (None: sequences only)"
     )
     logprob_chunk_tokens: int = Field(
         1024, ge=1, description="tokens whose [chunk, vocab] logits are computed at once for the chosen-token logprobs"

@@ -27,26 +27,41 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     return torch.nn.functional.pad(logprobs, (1, 0), value=0.0)
 
 
-def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    logits = hidden @ weight.t()
+def _chunk_logits_into(out: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor,
+                       bias: torch.Tensor | None) -> torch.Tensor:
+    """hidden @ weight.T + bias written into `out` (a float32 buffer reused chunk after chunk:
+    on the CPU a fresh [chunk, V] tensor each time costs as much again in page faults)."""
+    if weight.dtype == out.dtype:
+        torch.mm(hidden, weight.t(), out=out)
+    else:
+        out.copy_(hidden @ weight.t())
     if bias is not None:
-        logits = logits + bias
-    return logits.float()
+        out.add_(bias)
+    return out
 
 
 class _ChosenTokenLogprobs(torch.autograd.Function):
     """log_softmax(hidden @ weight.T + bias)[i, targets[i]], chunk by chunk of rows. The
-    backward recomputes each chunk's logits (one more matmul) rather than keep them."""
+    backward recomputes each chunk's logits (one more matmul) rather than keep them.
+
+    With p = softmax(logits) and g the incoming gradient, d/d logits = g * (onehot - p): the
+    row scale g is applied to the [chunk, H] operands instead of the [chunk, V] probabilities,
+    and the onehot term is an index_add of rows, so the [chunk, V] buffer is only written by
+    the matmul, shifted and exponentiated."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, chunk_tokens):
-        out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        tokens = hidden.shape[0]
+        out = torch.empty(tokens, dtype=torch.float32, device=hidden.device)
         lse = torch.empty_like(out)
-        for start in range(0, hidden.shape[0], chunk_tokens):
+        buffer = torch.empty(min(chunk_tokens, tokens), weight.shape[0], dtype=torch.float32, device=hidden.device)
+        for start in range(0, tokens, chunk_tokens):
             rows = slice(start, start + chunk_tokens)
-            logits = _chunk_logits(hidden[rows], weight, bias)
-            lse[rows] = torch.logsumexp(logits, dim=-1)
-            out[rows] = logits.gather(-1, targets[rows].unsqueeze(-1)).squeeze(-1) - lse[rows]
+            logits = _chunk_logits_into(buffer[: hidden[rows].shape[0]], hidden[rows], weight, bias)
+            picked = logits.gather(-1, targets[rows].unsqueeze(-1)).squeeze(-1)
+            top = logits.amax(dim=-1)
+            lse[rows] = top + logits.sub_(top[:, None]).exp_().sum(dim=-1).log_()
+            out[rows] = picked - lse[rows]
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
         ctx.chunk_tokens = chunk_tokens
         return out
@@ -55,27 +70,33 @@ class _ChosenTokenLogprobs(torch.autograd.Function):
     def backward(ctx, grad_out):
         hidden, weight, bias, targets, lse = ctx.saved_tensors
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        tokens, chunk_tokens = hidden.shape[0], ctx.chunk_tokens
+        scaled = hidden * grad_out.to(hidden.dtype)[:, None]  # g * h, [M, H]
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
-        # a low-precision weight's gradient is summed over chunks in float32
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
-        grad_bias = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_bias else None
-        for start in range(0, hidden.shape[0], ctx.chunk_tokens):
-            rows = slice(start, start + ctx.chunk_tokens)
-            h, g = hidden[rows], grad_out[rows].float()
-            # d logp / d logits = onehot(target) - softmax, scaled by the incoming gradient
-            grad_logits = _chunk_logits(h, weight, bias).sub_(lse[rows, None]).exp_().mul_(-g[:, None])
-            grad_logits.scatter_add_(1, targets[rows, None], g[:, None])
-            if need_bias:
-                grad_bias += grad_logits.sum(dim=0)
-            grad_logits = grad_logits.to(hidden.dtype)
+        # sum over chunks of p.T @ (g * h); float32 unless the weight is float32 and it can be summed in place
+        p_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
+        p_bias = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_bias else None
+        buffer = torch.empty(min(chunk_tokens, tokens), weight.shape[0], dtype=torch.float32, device=hidden.device)
+        for start in range(0, tokens, chunk_tokens):
+            rows = slice(start, start + chunk_tokens)
+            h = hidden[rows]
+            probs = _chunk_logits_into(buffer[: h.shape[0]], h, weight, bias).sub_(lse[rows, None]).exp_()
+            low = probs if probs.dtype == weight.dtype else probs.to(weight.dtype)
             if need_hidden:
-                grad_hidden[rows] = grad_logits @ weight
+                # g * (W[target] - p @ W)
+                grad_hidden[rows] = (weight[targets[rows]] - low @ weight) * grad_out[rows].to(hidden.dtype)[:, None]
             if need_weight:
-                grad_weight += (grad_logits.t() @ h).float()
+                if p_weight.dtype == low.dtype:
+                    p_weight.addmm_(low.t(), scaled[rows])
+                else:
+                    p_weight.add_(low.t() @ scaled[rows])
+            if need_bias:
+                p_bias.add_(probs.t() @ grad_out[rows].float())
+        grad_weight = grad_bias = None
         if need_weight:
-            grad_weight = grad_weight.to(weight.dtype)
+            grad_weight = p_weight.neg_().index_add_(0, targets, scaled.float()).to(weight.dtype)
         if need_bias:
-            grad_bias = grad_bias.to(bias.dtype)
+            grad_bias = p_bias.neg_().index_add_(0, targets, grad_out.float()).to(bias.dtype)
         return grad_hidden, grad_weight, grad_bias, None, None
 
 

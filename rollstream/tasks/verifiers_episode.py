@@ -194,7 +194,8 @@ def rubric_weights(rubric: Any) -> dict[str, float]:
 
 def _cause(exc: BaseException) -> str:
     """The error and what caused it (verifiers wraps a package's own error in its own)."""
-    parts, seen = [], exc
+    parts: list[str] = []
+    seen: BaseException | None = exc
     while seen is not None and len(parts) < 3:
         parts.append(f"{type(seen).__name__}: {seen}")
         seen = seen.__cause__

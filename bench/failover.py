@@ -91,7 +91,8 @@ class Topology:
         for port in self.data:
             (self.folder / str(port)).mkdir()
             argv = [shutil.which("redis-server") or "redis-server", "--port", str(port), "--bind", "127.0.0.1",
-                    "--dir", str(self.folder / str(port)), "--save", "", "--appendonly", "yes"]
+                    "--dir", str(self.folder / str(port)), "--save", "", "--appendonly", "yes",
+                    "--repl-diskless-sync-delay", "0"]
             self._start(port, argv + (["--replicaof", "127.0.0.1", str(primary)] if port != primary else []))
         for port in self.sentinels:
             conf = self.folder / f"sentinel-{port}.conf"
@@ -104,10 +105,12 @@ class Topology:
         while time.monotonic() < deadline:
             seen = [sum(not r["is_sdown"] for r in _client(p).sentinel_slaves(SERVICE)) for p in self.sentinels]
             others = [_client(p).sentinel_masters()[SERVICE]["num-other-sentinels"] for p in self.sentinels]
-            if min(seen) >= 2 and min(others) >= 2:
+            info = _client(primary).info("replication")  # synced, not merely connected
+            online = sum(info.get(f"slave{i}", {}).get("state") == "online" for i in range(2))
+            if min(seen) >= 2 and min(others) >= 2 and online == 2:
                 return self
             time.sleep(0.1)
-        raise RuntimeError(f"the Sentinels did not see both replicas in 60 s; see {self.folder}")
+        raise RuntimeError(f"both replicas were not synced and seen by the Sentinels in 60 s; see {self.folder}")
 
     def primary(self) -> int:
         return int(_client(self.sentinels[0]).execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)[1])

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from importlib import resources
 
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from rollstream.errors import JobCancelled
 from rollstream.messages import DeadLetter, Envelope, Job, Result
@@ -102,7 +104,7 @@ class Handoff:
                       len(state), len(dests), *flat]
         for _, maxlen, payload in dests:
             args += [maxlen, payload]
-        if self.replica_acks:
+        if self.replica_acks and src.consumer:  # sent again until confirmed: only a move the owner check guards
             return await self._move_replicated(keys, args)
         while True:
             try:
@@ -116,7 +118,9 @@ class Handoff:
         """The move, then WAIT until ``replica_acks`` replicas hold it. Until they confirm, the
         script is sent again (with the WAIT): on the same primary it finds the message moved
         (0) and the WAIT covers the first move; on a primary promoted without it, it moves it
-        there. Never on the reader's connection: a WAIT would hold up the next read."""
+        there. So is one whose connection was lost (a primary killed, or left for the one the
+        Sentinels name now): the owner check makes sending it twice harmless. Never on the
+        reader's connection: a WAIT would hold up the next read."""
         moved = 0
         while True:
             try:
@@ -124,10 +128,13 @@ class Handoff:
                                                          acks=self.replica_acks,
                                                          timeout_ms=self.replica_ack_timeout_ms)
                 code = int(code)
-                moved = moved or (code if code == 1 else 0)
-                if confirmed < self.replica_acks and (code == 1 or moved):
+                moved = moved or (1 if code == 1 else 0)
+                if confirmed < self.replica_acks and moved:
                     raise ReplicasBehind(code, confirmed, self.replica_acks, self.replica_ack_timeout_ms)
                 return code or moved
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                if self.wait_out is None or not await self.wait_out(exc):
+                    raise
             except ResponseError as exc:
                 if self.wait_out is not None and refused_write(exc) and await self.wait_out(exc):
                     continue

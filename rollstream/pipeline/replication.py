@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import hashlib
 
+import redis
 import redis.asyncio as aioredis
+from redis.asyncio.sentinel import SentinelConnectionPool
 from redis.exceptions import NoScriptError, ResponseError
 
 from rollstream.pipeline.connection import SOCKET_TIMEOUT_S
@@ -38,6 +40,22 @@ def _sha(script: str) -> str:
     return hashlib.sha1(script.encode()).hexdigest()
 
 
+async def follow_the_sentinels(r: aioredis.Redis, fast: FastRedis | None) -> None:
+    """After a write no replica confirmed: if the Sentinels name another primary by now (they
+    promoted a replica while this primary still answers, and its replicas left it), leave this
+    one, so the write sent again goes to the new primary rather than to one that will be
+    overwritten when it is turned into a replica."""
+    pool = r.connection_pool
+    if not isinstance(pool, SentinelConnectionPool):
+        return
+    try:
+        address = await pool.get_master_address()  # also drops the pool's idle connections to an old one
+    except redis.ConnectionError:  # mid-failover no Sentinel names one yet: the next connect asks again
+        return
+    if fast is not None:
+        fast.leave_unless(address)
+
+
 async def script_then_wait(r: aioredis.Redis, fast: FastRedis | None, script: str, keys: list, args: list, *,
                            acks: int, timeout_ms: int, before: list[tuple] = ()) -> tuple:
     """Run ``script`` and WAIT for ``acks`` replicas on the same connection, in one write: a WAIT
@@ -52,6 +70,8 @@ async def script_then_wait(r: aioredis.Redis, fast: FastRedis | None, script: st
         except NoScriptError:  # Redis restarted, or a new primary: what came before it ran already
             await fast.execute("SCRIPT", "LOAD", script)
             replies = await fast.execute_many([call, wait], timeout_s=timeout_s)
+        if int(replies[-1]) < acks:
+            await follow_the_sentinels(r, fast)
         return replies[-2], int(replies[-1])
     if before:
         raise ValueError("commands can ride along with a script only on a lean connection")
@@ -59,4 +79,6 @@ async def script_then_wait(r: aioredis.Redis, fast: FastRedis | None, script: st
         r.register_script(script)(keys=keys, args=args, client=pipe)
         pipe.execute_command(*wait)
         reply, confirmed = await pipe.execute()
+    if int(confirmed) < acks:
+        await follow_the_sentinels(r, fast)
     return reply, int(confirmed)

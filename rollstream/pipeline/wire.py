@@ -137,6 +137,12 @@ class FastRedis:
                     self._drop(redis.AuthenticationError(str(reply)))
                     raise redis.AuthenticationError(f"Redis refused {reply}; check the URL's credentials")
 
+    def leave_unless(self, address: tuple[str, int]) -> None:
+        """Drop the connection unless it goes to ``address`` (where the Sentinels say the primary
+        is now): the next command connects there."""
+        if self._proto is not None and self.primary is not None and (self.host, self.port) != tuple(address):
+            self._drop(redis.ConnectionError(f"the Sentinels name another primary ({address[0]}:{address[1]})"))
+
     def _lost(self, proto: _Replies, error: Exception) -> None:
         if proto is self._proto:
             self._drop(error)

@@ -68,7 +68,7 @@ class SentinelRedis:
             folder.mkdir()
             argv = [shutil.which("redis-server") or "/usr/bin/redis-server", "--port", str(port), "--bind",
                     "127.0.0.1", "--dir", str(folder), "--save", "", "--appendonly", "yes",
-                    "--appendfsync", "everysec", "--maxclients", "10000"]
+                    "--appendfsync", "everysec", "--maxclients", "10000", "--repl-diskless-sync-delay", "0"]
             if port != primary:
                 argv += ["--replicaof", "127.0.0.1", str(primary)]
             self._start(port, argv, f"redis-server :{port}")
@@ -96,8 +96,11 @@ class SentinelRedis:
         primary = redis_sync.Redis(host="127.0.0.1", port=self.data_ports[0], socket_timeout=2)
         replicas = len(self.data_ports) - 1
         while time.monotonic() < deadline:
-            if (primary.info("replication").get("connected_slaves", 0) >= replicas
-                    and self._sentinels_see_replicas(replicas)):
+            info = primary.info("replication")
+            # Synced ("online"), not merely connected: a replica still waiting for its first sync
+            # has no data, and a Sentinel may promote it.
+            online = sum(info.get(f"slave{i}", {}).get("state") == "online" for i in range(replicas))
+            if online == replicas and self._sentinels_see_replicas(replicas):
                 return
             time.sleep(0.1)
         raise RuntimeError("the replicas did not come online under the Sentinels within "

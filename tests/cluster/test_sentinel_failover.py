@@ -104,11 +104,14 @@ async def test_primary_killed_mid_load_loses_no_acknowledged_job_and_doubles_non
 
 async def test_workers_and_the_client_leave_a_primary_that_sentinel_demotes(
         sentinel_redis, worker_pool, settings, wait_until):
-    """SENTINEL FAILOVER: the old primary lives on as a replica and answers READONLY to the
-    connections still open to it; every client must drop them and ask the Sentinels again."""
+    """SENTINEL FAILOVER: the old primary answers on for seconds (until the Sentinels turn it
+    into a replica), without replicas: writes there that no replica confirms must go again to the
+    new primary, and once the old one is a replica every client must leave it."""
     url = sentinel_redis.url
-    settings = settings.model_copy(update={"redis_url": url, **DURABLE})
+    settings = settings.model_copy(update={"redis_url": url, "replica_acks": 1, "replica_ack_timeout_ms": 2000,
+                                           **DURABLE})
     pool = worker_pool(redis_url=url, **DURABLE)
+    pool.env.update(ACKS_ENV)
     pool.start_all(concurrency=16)
     watcher = async_redis(url)
     try:

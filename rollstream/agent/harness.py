@@ -17,19 +17,16 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import import_module
 from importlib.metadata import entry_points
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from rollstream.agent.backend_link import PooledVLLMClient
-from rollstream.agent.gateway import MODEL_NAME, Gateway
-from rollstream.agent.llm_service import LLMService
-from rollstream.agent.presets import all_presets, find_preset
+from rollstream.agent.door_service import job_session, preset_dirs, worker_gateway
 from rollstream.agent.episode import truncate_middle
-from rollstream.agent.session import LLMSession
+from rollstream.agent.gateway import MODEL_NAME
+from rollstream.agent.presets import all_presets, find_preset
+from rollstream.agent.sandbox_harness import run_sandbox_harness
 from rollstream.episode_settings import AgentSettings, agent_settings
 from rollstream.errors import InvalidJob, JobCancelled, JobFailed
-from rollstream.llm.inference_client import VLLMClient
-from rollstream.messages import Envelope, Job
+from rollstream.messages import Envelope
 from rollstream.sandboxes.sandbox_client import SandboxClient
 from rollstream.trajectory import ToolCallRecord, Trajectory
 
@@ -129,51 +126,22 @@ def get_harness(name: str) -> Harness:
                          "install rollstream[harness] on the run workers") from exc
 
 
-def _preset_dirs(services: ProcessServices) -> list[Path]:
-    settings = services.llm.settings if services.llm is not None else None
-    return list(getattr(settings, "harness_preset_dirs", None) or [])
-
-
-async def _gateway(services: ProcessServices) -> Gateway:
-    """The worker process's door server, started on first use."""
-    if services.gateway is None:
-        settings = services.llm.settings if services.llm is not None else None
-        services.gateway = Gateway() if settings is None else Gateway(
-            max_connections=settings.door_max_connections, read_timeout_s=settings.door_read_timeout_s,
-            keepalive_s=settings.door_keepalive_s)
-    return await services.gateway.start()
-
-
-def _session(llm: LLMService, services: ProcessServices, job: Job, settings: AgentSettings) -> LLMSession:
-    """The job's LLM session (the run worker's balancer, so job and group affinity hold),
-    speaking to vLLM-API backends through the door's pooled link (agent/backend_link.py)."""
-    options = dict(max_backend_attempts=settings.max_backend_attempts, request_timeout_s=settings.request_timeout_s,
-                   backend_wait_s=settings.backend_wait_s)
-    if type(llm.client) is not VLLMClient:  # another API (SGLang): its own client
-        return llm.session(job.job_id, job.group_id, **options)
-    if services.backend_link is None:
-        services.backend_link = PooledVLLMClient(model=llm.client.model)
-    return LLMSession(services.backend_link, job.job_id, job.group_id, balancer=llm.balancer, **options)
-
-
 async def run_harness(harness: str, messages: list[dict], tools: list[dict], env: Envelope,
                       services: ProcessServices, sandbox: SandboxClient | None) -> Trajectory:
     """The run stage of a harness job: ``sandbox`` is the job's, connected by the stage (None
     for a task without one); ``services`` the run worker's (its LLM service, door, link). A name
     that is no Python harness of ours but a preset's runs as a command in the sandbox."""
     if harness not in HARNESSES:
-        preset = find_preset(harness, _preset_dirs(services))
+        preset = find_preset(harness, preset_dirs(services))
         if preset is not None:
-            from rollstream.agent.sandbox_harness import run_sandbox_harness  # it imports this module
-
             return await run_sandbox_harness(preset, messages, env, services, sandbox)
     fn = get_harness(harness)
     job = env.job
     llm = services.need_llm()
     settings = agent_settings(job.agent, job.sampling)
     version_at_start = await llm.policy_version()
-    gateway = await _gateway(services)
-    session = _session(llm, services, job, settings)
+    gateway = await worker_gateway(services)
+    session = job_session(llm, services, job, settings)
     door = gateway.open(job.job_id, session, llm.tokenizer, settings)
     hctx = HarnessContext(job_id=job.job_id, instance=job.instance, messages=messages, tools=tools,
                           base_url=gateway.base_url, api_key=door.key, settings=settings, sandbox=sandbox,

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rollstream.agent.door_service import job_session, worker_gateway
 from rollstream.agent.gateway import DOOR_SOCKET_NAME, MODEL_NAME
 from rollstream.agent.presets import Preset
 from rollstream.episode_settings import agent_settings
@@ -76,7 +77,6 @@ def _last_line(output: str) -> str | None:
 
 async def run_sandbox_harness(preset: Preset, messages: list[dict], env: Envelope, services: ProcessServices,
                               sandbox: SandboxClient | None) -> Trajectory:
-    from rollstream.agent.harness import _gateway, _session  # the door and session a Python harness gets
 
     if sandbox is None:
         raise InvalidJob(f"harness {preset.name!r} runs inside the task's sandbox, and this task has none; "
@@ -85,8 +85,8 @@ async def run_sandbox_harness(preset: Preset, messages: list[dict], env: Envelop
     llm = services.need_llm()
     settings = agent_settings(job.agent, job.sampling)
     version_at_start = await llm.policy_version()
-    gateway = await _gateway(services)
-    session = _session(llm, services, job, settings)
+    gateway = await worker_gateway(services)
+    session = job_session(llm, services, job, settings)
     door = gateway.open(job.job_id, session, llm.tokenizer, settings)
     started = time.monotonic()
     result = None

@@ -44,7 +44,7 @@ def list_presets(as_json: bool = typer.Option(False, "--json", help="One JSON ob
 
 @app.command()
 def install(name: str = typer.Argument(..., help="The preset's name (rollstream harnesses list)."),
-            image: Optional[str] = typer.Option(None, "--image", help="Build an environment image: this base image "
+            image: str | None = typer.Option(None, "--image", help="Build an environment image: this base image "
                                                 "with the preset installed (its tag is printed). Without it, the "
                                                 "preset is installed on this host, where bwrap sandboxes on the "
                                                 "host's own root find it.")) -> None:

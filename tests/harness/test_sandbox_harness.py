@@ -14,6 +14,7 @@ import pytest
 from rollstream.client import AsyncClient
 from rollstream.pipeline.balancer import add_backend
 from rollstream.tasks import arith
+
 from .sandbox_presets import write_presets
 
 

@@ -15,9 +15,14 @@ import os
 import pytest
 
 from rollstream.agent import AgentSettings, LLMSession
-from rollstream.agent.gateway import Gateway, SANDBOX_PREAMBLE
+from rollstream.agent.gateway import SANDBOX_PREAMBLE, Gateway
 from rollstream.llm.inference_client import VLLMClient
-from rollstream.sandboxes import SandboxClient, SandboxSpec, create_sandbox, destroy_sandbox
+from rollstream.sandboxes import (
+    SandboxClient,
+    SandboxSpec,
+    create_sandbox,
+    destroy_sandbox,
+)
 
 ANSWER_WITHIN_S = 20.0
 INSIDE = "/run/rollstream-door/door.sock"

@@ -1,0 +1,103 @@
+"""The mini-SWE-agent preset, unmodified at its pinned version (2.4.6), through the whole pipeline
+in bubblewrap (its venv on the host's own root, `rollstream harnesses install mini-swe-agent`) and
+in podman (an environment image with it, `--image`), against the built-in server. A tiny model
+that learnt one mini-SWE-agent episode by heart drives it: a bash block that computes, then the
+submit command; eval scores what mini-SWE-agent submitted. The arith model, which knows nothing
+of mini-SWE-agent's format, shows a harness that fails is the agent's failure, scored, once."""
+
+from __future__ import annotations
+
+import model_cache
+import pytest
+
+from rollstream.agent.presets import build_image, find_preset, install_on_host
+from rollstream.client import AsyncClient
+from rollstream.pipeline.balancer import add_backend
+from rollstream.sandboxes.backends.docker import DockerBackend
+from rollstream.sandboxes.env_images import DEFAULT_BASE_IMAGE
+from rollstream.tasks import arith
+
+from .mini_swe_scripted import build_mini_model, episode
+
+INSTANCE = {"a": 12, "op": "+", "b": 30}
+REPLIES = ["THOUGHT: compute it.\n\n```mswea_bash_command\necho $((12+30))\n```",
+           "THOUGHT: submit it.\n\n```mswea_bash_command\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && echo 42\n```"]
+GREEDY = {"temperature": 0.0, "max_tokens": 128}
+AGENT = {"harness": "mini-swe-agent", "max_turns": 4, "max_tokens_per_turn": 128, "max_context_tokens": 4000,
+         "max_wall_time_s": 240}
+
+
+@pytest.fixture(scope="module")
+def preset():
+    preset = find_preset("mini-swe-agent")
+    install_on_host(preset)  # once; a no-op when the venv is there
+    return preset
+
+
+@pytest.fixture(scope="module")
+def mini_image(preset):
+    return build_image(preset, DEFAULT_BASE_IMAGE)  # once; a no-op when the image is there
+
+
+@pytest.fixture(scope="module")
+def mini_model_dir(preset):
+    conversation = episode(f"{preset.prefix}/bin/python", arith.question(**INSTANCE), REPLIES)
+    return build_mini_model(model_cache.cache_dir() / "mini-swe", [conversation])
+
+
+@pytest.fixture(scope="module")
+def mini_server(mini_model_dir):
+    from rollstream.llm.server import served_model
+
+    with served_model(mini_model_dir, device="cpu") as url:
+        yield url
+
+
+async def _run(settings, server: str, job: dict):
+    async with AsyncClient(settings=settings) as client:
+        await add_backend(client.r, server, settings.namespace)
+        await client.submit(job)
+        [result] = await client.collect(1, timeout_s=420)
+    return result
+
+
+def _assert_submitted_and_scored(result) -> None:
+    assert result.status == "completed", result.error
+    traj = result.trajectory
+    run = traj.extra["harness_run"]
+    assert traj.finish_reason == "stop" and run["exit_code"] == 0, run
+    assert len(traj.extra["calls"]) == 2 and traj.extra["door"] == {"requests": 2, "refused": 0}
+    assert "mswea_bash_command" in traj.response_text and "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT" in traj.response_text
+    assert traj.extra["answer"] == "42" and result.reward == 1.0
+
+
+async def test_mini_swe_agent_in_bwrap_completes_its_loop_and_its_submission_is_scored(
+        settings, worker_pool, sandbox_root, mini_model_dir, mini_server):
+    worker_pool(model_dir=mini_model_dir, sandbox_root=sandbox_root).start_all(concurrency=2)
+    result = await _run(settings, mini_server, arith.job(INSTANCE, sampling=GREEDY, agent=AGENT))
+    _assert_submitted_and_scored(result)
+
+
+@pytest.mark.skipif(not DockerBackend().available(), reason="no Docker API (podman) engine answers here")
+async def test_mini_swe_agent_in_podman_completes_its_loop_and_its_submission_is_scored(
+        settings, worker_pool, sandbox_root, mini_model_dir, mini_server, mini_image):
+    pool = worker_pool(model_dir=mini_model_dir, sandbox_root=sandbox_root)
+    pool.env["ROLLSTREAM_SANDBOX_BACKEND"] = "docker"
+    pool.env["ROLLSTREAM_SANDBOX_JOB_OVERRIDES"] = '["image", "limits"]'
+    pool.start_all(concurrency=2)
+    result = await _run(settings, mini_server, arith.job(INSTANCE, sampling=GREEDY, agent=AGENT,
+                                                         sandbox={"image": mini_image}))
+    _assert_submitted_and_scored(result)
+
+
+async def test_mini_swe_agent_on_a_model_that_emits_garbage_is_the_agents_failure_scored_once(
+        settings, worker_pool, sandbox_root, arith_model_dir, arith_server, preset):
+    worker_pool(model_dir=arith_model_dir, sandbox_root=sandbox_root).start_all(concurrency=2)
+    result = await _run(settings, arith_server, arith.job(INSTANCE, agent={**AGENT, "max_turns": 2}))
+    assert result.status == "completed" and result.failure == "agent", result.error
+    traj = result.trajectory
+    # Two answers without a bash block (format errors), then a third call past the budget: refused
+    # for good (no retry), and mini-SWE-agent stops on it.
+    assert traj.finish_reason == "max_turns", traj.extra
+    assert len(traj.extra["calls"]) == 2 and traj.extra["door"] == {"requests": 3, "refused": 1}
+    assert result.reward == 0.0 and result.attempts == 1

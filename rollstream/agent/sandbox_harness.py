@@ -163,10 +163,12 @@ async def _answer(preset: Preset, sandbox: SandboxClient, values: dict[str, str]
 async def _kill_leftovers(sandbox: SandboxClient) -> None:
     """Every process the harness started, wherever it went: its session is killed (under bwrap its
     own pid namespace with it); in a container, where sessions share one pid namespace, a fresh
-    session kills every process but the container's first."""
+    session kills every process but the container's first. The shells that took with them are
+    closed, so that the next tool call (eval's) starts a fresh one rather than finding one dying."""
     try:
         await sandbox.close_session(HARNESS_SESSION)
         await sandbox.bash("exec kill -KILL -1", timeout_s=SETUP_TIMEOUT_S, session=REAP_SESSION)
-        await sandbox.close_session(REAP_SESSION)
+        for name in (await sandbox.info())["sessions"]:
+            await sandbox.close_session(name)
     except (SandboxGone, ToolError) as exc:
         log.warning("killing a harness's processes failed: %s", exc)

@@ -98,8 +98,10 @@ def load_environment(env_id: str, args: dict) -> Any:
         raise JobFailed(f"verifiers environment {env_id!r} is allowed but not installed on this worker (no module "
                         f"{module_name(env_id)!r}); install its package on the run workers", retryable=False,
                         failure="job")
+    import datasets
     import verifiers as vf
 
+    datasets.disable_progress_bars()  # a bar per dataset map, written into the worker's log
     logging.getLogger("verifiers.legacy.rubrics").addHandler(_handler)
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

@@ -7,15 +7,18 @@ reach the primary through a redis+sentinel:// URL.
 Two arms on the same topology, run A B B A, each with fresh worker processes (1 init, 1 run,
 1 eval): replica_acks=0 (acknowledged writes may vanish in a failover) and replica_acks=1 (a
 submission and every hand-off wait for a replica: Redis WAIT, four per job). Each sends JOBS/3
-echo jobs one at a time (the WAITs' cost: the difference of the p50 latencies, submit to
-result), then JOBS with CONCURRENCY submitters, each waiting for its job's result before the
-next (throughput, and pipeline time per job: 1 / jobs/s). Then, with replica_acks=1, the primary is SIGKILLed mid-load:
-the seconds without a finished job around the kill, and jobs lost and doubled (each must be 0).
+echo jobs one at a time (the difference of the p50 latencies, submit to result), then JOBS with
+CONCURRENCY submitters, each waiting for its job's result before the next (throughput, and
+pipeline time per job: 1 / jobs/s). On a busy machine both drown in noise, so the WAIT itself
+is also timed: WRITES small script writes with and without WAIT 1, interleaved; a job makes
+four. Then, with replica_acks=1, the primary is SIGKILLed mid-load: the seconds without a
+finished job around the kill, and jobs lost and doubled (each must be 0).
 
 Last line: RESULT {json} with jobs_per_s_acks0, jobs_per_s_acks1, p50_ms_acks0, p50_ms_acks1 (one
-at a time), p50_ms_loaded_acks0/1, wait_cost_ms_per_job (p50 latency difference, one at a time), wait_cost_worker_ms_per_job (1/jobs/s
-difference), no_progress_s_during_failover, failover_s (kill to every Sentinel naming the new
-primary), lost, doubled.
+at a time), p50_ms_loaded_acks0/1, write_p50_ms, write_with_wait_p50_ms, wait_cost_ms_per_job
+(four times the difference of those two), e2e_p50_diff_ms (the end-to-end difference, one at a
+time), wait_cost_worker_ms_per_job (1/jobs/s difference), no_progress_s_during_failover,
+failover_s (kill to every Sentinel naming the new primary), failover_jobs, lost, doubled.
 """
 
 from __future__ import annotations
@@ -45,9 +48,12 @@ from rollstream.config import Settings  # noqa: E402
 from rollstream.messages import new_id  # noqa: E402
 from rollstream.pipeline.connection import async_redis  # noqa: E402
 from rollstream.pipeline.keys import Keys  # noqa: E402
+from rollstream.pipeline.replication import script_then_wait  # noqa: E402
+from rollstream.pipeline.wire import FastRedis  # noqa: E402
 from rollstream.workers.pool import WorkerPool  # noqa: E402
 
 SERVICE = "rs-bench"
+WAITS_PER_JOB = 4  # the submission, init's and run's forwards, eval's result
 # Longer than a failover: jobs held while the primary changes stay with their live workers.
 TIMINGS = {"visibility_timeout_s": "10", "worker_ttl_s": "10", "heartbeat_interval_s": "0.5", "read_block_ms": "200"}
 
@@ -194,6 +200,28 @@ async def _arm(url: str, acks: int, jobs: int, concurrency: int, logs: Path) -> 
         await watcher.aclose()
 
 
+async def _wait_cost_per_write(url: str, writes: int) -> tuple[float, float]:
+    """p50 of one small script write alone and of the same write with WAIT 1 (one round trip, as
+    the pipeline sends them), interleaved so that the machine's other load falls on both alike."""
+    r = async_redis(url)
+    fast = FastRedis.from_client(r)
+    script, key = "redis.call('SET', KEYS[1], ARGV[1]) return 1", f"bench:{uuid.uuid4().hex}"
+    alone, waited = [], []
+    try:
+        for i in range(writes):
+            start = time.perf_counter()
+            await fast.evalsha(script, [key], [i])
+            alone.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            await script_then_wait(r, fast, script, [key], [i], acks=1, timeout_ms=2000)
+            waited.append(time.perf_counter() - start)
+        await r.delete(key)
+    finally:
+        await fast.close()
+        await r.aclose()
+    return statistics.median(alone) * 1000, statistics.median(waited) * 1000
+
+
 async def _failover(topology: Topology, concurrency: int, logs: Path) -> dict:
     """Open loop with replica_acks=1: submit batches steadily, SIGKILL the primary mid-load."""
     url = topology.url
@@ -258,6 +286,7 @@ async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=300, help="Jobs per arm.")
     ap.add_argument("--concurrency", type=int, default=16, help="Submitters at a time (each awaits its result).")
+    ap.add_argument("--writes", type=int, default=2000, help="Script writes timed with and without WAIT.")
     args = ap.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="rs-failover-"))
     topology = Topology(folder).start()
@@ -269,6 +298,7 @@ async def main() -> None:
             print(f"replica_acks={acks}: {runs[acks][-1]}", file=sys.stderr)
         arms = {acks: {key: statistics.mean(run[key] for run in got) for key in got[0]}
                 for acks, got in runs.items()}
+        write_ms, waited_ms = await _wait_cost_per_write(topology.url, args.writes)
         fail = await _failover(topology, args.concurrency, folder / "logs")
     finally:
         topology.stop()
@@ -277,7 +307,10 @@ async def main() -> None:
         "p50_ms_acks0": round(arms[0]["p50_ms_alone"], 2), "p50_ms_acks1": round(arms[1]["p50_ms_alone"], 2),
         "p50_ms_loaded_acks0": round(arms[0]["p50_ms_loaded"], 2),
         "p50_ms_loaded_acks1": round(arms[1]["p50_ms_loaded"], 2),
-        "wait_cost_ms_per_job": round(arms[1]["p50_ms_alone"] - arms[0]["p50_ms_alone"], 2),
+        "write_p50_ms": round(write_ms, 3), "write_with_wait_p50_ms": round(waited_ms, 3),
+        # A job's writes that wait: its submission and its three hand-offs.
+        "wait_cost_ms_per_job": round(WAITS_PER_JOB * (waited_ms - write_ms), 3),
+        "e2e_p50_diff_ms": round(arms[1]["p50_ms_alone"] - arms[0]["p50_ms_alone"], 2),
         "wait_cost_worker_ms_per_job": round(1000 / arms[1]["jobs_per_s"] - 1000 / arms[0]["jobs_per_s"], 3),
         "no_progress_s_during_failover": round(fail["no_progress_s_during_failover"], 2),
         "failover_s": round(fail["failover_s"], 2), "failover_jobs": fail["failover_jobs"],
@@ -287,8 +320,10 @@ async def main() -> None:
     print(f"{'jobs/s':24}{result['jobs_per_s_acks0']:>16}{result['jobs_per_s_acks1']:>16}")
     print(f"{'p50 ms, one at a time':24}{result['p50_ms_acks0']:>16}{result['p50_ms_acks1']:>16}")
     print(f"{'p50 ms, under load':24}{result['p50_ms_loaded_acks0']:>16}{result['p50_ms_loaded_acks1']:>16}")
-    print(f"WAIT costs {result['wait_cost_ms_per_job']} ms of latency and "
-          f"{result['wait_cost_worker_ms_per_job']} ms of pipeline time per job")
+    print(f"{'one write, p50 ms':24}{result['write_p50_ms']:>16}{result['write_with_wait_p50_ms']:>16}")
+    print(f"WAIT costs {result['wait_cost_ms_per_job']} ms per job ({WAITS_PER_JOB} waited writes; end to end, "
+          f"one at a time: {result['e2e_p50_diff_ms']} ms, within this machine's noise) and "
+          f"{result['wait_cost_worker_ms_per_job']} ms of pipeline time per job under load")
     print(f"primary SIGKILLed mid-load ({fail['failover_jobs']} jobs): new primary after {result['failover_s']} s, "
           f"{result['no_progress_s_during_failover']} s without a finished job, "
           f"{result['lost']} lost, {result['doubled']} doubled")

@@ -55,9 +55,8 @@ class VerifiersTask(Task):
         if job.agent.get("harness"):
             raise JobFailed("a verifiers job's episode is driven by its environment's own turn protocol; leave "
                             "agent.harness unset", retryable=False, failure="job")
-        from rollstream.agent.harness import (
-            run_harness,  # the run stage's: the CLI imports this module too
-        )
+        # Imported here: the CLI imports this module too, and needs none of the run stage's clients.
+        from rollstream.agent.harness import run_harness
 
         verifiers_episode.outcomes[job.job_id] = None
         try:
@@ -71,6 +70,9 @@ class VerifiersTask(Task):
                             f"{traj.extra.get('finish_detail', 'no detail')}")
         if outcome.error is not None:
             raise JobFailed(outcome.error, retryable=False, failure="job")
+        if traj.finish_reason == "harness_error":  # raised outside the environment's rollout: still the task's
+            raise JobFailed(f"the verifiers episode of {job.instance.get('environment')!r} failed: "
+                            f"{traj.extra.get('finish_detail', 'no detail')}", retryable=False, failure="job")
         refused = (traj.extra.get("door") or {}).get("refused", 0)
         if refused and traj.finish_reason not in ("max_turns", "context"):
             # Not the job's limits: the environment asked the door for what it does not serve

@@ -160,13 +160,32 @@ async def _answer(preset: Preset, sandbox: SandboxClient, values: dict[str, str]
         return None
 
 
+# Backends whose sessions share one pid namespace, the container's, with an init of its own:
+# there `kill -1` from inside reaches every process of the sandbox and nothing outside it. Under
+# bwrap each session is its own pid namespace (killed with the session); under 'local' there is
+# no namespace at all, and `kill -1` would reach the host's processes: never there.
+SHARED_PID_NAMESPACE_BACKENDS = ("docker", "singularity")
+
+
+def sandbox_backend(sandbox: SandboxClient) -> str | None:
+    """The backend of ``sandbox``, from the plan its creator wrote beside its socket (this node's)."""
+    try:
+        with open(os.path.join(os.path.dirname(sandbox.socket_path), "plan.json")) as handle:
+            return str(json.load(handle).get("backend"))
+    except (OSError, ValueError) as exc:
+        log.warning("cannot read the plan of the sandbox at %s: %s", sandbox.socket_path, exc)
+        return None
+
+
 async def _kill_leftovers(sandbox: SandboxClient) -> None:
     """Every process the harness started, wherever it went: its session is killed (under bwrap its
     own pid namespace with it); in a container, where sessions share one pid namespace, a fresh
-    session kills every process but the container's first. The shells that took with them are
-    closed, so that the next tool call (eval's) starts a fresh one rather than finding one dying."""
+    session kills every process but the container's first, and the shells that took with them
+    are closed, so that the next tool call (eval's) starts a fresh one rather than a dying one."""
     try:
         await sandbox.close_session(HARNESS_SESSION)
+        if sandbox_backend(sandbox) not in SHARED_PID_NAMESPACE_BACKENDS:
+            return
         await sandbox.bash("exec kill -KILL -1", timeout_s=SETUP_TIMEOUT_S, session=REAP_SESSION)
         for name in (await sandbox.info())["sessions"]:
             await sandbox.close_session(name)

@@ -5,6 +5,7 @@ container's first. Real sandboxes, a process that left its session (setsid) as a
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import psutil
@@ -45,7 +46,11 @@ async def test_a_process_a_harness_left_behind_is_killed_and_the_sandbox_lives_o
             started = await sb.bash(f"setsid sh -c 'exec sleep {seconds}' </dev/null >/dev/null 2>&1 & echo started",
                                     timeout_s=60, session=HARNESS_SESSION)
             assert "started" in started.output
-            assert _alive(f"sleep {seconds}")  # it outlived the command that started it
+            for _ in range(300):  # it outlives the command that started it (once it has exec'd)
+                if _alive(f"sleep {seconds}"):
+                    break
+                await asyncio.sleep(0.1)
+            assert _alive(f"sleep {seconds}")
             await _kill_leftovers(sb)
             assert _alive(f"sleep {seconds}") == []
             assert (await sb.bash("echo still-here", timeout_s=60)).output.strip() == "still-here"

@@ -102,9 +102,8 @@ def main(launch_path: str) -> int:
     env = dict(os.environ)  # the sandbox's environment, and the preset's on top
     env.update({name: _with_port(value, port) for name, value in launch["env"].items()})
     argv = [_with_port(arg, port) for arg in launch["argv"]]
-    stdin = open(launch["stdin"], "rb") if launch.get("stdin") else subprocess.DEVNULL
     try:
-        child = subprocess.Popen(argv, env=env, cwd=launch.get("cwd"), stdin=stdin)
+        child = subprocess.Popen(argv, env=env, cwd=launch.get("cwd"), stdin=subprocess.DEVNULL)
     except OSError as error:
         print(f"rollstream: cannot start the harness {argv[0]!r}: {error.strerror}; is the preset installed in "
               "this sandbox's image? (rollstream harnesses list)", file=sys.stderr, flush=True)

@@ -5,7 +5,7 @@ LLM session behind it, and where the operator keeps presets of their own."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rollstream.agent.backend_link import PooledVLLMClient
 from rollstream.agent.gateway import Gateway
@@ -38,7 +38,7 @@ async def worker_gateway(services: ProcessServices) -> Gateway:
 def job_session(llm: LLMService, services: ProcessServices, job: Job, settings: AgentSettings) -> LLMSession:
     """The job's LLM session (the run worker's balancer, so job and group affinity hold),
     speaking to vLLM-API backends through the door's pooled link (agent/backend_link.py)."""
-    options = dict(max_backend_attempts=settings.max_backend_attempts, request_timeout_s=settings.request_timeout_s,
+    options: dict[str, Any] = dict(max_backend_attempts=settings.max_backend_attempts, request_timeout_s=settings.request_timeout_s,
                    backend_wait_s=settings.backend_wait_s)
     if type(llm.client) is not VLLMClient:  # another API (SGLang): its own client
         return llm.session(job.job_id, job.group_id, **options)

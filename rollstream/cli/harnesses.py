@@ -5,15 +5,17 @@ own root; the engine's images), and installing one (once, never per rollout)."""
 from __future__ import annotations
 
 import json
-from typing import Optional
+import subprocess
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from rollstream.agent import presets
+from rollstream.agent.presets import PresetError
 from rollstream.cli.common import fail
 from rollstream.config import load_settings
+from rollstream.sandboxes.errors import SandboxError
 
 app = typer.Typer(help="Harness presets: coding agents run unmodified inside the job's sandbox.", no_args_is_help=True)
 console = Console()
@@ -54,6 +56,6 @@ def install(name: str = typer.Argument(..., help="The preset's name (rollstream 
         fail(f"no preset {name!r}; rollstream harnesses list shows them")
     try:
         where = presets.build_image(preset, image) if image else presets.install_on_host(preset)
-    except Exception as exc:  # a failed build or pip install: its own words, then exit
-        fail(f"installing {name} failed: {exc}")
+    except (RuntimeError, OSError, subprocess.SubprocessError, SandboxError, PresetError) as exc:
+        fail(f"installing {name} failed: {exc}")  # a failed build or pip install, in its own words
     typer.echo(where)

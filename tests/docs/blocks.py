@@ -32,6 +32,13 @@ NOT_RUN: dict[str, str] = {
     r"^docker compose\b": "starts containers on the engine; tests/ops/test_compose_up.py runs these "
                           "commands (up, up --no-recreate --scale run=4, down -v) on a copy with its own "
                           ".env and project name, against podman here",
+    r"^rollstream drain\b": "drains a node of a fleet; tests/cluster/test_drain.py drains one from the CLI, the "
+                            "HTTP API and by SIGTERM, with every job ending once",
+    r"^curl -X POST .*/v1/nodes/": "the same drain through the API of a fleet's head; tests/cluster/test_drain.py "
+                                  "runs it",
+    r"^rollstream submit 'verifiers:": "needs the verifiers environments of tests/tasks/verifiers_envs on the "
+                                       "workers' path and the operator's allow-list; "
+                                       "tests/tasks/test_verifiers_submit.py and test_verifiers_pipeline.py run it",
     r"^scripts/build-compose-images\b": "builds images (minutes the first time); scripts/test runs it "
                                         "before the suite",
     r"^export DOCKER_HOST=|^mkdir -p ~/\.docker/cli-plugins\b": "set up the engine and the compose plugin "

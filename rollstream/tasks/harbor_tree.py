@@ -13,10 +13,13 @@ import os
 import stat
 import tarfile
 
-from rollstream.tasks.verification import AgentTree, VerificationRefused
+from rollstream.tasks.verification import (
+    TREE_MAX_BYTES,
+    TREE_MAX_FILES,
+    AgentTree,
+    VerificationRefused,
+)
 
-TREE_MAX_BYTES = 512 * 2**20
-TREE_MAX_FILES = 200_000
 TREE_MAX_DEPTH = 64
 _NO_FOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 

@@ -15,6 +15,7 @@ import pytest
 from rollstream.errors import InvalidJob, JobFailed
 from rollstream.sandboxes.backends.docker import DockerBackend
 from rollstream.tasks.harbor import HarborTask
+from rollstream.tasks.harbor_image import map_dockerfile
 
 from . import harbor_fixtures
 from .conftest import needs_bwrap
@@ -153,3 +154,22 @@ def test_a_symlink_in_the_task_folder_is_refused(harbor_environment, tmp_path):
     (task / "instruction.md").symlink_to("/etc/shadow")
     with pytest.raises(InvalidJob, match="symlinks are not followed"):
         HarborTask().validate({"path": str(task)})
+
+
+async def test_a_symlink_the_agent_planted_in_its_workdir_is_refused(episode, harbor_environment):
+    ep = await episode(HarborTask(), {"path": str(harbor_environment / "hello-file")})
+    async with ep.client() as sb:
+        planted = await sb.bash("echo 'Hello, world!' > /tmp/real.txt && ln -s /tmp/real.txt /app/hello.txt")
+        assert planted.exit_code == 0, planted.output
+    assert await ep.score() == 0.0
+    assert "symlinks refused" in ep.reason and "hello.txt" in ep.reason
+
+
+def test_from_lines_map_to_local_images_and_stages_stay_as_written():
+    mapping = {"python:*": "localhost/base:1", "ubuntu:*": "localhost/base:2"}
+    text = ("FROM --platform=linux/amd64 docker.io/library/python:3.13-slim AS build\nRUN true\n"
+            "FROM build\nFROM ubuntu:24.04\nFROM $BASE\nFROM ghcr.io/example/tool:1\n")
+    mapped, pairs = map_dockerfile(text, mapping)
+    assert mapped.splitlines() == ["FROM --platform=linux/amd64 localhost/base:1 AS build", "RUN true", "FROM build",
+                                   "FROM localhost/base:2", "FROM $BASE", "FROM ghcr.io/example/tool:1"]
+    assert pairs == [("docker.io/library/python:3.13-slim", "localhost/base:1"), ("ubuntu:24.04", "localhost/base:2")]

@@ -76,12 +76,34 @@ def _scripted() -> CachedModel:
     return CachedModel("tiny model trained on the agent tests' scripted tool calls", folder, "trained.json", build)
 
 
+def _verifiers() -> CachedModel:
+    # imports verifiers and the test environments: only when asked for
+    from tasks.verifiers_scripted import build, trained_folder
+
+    parent = cache_dir() / "verifiers-model"
+
+    def build_it() -> Path:
+        import torch
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with build_lock(trained_folder(parent)):
+                return build(parent, _tiny(0).build())
+        finally:
+            torch.set_num_threads(threads)
+
+    return CachedModel("tiny model trained to answer the verifiers test environments", trained_folder(parent),
+                       "trained.json", build_it)
+
+
 # fixture name -> the model it loads
 MODELS: dict[str, Callable[[], CachedModel]] = {
     "tiny_model_dir": lambda: _tiny(0),
     "tiny_model_seed1_dir": lambda: _tiny(1),
     "arith_model_dir": _arith,
     "scripted_model_dir": _scripted,
+    "answering_model_dir": _verifiers,
 }
 
 

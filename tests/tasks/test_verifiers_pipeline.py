@@ -21,7 +21,7 @@ from rollstream.errors import InvalidJob
 from rollstream.llm.inference_client import SamplingParams, VLLMClient
 from rollstream.pipeline.balancer import add_backend
 
-from .verifiers_scripted import ENVS_DIR, build
+from .verifiers_scripted import ENVS_DIR
 
 ENVIRONMENTS = ["vf-reverse-text", "vf-alphabet-sort", "vf-tool-test", "vf-sandbox-secret"]
 ALLOWED = [*ENVIRONMENTS, "vf-broken"]
@@ -31,14 +31,8 @@ AGENT = {"max_turns": 4, "max_tokens_per_turn": 64, "max_context_tokens": 4096}
 
 @pytest.fixture(scope="session")
 def answering_model_dir() -> Path:
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return build(model_cache.cache_dir() / "verifiers-model", model_cache.load("tiny_model_dir"))
-    finally:
-        torch.set_num_threads(threads)
+    """The tiny model trained to give row 0's answers (tests/model_cache.py builds it before the tests)."""
+    return model_cache.load("answering_model_dir")
 
 
 @pytest.fixture

@@ -60,6 +60,14 @@ def conversations() -> list[tuple[list[dict], list[dict] | None]]:
     ]
 
 
+def trained_folder(folder: Path, data: list | None = None) -> Path:
+    """Where ``build`` leaves the model: named by this file and the conversations, so a change
+    to either trains anew."""
+    data = conversations() if data is None else data
+    key = hashlib.sha1(Path(__file__).read_bytes() + json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
+    return folder / f"verifiers-{key}"
+
+
 def build(folder: Path, base: Path, steps: int = 400) -> Path:
     """Train the tiny model of ``base`` on the conversations into folder/verifiers-<recipe>."""
     import torch
@@ -71,8 +79,7 @@ def build(folder: Path, base: Path, steps: int = 400) -> Path:
     from rollstream.agent.chat import ChatRenderer
 
     data = conversations()
-    key = hashlib.sha1(Path(__file__).read_bytes() + json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
-    out = folder / f"verifiers-{key}"
+    out = trained_folder(folder, data)
     if (out / "trained.json").exists():
         return out
     tokenizer = AutoTokenizer.from_pretrained(base)

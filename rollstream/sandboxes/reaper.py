@@ -231,6 +231,18 @@ class SandboxRecord:
     created_at: float
 
 
+def _replaced_since(record: SandboxRecord) -> bool:
+    """Whether the folder now holds another sandbox than the one listed in ``record`` (made
+    later under the same id): its plan's creation time or its supervisor differ."""
+    if not os.path.isdir(record.dir):
+        return False
+    created = _plan(record.dir).get("created_at")
+    if created and created != record.created_at:  # the listing fell back to the folder's time without one
+        return True
+    pid = _pid_from_file(record.dir)
+    return pid is not None and record.supervisor_pid is not None and pid != record.supervisor_pid
+
+
 class Reaper:
     """`Reaper(root_dir).reap(is_wanted)` ends every sandbox of this node that is not wanted."""
 
@@ -277,26 +289,33 @@ class Reaper:
             )
         return records
 
+    def reap_one(self, record: SandboxRecord, is_wanted: Callable[[str, str], bool]) -> bool:
+        """Tear down the sandbox ``record`` describes if no job wants it; True when torn down."""
+        if not record.running and record.supervisor_pid is None:
+            # Being created right now, or a creation that crashed long ago.
+            if time.time() - record.created_at < self.stale_after_s:
+                return False
+        elif record.running:
+            try:
+                if is_wanted(record.id, record.owner):
+                    return False
+            except Exception:
+                log.exception("is_wanted failed for sandbox %s; keeping it", record.id)
+                return False
+        if _replaced_since(record):
+            # A new sandbox took the name since the listing (eval's fresh sandbox for verification
+            # reuses the job's id): what was listed is gone already, and the new one is not ours to judge.
+            log.info("not reaping sandbox %s: replaced by a new one since it was listed", record.id)
+            return False
+        log.info("reaping sandbox %s (owner %s, supervisor running: %s)", record.id, record.owner, record.running)
+        teardown(record.dir, record.supervisor_pid)
+        return True
+
     def reap(self, is_wanted: Callable[[str, str], bool]) -> list[str]:
         """Tear down unwanted sandboxes and leftovers of dead ones; returns the reaped ids.
         Raises UnsafeSandboxRoot, touching nothing, for a root other users could change."""
         reap_finished_children()
-        reaped = []
-        for record in self.sandboxes():
-            if not record.running and record.supervisor_pid is None:
-                # Being created right now, or a creation that crashed long ago.
-                if time.time() - record.created_at < self.stale_after_s:
-                    continue
-            elif record.running:
-                try:
-                    if is_wanted(record.id, record.owner):
-                        continue
-                except Exception:
-                    log.exception("is_wanted failed for sandbox %s; keeping it", record.id)
-                    continue
-            log.info("reaping sandbox %s (owner %s, supervisor running: %s)", record.id, record.owner, record.running)
-            teardown(record.dir, record.supervisor_pid)
-            reaped.append(record.id)
+        reaped = [record.id for record in self.sandboxes() if self.reap_one(record, is_wanted)]
         # Cgroups and mounts of sandboxes whose folder was deleted (rm -rf of a sandbox root).
         for leftover in sweep_orphans():
             log.info("released the orphaned sandbox cgroup or mount %s", leftover)

@@ -180,3 +180,24 @@ async def test_sandbox_under_a_root_too_long_for_a_socket_address_still_serves_t
     finally:
         await destroy_sandbox(handle)
     assert_nothing_left(handle)
+
+
+@needs_bwrap
+async def test_a_sandbox_replaced_under_the_same_id_since_the_reaper_listed_it_is_left_alone(root_dir):
+    """Eval's verification destroys the agent's sandbox and starts a fresh one under the job's
+    id: a reaper that listed the old one just before must not tear the new one down."""
+    old = await create_sandbox(SandboxSpec(), sandbox_id="verified", owner="job-1", root_dir=root_dir)
+    reaper = Reaper(root_dir)
+    [listed] = [r for r in reaper.sandboxes() if r.id == "verified"]
+    await destroy_sandbox(old)
+    new = await create_sandbox(SandboxSpec(), sandbox_id="verified", owner="job-1", root_dir=root_dir)
+    try:
+        # The listing's verdict came before the replacement: nobody wanted the sandbox it saw.
+        assert not await asyncio.to_thread(reaper.reap_one, listed, lambda _id, _owner: False)
+        client = await SandboxClient(new.socket_path).connect()
+        try:
+            assert (await client.bash("echo still here")).output.strip() == "still here"
+        finally:
+            await client.close()
+    finally:
+        await destroy_sandbox(new)

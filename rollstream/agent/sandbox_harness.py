@@ -99,6 +99,8 @@ async def run_sandbox_harness(preset: Preset, messages: list[dict], env: Envelop
         except FileNotFoundError:
             raise JobFailed("the job's sandbox has no door folder (made by an older rollstream, or gone); the job "
                             "is tried again in a new sandbox", retryable=True) from None
+        # A run of an earlier delivery of this job (its run worker died) may still hold the session.
+        await sandbox.close_session(HARNESS_SESSION)
         for extra in preset.files:
             await sandbox.write_file(_fill(extra.path, values), _fill(extra.content, values), mode=extra.mode)
         await sandbox.write_file(f"{harness_dir}/door_relay.py", RELAY_SOURCE.read_bytes(), mode=0o644)

@@ -36,6 +36,9 @@ NOT_RUN: dict[str, str] = {
                             "HTTP API and by SIGTERM, with every job ending once",
     r"^curl -X POST .*/v1/nodes/": "the same drain through the API of a fleet's head; tests/cluster/test_drain.py "
                                   "runs it",
+    r"^rollstream submit /data/tb\b": "needs Harbor task folders under the operator's roots; "
+                                       "tests/tasks/test_harbor_submit.py submits a folder, a folder of them and "
+                                       "dataset files, and test_harbor_pipeline.py runs them through the pipeline",
     r"^rollstream submit 'verifiers:": "needs the verifiers environments of tests/tasks/verifiers_envs on the "
                                        "workers' path and the operator's allow-list; "
                                        "tests/tasks/test_verifiers_submit.py and test_verifiers_pipeline.py run it",

@@ -20,8 +20,8 @@ from rollstream.agent.chat import ChatRenderer
 from rollstream.llm.tiny_model import _RECIPE_VERSION, build_tiny_model
 
 # Run by the harness's own interpreter: mini-SWE-agent's agent, environment and text-based model
-# class with mini_textbased.yaml, litellm's call replaced by the scripted replies; prints the
-# messages it would send for the whole episode.
+# class with mini_textbased.yaml, litellm's call replaced by the scripted replies (the commands run
+# here, or their outputs replayed); prints the messages it would send for the whole episode.
 RENDER = r'''
 import json, sys, tempfile
 import litellm
@@ -31,7 +31,17 @@ from minisweagent.environments.local import LocalEnvironment
 from minisweagent.models.litellm_textbased_model import LitellmTextbasedModel
 
 task, replies = sys.argv[1], json.loads(sys.argv[2])
+outputs = json.loads(sys.argv[3]) if len(sys.argv) > 3 else None
 sent = []
+
+
+class Replayed(LocalEnvironment):
+    """The commands' outputs as the sandbox gives them (where the host cannot run them)."""
+
+    def execute(self, action, cwd="", *, timeout=None):
+        output = {"output": outputs.pop(0), "returncode": 0, "exception_info": ""}
+        self._check_finished(output)
+        return output
 
 class Scripted(LitellmTextbasedModel):
     def _query(self, messages, **kwargs):
@@ -41,7 +51,8 @@ class Scripted(LitellmTextbasedModel):
 
 config = get_config_from_spec("mini_textbased.yaml")
 model = Scripted(**{**config["model"], "model_name": "openai/rollstream", "cost_tracking": "ignore_errors"})
-env = LocalEnvironment(**{**config.get("environment", {}), "cwd": tempfile.mkdtemp()})
+env = (Replayed if outputs is not None else LocalEnvironment)(**{**config.get("environment", {}),
+                                                                 "cwd": tempfile.mkdtemp()})
 agent_config = {k: v for k, v in config["agent"].items() if k != "mode"}
 agent = DefaultAgent(model, env, **{**agent_config, "cost_limit": 0})
 agent.run(task)
@@ -49,9 +60,11 @@ print(json.dumps(sent[-1] + [{"role": "assistant", "content": replies[len(sent) 
 '''
 
 
-def episode(python: str, task: str, replies: list[str]) -> list[dict]:
-    """The messages of a whole episode, as mini-SWE-agent sends them, with the replies in place."""
-    completed = subprocess.run([python, "-c", RENDER, task, json.dumps(replies)], capture_output=True, text=True,
+def episode(python: str, task: str, replies: list[str], outputs: list[str] | None = None) -> list[dict]:
+    """The messages of a whole episode, as mini-SWE-agent sends them, with the replies in place;
+    ``outputs``: the commands' outputs (status 0) where the host cannot run them, else they run."""
+    extra = [json.dumps(outputs)] if outputs is not None else []
+    completed = subprocess.run([python, "-c", RENDER, task, json.dumps(replies), *extra], capture_output=True, text=True,
                                timeout=300, check=True,
                                env={**os.environ, "MSWEA_CONFIGURED": "1", "MSWEA_SILENT_STARTUP": "1",
                                     "LITELLM_LOCAL_MODEL_COST_MAP": "True",

@@ -2,7 +2,8 @@
 in bubblewrap (its venv on the host's own root, `rollstream harnesses install mini-swe-agent`) and
 in podman (an environment image with it, `--image`), against the built-in server. A tiny model
 that learnt one mini-SWE-agent episode by heart drives it: a bash block that computes, then the
-submit command; eval scores what mini-SWE-agent submitted. The arith model, which knows nothing
+submit command; eval scores what mini-SWE-agent submitted; on a shipped SWE instance (bwrap), the
+diff it left in the sandbox, by the instance's hidden tests. The arith model, which knows nothing
 of mini-SWE-agent's format, shows a harness that fails is the agent's failure, scored, once."""
 
 from __future__ import annotations
@@ -11,17 +12,29 @@ import model_cache
 import pytest
 
 from rollstream.agent.presets import build_image, find_preset, install_on_host
+from rollstream.agent.sandbox_harness import instruction_of
 from rollstream.client import AsyncClient
 from rollstream.pipeline.balancer import add_backend
 from rollstream.sandboxes.backends.docker import DockerBackend
 from rollstream.sandboxes.env_images import DEFAULT_BASE_IMAGE
 from rollstream.tasks import arith
+from rollstream.tasks.swe import SweTask, load_instances
 
 from .mini_swe_scripted import build_mini_model, episode
 
 INSTANCE = {"a": 12, "op": "+", "b": 30}
 REPLIES = ["THOUGHT: compute it.\n\n```mswea_bash_command\necho $((12+30))\n```",
            "THOUGHT: submit it.\n\n```mswea_bash_command\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && echo 42\n```"]
+# One of the shipped SWE instances: mini-SWE-agent edits the checkout with one command, then submits;
+# eval runs the instance's hidden tests on the diff it left in the sandbox.
+SWE_ID = "rollstream__inventory-1"
+SWE_REPLIES = [
+    "THOUGHT: make remove refuse more than the stock.\n\n```mswea_bash_command\ncd /workspace/inventory && "
+    "python3 - <<'EOF'\np = \"inventory/store.py\"\ns = open(p).read().replace(\"self._stock[item] = "
+    "self._stock.get(item, 0) - qty\", \"have = self._stock.get(item, 0)\\n        if qty > have:\\n            "
+    "raise InsufficientStock(item)\\n        self._stock[item] = have - qty\")\nopen(p, \"w\").write(s)\nEOF\n```",
+    "THOUGHT: done.\n\n```mswea_bash_command\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```"]
+SWE_OUTPUTS = ["", "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n"]  # what the two commands print in the sandbox
 GREEDY = {"temperature": 0.0, "max_tokens": 128}
 AGENT = {"harness": "mini-swe-agent", "max_turns": 4, "max_tokens_per_turn": 128, "max_context_tokens": 4000,
          "max_wall_time_s": 240}
@@ -42,6 +55,18 @@ def mini_image(preset):
 @pytest.fixture(scope="module")
 def mini_model_dir(preset):
     conversation = episode(f"{preset.prefix}/bin/python", arith.question(**INSTANCE), REPLIES)
+    return build_mini_model(model_cache.cache_dir() / "mini-swe", [conversation])
+
+
+@pytest.fixture(scope="module")
+def swe_instance():
+    return next(i for i in load_instances() if i["instance_id"] == SWE_ID)
+
+
+@pytest.fixture(scope="module")
+def swe_model_dir(preset, swe_instance):
+    task = SweTask().prompt_messages(swe_instance)
+    conversation = episode(f"{preset.prefix}/bin/python", instruction_of(task), SWE_REPLIES, list(SWE_OUTPUTS))
     return build_mini_model(model_cache.cache_dir() / "mini-swe", [conversation])
 
 
@@ -101,3 +126,20 @@ async def test_mini_swe_agent_on_a_model_that_emits_garbage_is_the_agents_failur
     assert traj.finish_reason == "max_turns", traj.extra
     assert len(traj.extra["calls"]) == 2 and traj.extra["door"] == {"requests": 3, "refused": 1}
     assert result.reward == 0.0 and result.attempts == 1
+
+
+async def test_mini_swe_agent_fixes_a_shipped_swe_instance_in_bwrap_and_its_diff_is_scored(
+        settings, worker_pool, sandbox_root, swe_model_dir, swe_instance, tmp_path):
+    from rollstream.llm.server import served_model
+
+    worker_pool(model_dir=swe_model_dir, sandbox_root=sandbox_root).start_all(concurrency=2)
+    instance = {**swe_instance, "repo_mirror": str(tmp_path / "swe-mirror")}
+    with served_model(swe_model_dir, device="cpu") as server:
+        result = await _run(settings, server, {"task": "swe", "instance": instance,
+                                               "sampling": {"temperature": 0.0, "max_tokens": 384},
+                                               "agent": {**AGENT, "max_tokens_per_turn": 384}})
+    assert result.status == "completed", result.error
+    traj = result.trajectory
+    assert traj.finish_reason == "stop" and traj.extra["harness_run"]["exit_code"] == 0, traj.extra["harness_run"]
+    assert len(traj.extra["calls"]) == 2 and "InsufficientStock" in traj.response_text
+    assert result.reward == 1.0, traj.extra["eval"]  # the hidden tests pass on the diff it left

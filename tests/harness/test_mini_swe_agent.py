@@ -40,6 +40,9 @@ AGENT = {"harness": "mini-swe-agent", "max_turns": 4, "max_tokens_per_turn": 128
          "max_wall_time_s": 240}
 
 
+# Its first test also installs the preset (pip), builds its image and trains the model, once: generous.
+pytestmark = pytest.mark.timeout(1800)
+
 @pytest.fixture(scope="module")
 def preset():
     preset = find_preset("mini-swe-agent")

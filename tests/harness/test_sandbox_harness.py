@@ -22,6 +22,9 @@ from .sandbox_presets import write_presets
 needs_podman = pytest.mark.skipif(not DockerBackend().available(), reason="no Docker API (podman) engine answers here")
 
 
+# Real workers and sandboxes on a busy 2-core machine: generous.
+pytestmark = pytest.mark.timeout(1800)
+
 @pytest.fixture
 def preset_dir(tmp_path):
     return write_presets(tmp_path / "presets")

@@ -38,8 +38,9 @@ async def worker_gateway(services: ProcessServices) -> Gateway:
 def job_session(llm: LLMService, services: ProcessServices, job: Job, settings: AgentSettings) -> LLMSession:
     """The job's LLM session (the run worker's balancer, so job and group affinity hold),
     speaking to vLLM-API backends through the door's pooled link (agent/backend_link.py)."""
-    options: dict[str, Any] = dict(max_backend_attempts=settings.max_backend_attempts, request_timeout_s=settings.request_timeout_s,
-                   backend_wait_s=settings.backend_wait_s)
+    options: dict[str, Any] = {"max_backend_attempts": settings.max_backend_attempts,
+                               "request_timeout_s": settings.request_timeout_s,
+                               "backend_wait_s": settings.backend_wait_s}
     if type(llm.client) is not VLLMClient:  # another API (SGLang): its own client
         return llm.session(job.job_id, job.group_id, **options)
     if services.backend_link is None:

@@ -170,7 +170,8 @@ def install_on_host(preset: Preset) -> str:
     if preset.installed_on_host() or preset.package is None:
         return preset.prefix
     for command in preset.install_commands():
-        completed = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, timeout=3600)
+        completed = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, timeout=3600,
+                                   check=False)
         if completed.returncode != 0:
             raise RuntimeError(f"installing {preset.package} into {preset.prefix} failed at `{command}`:\n"
                                f"{(completed.stderr or completed.stdout)[-3000:]}")
@@ -201,7 +202,8 @@ def images_with(preset: Preset) -> list[str]:
 
     completed = subprocess.run(
         [binary, "images", "--filter", f"label={LABEL}.{preset.name}={preset.version}", "--format",
-         "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True, timeout=60, env={**os.environ, **client_env()})
+         "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True, timeout=60, env={**os.environ, **client_env()},
+        check=False)
     if completed.returncode != 0:
         return []
     return sorted({line.strip() for line in completed.stdout.splitlines() if line.strip() and "<none>" not in line})

@@ -42,8 +42,8 @@ PRESETS = {
     # 64 MiB of output, then an answer.
     "floods": _toml("floods", ["sh", "-c", "yes flood | head -c 67108864; echo; echo 5"]),
     # Leaves a process of its own session behind (setsid), then exits as if done.
-    "forks-away": _toml("forks-away", ["sh", "-c", "setsid sh -c 'exec sleep 1002' </dev/null >/dev/null 2>&1 & "
-                                                   "echo 5"]),
+    "forks-away": _toml("forks-away", ["sh", "-c", ("setsid sh -c 'exec sleep 1002' </dev/null >/dev/null 2>&1 & "
+                                                    "echo 5")]),
     "exits-at-once": _toml("exits-at-once", ["sh", "-c", "echo giving up >&2; exit 3"]),
     "not-installed": _toml("not-installed", ["/opt/nowhere/bin/agent", "{instruction}"]),
 }

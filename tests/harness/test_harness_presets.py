@@ -17,7 +17,7 @@ from rollstream.agent.presets import PresetError, find_preset, load_preset
 
 def _harnesses(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "rollstream", "harnesses", *args], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, **(env or {})})
+                          timeout=120, env={**os.environ, **(env or {})}, check=False)
 
 
 def test_harnesses_list_shows_the_shipped_preset_and_an_operators_own(tmp_path):

@@ -29,10 +29,10 @@ REPLIES = ["THOUGHT: compute it.\n\n```mswea_bash_command\necho $((12+30))\n```"
 # eval runs the instance's hidden tests on the diff it left in the sandbox.
 SWE_ID = "rollstream__inventory-1"
 SWE_REPLIES = [
-    "THOUGHT: make remove refuse more than the stock.\n\n```mswea_bash_command\ncd /workspace/inventory && "
-    "python3 - <<'EOF'\np = \"inventory/store.py\"\ns = open(p).read().replace(\"self._stock[item] = "
-    "self._stock.get(item, 0) - qty\", \"have = self._stock.get(item, 0)\\n        if qty > have:\\n            "
-    "raise InsufficientStock(item)\\n        self._stock[item] = have - qty\")\nopen(p, \"w\").write(s)\nEOF\n```",
+    ("THOUGHT: make remove refuse more than the stock.\n\n```mswea_bash_command\ncd /workspace/inventory && "
+     "python3 - <<'EOF'\np = \"inventory/store.py\"\ns = open(p).read().replace(\"self._stock[item] = "
+     "self._stock.get(item, 0) - qty\", \"have = self._stock.get(item, 0)\\n        if qty > have:\\n            "
+     "raise InsufficientStock(item)\\n        self._stock[item] = have - qty\")\nopen(p, \"w\").write(s)\nEOF\n```"),
     "THOUGHT: done.\n\n```mswea_bash_command\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```"]
 SWE_OUTPUTS = ["", "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n"]  # what the two commands print in the sandbox
 GREEDY = {"temperature": 0.0, "max_tokens": 128}

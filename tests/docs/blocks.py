@@ -36,6 +36,9 @@ NOT_RUN: dict[str, str] = {
                             "HTTP API and by SIGTERM, with every job ending once",
     r"^curl -X POST .*/v1/nodes/": "the same drain through the API of a fleet's head; tests/cluster/test_drain.py "
                                   "runs it",
+    r"^rollstream harnesses install\b": "installs a preset into /opt (pip) or builds an image with it; "
+                                         "tests/harness/test_mini_swe_agent.py installs and builds both, "
+                                         "tests/harness/test_harness_presets.py checks the listing",
     r"^rollstream submit /data/tb\b": "needs Harbor task folders under the operator's roots; "
                                        "tests/tasks/test_harbor_submit.py submits a folder, a folder of them and "
                                        "dataset files, and test_harbor_pipeline.py runs them through the pipeline",

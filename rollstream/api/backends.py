@@ -47,7 +47,7 @@ async def remove(url: str, state: Shared) -> dict:
 
 class PauseRequest(BaseModel):
     reason: str = Field("paused through the API", max_length=500, description="Why; shown while paused.")
-    ttl_s: float = Field(600.0, gt=0, le=86400, description="The pause ends by itself after this long.")
+    ttl_s: float = Field(600.0, ge=1, le=86400, description="The pause ends by itself after this long (s).")
     drain_timeout_s: float = Field(120.0, gt=0, le=3600, description="How long turns in flight may take to finish.")
 
 

@@ -225,7 +225,7 @@ class Balancer:
         when turns are still in flight after drain_timeout_s."""
         k = self.keys
         await self.redis.set(k.generation_paused, json.dumps({"reason": reason, "by": self.worker_id,
-                                                              "at": time.time()}), px=int(ttl_s * 1000))
+                                                              "at": time.time()}), px=max(1, int(ttl_s * 1000)))
         log.info("generation paused", extra={"reason": reason})
         started = time.monotonic()
         while True:

@@ -200,7 +200,9 @@ def containerfile(recipe: EnvRecipe) -> str:
         f"FROM {recipe.base_image}\n"
         f"LABEL rollstream.env.key={recipe.key()} rollstream.env.repo={recipe.repo}@{recipe.commit}\n"
         f"COPY repo {recipe.repo_dir}\n"
-        f"RUN set -e; {script}\n"
+        # One stream for the whole step: the builder passes a RUN's stdout and stderr on through
+        # separate pipes, so an error could come out before the mark of the step that wrote it.
+        f"RUN set -e; exec 2>&1; {script}\n"
         f"ENV PATH={ENV_PREFIX}/bin:{STANDARD_PATH} VIRTUAL_ENV={ENV_PREFIX}\n"
     )
 

@@ -148,6 +148,9 @@ def test_cancelled_array_task_jobs_are_rescued_and_all_complete_once(slurm, tmp_
             _wait("results to flow and task 1 to hold jobs",
                   lambda: r.xlen(keys.results("slurm-test")) >= 20 and r.xlen(keys.run_stream(victim)) > 0,
                   60, interval_s=0.05, explain=lambda: _logs(logs))
+            # The jobs task 1 holds in its run stage, queued or at work, when scancel comes.
+            held = [j for j in ids
+                    if r.hmget(keys.job(j), "stage", "node") == [b"run", victim.encode()]]
             slurm.scancel(f"{array_job}_1")
             _wait("task 1 to leave the queue", lambda: all(j != f"{array_job}_1" for j, _ in slurm.squeue()), 30)
 
@@ -157,7 +160,12 @@ def test_cancelled_array_task_jobs_are_rescued_and_all_complete_once(slurm, tmp_
         assert not extra, f"{len(extra)} results arrived twice"
         assert sorted(res.job_id for res in results) == sorted(ids), "every job completes exactly once"
         assert all(res.ok for res in results), [res.error for res in results if not res.ok][:3]
-        assert any(res.attempts > 1 for res in results), "the cancelled task's jobs were started over elsewhere"
+        # scancel's SIGTERM drains the task: what it cannot finish within its grace goes back to
+        # init and is done by the other task (a hand-back, not a failed attempt; a task killed
+        # outright has its jobs rescued instead, attempts > 1).
+        moved = [j for j in held if r.hget(keys.job(j), "node") != victim.encode()]
+        assert held and (moved or any(res.attempts > 1 for res in results)), \
+            "the cancelled task's jobs were finished by the other task"
         assert (f"{array_job}_0", "RUNNING") in slurm.squeue(), "the other array task keeps serving"
     finally:
         _cancel_all(slurm, head_file)

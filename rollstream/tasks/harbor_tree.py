@@ -14,14 +14,15 @@ import stat
 import tarfile
 
 from rollstream.tasks.verification import (
+    NO_FOLLOW,
     TREE_MAX_BYTES,
+    TREE_MAX_DEPTH,
     TREE_MAX_FILES,
     AgentTree,
     VerificationRefused,
+    add_file,
+    special_kind,
 )
-
-TREE_MAX_DEPTH = 64
-_NO_FOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 
 def read_workdir(host_dir: str, max_bytes: int = TREE_MAX_BYTES, max_files: int = TREE_MAX_FILES) -> AgentTree:
@@ -31,7 +32,7 @@ def read_workdir(host_dir: str, max_bytes: int = TREE_MAX_BYTES, max_files: int 
     tree = AgentTree(tar=b"")
     links: list[tarfile.TarInfo] = []
     try:
-        top = os.open(host_dir, _NO_FOLLOW | os.O_DIRECTORY)
+        top = os.open(host_dir, NO_FOLLOW | os.O_DIRECTORY)
     except OSError as error:
         raise VerificationRefused(f"the agent's workdir cannot be opened as a folder ({error.strerror})") from None
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -59,7 +60,7 @@ def _walk(fd: int, prefix: str, tar: tarfile.TarFile, links: list[tarfile.TarInf
             folder = tarfile.TarInfo(path)
             folder.type, folder.mode = tarfile.DIRTYPE, 0o755
             tar.addfile(folder)
-            child = os.open(name, _NO_FOLLOW | os.O_DIRECTORY, dir_fd=fd)
+            child = os.open(name, NO_FOLLOW | os.O_DIRECTORY, dir_fd=fd)
             try:
                 _walk(child, path + "/", tar, links, tree, max_bytes, max_files, depth + 1)
             finally:
@@ -73,19 +74,6 @@ def _walk(fd: int, prefix: str, tar: tarfile.TarFile, links: list[tarfile.TarInf
             if tree.bytes > max_bytes:
                 raise VerificationRefused(f"the agent's workdir holds more than {max_bytes // 2**20} MiB; nothing "
                                           "was verified")
-            _add_file(fd, name, path, tar, max_bytes)
+            add_file(fd, name, path, tar, info.st_size, keep_mode=True, what="workdir")
         else:
-            kind = "FIFO" if stat.S_ISFIFO(info.st_mode) else "socket" if stat.S_ISSOCK(info.st_mode) else "device"
-            tree.refused.append(f"{path} ({kind})")
-
-
-def _add_file(parent: int, name: str, path: str, tar: tarfile.TarFile, max_bytes: int) -> None:
-    fd = os.open(name, _NO_FOLLOW, dir_fd=parent)
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):  # swapped since the stat above
-            raise VerificationRefused(f"{path} changed kind while the agent's workdir was read")
-        data = handle.read(max_bytes + 1)
-    member = tarfile.TarInfo(path)
-    member.size, member.mode = len(data), stat.S_IMODE(info.st_mode) & 0o755  # never group/other writable
-    tar.addfile(member, io.BytesIO(data))
+            tree.refused.append(f"{path} ({special_kind(info.st_mode)})")

@@ -30,7 +30,7 @@ TREE_MAX_DEPTH = 64
 # such a folder (an sdist's *.egg-info) keeps it as base_commit has it: rebuild_pathspecs().
 SKIPPED_DIRS = frozenset({"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".tox", ".nox", ".eggs",
                           ".ipynb_checkpoints", ".hypothesis", ".venv", "venv", "node_modules"})
-_NO_FOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+NO_FOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 
 class VerificationRefused(Exception):
@@ -72,7 +72,7 @@ def read_tree(host_dir: str, max_bytes: int = TREE_MAX_BYTES, max_files: int = T
     tree = AgentTree(tar=b"")
     links: list[tarfile.TarInfo] = []
     try:
-        top = os.open(host_dir, _NO_FOLLOW | os.O_DIRECTORY)
+        top = os.open(host_dir, NO_FOLLOW | os.O_DIRECTORY)
     except OSError as error:
         raise VerificationRefused(f"the agent's checkout cannot be opened as a folder ({error.strerror})") from None
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -117,7 +117,7 @@ def _read_folder(fd: int, prefix: str, tar: tarfile.TarFile, links: list[tarfile
         if stat.S_ISDIR(info.st_mode):
             if name in SKIPPED_DIRS or name.endswith(".egg-info"):
                 continue
-            child = os.open(name, _NO_FOLLOW | os.O_DIRECTORY, dir_fd=fd)
+            child = os.open(name, NO_FOLLOW | os.O_DIRECTORY, dir_fd=fd)
             try:
                 _read_folder(child, path + "/", tar, links, tree, max_bytes, max_files, depth + 1)
             finally:
@@ -136,26 +136,35 @@ def _read_folder(fd: int, prefix: str, tar: tarfile.TarFile, links: list[tarfile
             if tree.files > max_files or tree.bytes > max_bytes:
                 raise VerificationRefused(f"the agent's checkout holds more than {max_files} files or "
                                           f"{max_bytes // 2**20} MiB; nothing was verified")
-            _add_file(fd, name, path, tar, info.st_size)
+            add_file(fd, name, path, tar, info.st_size)
             if tar.offset > max_bytes:  # headers count too: many small files
                 raise VerificationRefused(f"the agent's checkout makes a tar of more than {max_bytes // 2**20} MiB; "
                                           "nothing was verified")
         else:
-            kind = "FIFO" if stat.S_ISFIFO(info.st_mode) else "socket" if stat.S_ISSOCK(info.st_mode) else "device"
-            tree.refused.append(f"{path} ({kind})")
+            tree.refused.append(f"{path} ({special_kind(info.st_mode)})")
 
 
-def _add_file(parent: int, name: str, path: str, tar: tarfile.TarFile, size: int) -> None:
-    fd = os.open(name, _NO_FOLLOW, dir_fd=parent)
+def special_kind(mode: int) -> str:
+    """What a file that is neither a folder, a regular file nor a symlink is, for a refusal."""
+    return "FIFO" if stat.S_ISFIFO(mode) else "socket" if stat.S_ISSOCK(mode) else "device"
+
+
+def add_file(parent: int, name: str, path: str, tar: tarfile.TarFile, size: int, *, keep_mode: bool = False,
+             what: str = "checkout") -> None:
+    """Add the regular file ``name`` of the folder ``parent`` to ``tar`` as ``path``, opened without
+    following a symlink; refused if it changed kind or size since it was stat'ed as ``size`` bytes.
+    Its mode is 0755/0644 by its execute bits, or with ``keep_mode`` its own without group/other write."""
+    fd = os.open(name, NO_FOLLOW, dir_fd=parent)
     with os.fdopen(fd, "rb") as handle:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):  # swapped since the stat above
-            raise VerificationRefused(f"{path} changed kind while the agent's checkout was read")
+            raise VerificationRefused(f"{path} changed kind while the agent's {what} was read")
         data = handle.read(size + 1)
     if len(data) != size:
-        raise VerificationRefused(f"{path} changed size while the agent's checkout was read")
+        raise VerificationRefused(f"{path} changed size while the agent's {what} was read")
     member = tarfile.TarInfo(path)
-    member.size, member.mode = len(data), 0o755 if info.st_mode & 0o111 else 0o644
+    member.size = len(data)
+    member.mode = stat.S_IMODE(info.st_mode) & 0o755 if keep_mode else 0o755 if info.st_mode & 0o111 else 0o644
     tar.addfile(member, io.BytesIO(data))
 
 

@@ -4,6 +4,7 @@ and worker pools as real processes."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -107,6 +108,22 @@ async def sandbox_root():
     await stop_fork_server(path)  # started by the first sandbox made in this root
     reaper.reap_finished_children()
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def wait_until():
+    """``await wait_until(async_predicate, timeout_s, what)``: its first truthy value, or an
+    AssertionError naming ``what``."""
+    async def _wait(predicate, timeout_s=30.0, what="condition"):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            value = await predicate()
+            if value:
+                return value
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    return _wait
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """A Redis that fails over, made of real processes on loopback: a primary, two replicas of it
-and three Debian redis-sentinel daemons watching them (down after 1 s), in a tmp folder; and
-the wait_until helper the worker tests use. Two replicas, so that the primary promoted after
+and three Debian redis-sentinel daemons watching them (down after 1 s), in a tmp folder.
+Two replicas, so that the primary promoted after
 a failover still has one to confirm writes (replica_acks=1)."""
 
 from __future__ import annotations
@@ -158,18 +158,3 @@ def sentinel_redis(tmp_path):
         yield topology.start()
     finally:
         topology.stop()
-
-
-@pytest.fixture
-def wait_until():
-    async def _wait(predicate, timeout_s=30.0, what="condition"):
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            value = await predicate()
-            if value:
-                return value
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {what}")
-
-    return _wait
-

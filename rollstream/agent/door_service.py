@@ -4,16 +4,19 @@ LLM session behind it, and where the operator keeps presets of their own."""
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rollstream.agent.backend_link import PooledVLLMClient
-from rollstream.agent.gateway import Gateway
+from rollstream.agent.gateway import Gateway, JobDoor
 from rollstream.agent.llm_service import LLMService
 from rollstream.agent.session import LLMSession
-from rollstream.episode_settings import AgentSettings
+from rollstream.episode_settings import AgentSettings, agent_settings
 from rollstream.llm.inference_client import VLLMClient
-from rollstream.messages import Job
+from rollstream.messages import Envelope, Job
+from rollstream.trajectory import Trajectory
 
 if TYPE_CHECKING:  # the tasks' context names the services; the agent does not import the tasks
     from rollstream.tasks.base import ProcessServices
@@ -46,3 +49,51 @@ def job_session(llm: LLMService, services: ProcessServices, job: Job, settings: 
     if services.backend_link is None:
         services.backend_link = PooledVLLMClient(model=llm.client.model)
     return LLMSession(services.backend_link, job.job_id, job.group_id, balancer=llm.balancer, **options)
+
+
+@dataclass
+class HarnessDoor:
+    """A harness run's door (a Python harness or a preset in the sandbox): the job's LLM session
+    behind it, the limits it holds, and the trajectory its record becomes."""
+
+    llm: LLMService
+    settings: AgentSettings
+    gateway: Gateway
+    session: LLMSession
+    door: JobDoor
+    version_at_start: int
+    started: float = field(default_factory=time.monotonic)
+
+    async def close(self) -> None:
+        self.gateway.close(self.door)
+        await self.session.close()
+
+    def trajectory(self, harness: str, finish: str, detail: str | None, answer: Any) -> Trajectory:
+        """The door's exact record of the harness's calls, with how and why it ended."""
+        door = self.door
+        traj = door.recorder.trajectory()
+        traj.finish_reason = finish  # type: ignore[assignment]
+        if detail:
+            traj.extra["finish_detail"] = detail
+        if answer is not None:
+            traj.extra["answer"] = answer
+        traj.extra["harness"] = harness
+        traj.extra["door"] = {"requests": door.requests, "refused": door.refused}
+        traj.backend = self.session.backend
+        if traj.policy_version == 0 and "policy_versions" not in traj.extra:
+            traj.policy_version = self.version_at_start
+        traj.response_text = self.llm.tokenizer.decode(traj.response_ids, skip_special_tokens=False)
+        traj.timings_s.update({"llm_s": round(door.llm_s, 6), "total_s": round(time.monotonic() - self.started, 6)})
+        return traj
+
+
+async def open_harness_door(env: Envelope, services: ProcessServices) -> HarnessDoor:
+    """Open the job's door on the worker's door server, with its session and settings."""
+    job = env.job
+    llm = services.need_llm()
+    settings = agent_settings(job.agent, job.sampling)
+    version_at_start = await llm.policy_version()
+    gateway = await worker_gateway(services)
+    session = job_session(llm, services, job, settings)
+    door = gateway.open(job.job_id, session, llm.tokenizer, settings)
+    return HarnessDoor(llm, settings, gateway, session, door, version_at_start)

@@ -19,12 +19,12 @@ from importlib import import_module
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from rollstream.agent.door_service import job_session, preset_dirs, worker_gateway
+from rollstream.agent.door_service import open_harness_door, preset_dirs
 from rollstream.agent.episode import truncate_middle
 from rollstream.agent.gateway import MODEL_NAME
 from rollstream.agent.presets import all_presets, find_preset
 from rollstream.agent.sandbox_harness import run_sandbox_harness
-from rollstream.episode_settings import AgentSettings, agent_settings
+from rollstream.episode_settings import AgentSettings
 from rollstream.errors import InvalidJob, JobCancelled, JobFailed
 from rollstream.messages import Envelope
 from rollstream.sandboxes.sandbox_client import SandboxClient
@@ -137,16 +137,11 @@ async def run_harness(harness: str, messages: list[dict], tools: list[dict], env
             return await run_sandbox_harness(preset, messages, env, services, sandbox)
     fn = get_harness(harness)
     job = env.job
-    llm = services.need_llm()
-    settings = agent_settings(job.agent, job.sampling)
-    version_at_start = await llm.policy_version()
-    gateway = await worker_gateway(services)
-    session = job_session(llm, services, job, settings)
-    door = gateway.open(job.job_id, session, llm.tokenizer, settings)
+    opened = await open_harness_door(env, services)
+    settings = opened.settings
     hctx = HarnessContext(job_id=job.job_id, instance=job.instance, messages=messages, tools=tools,
-                          base_url=gateway.base_url, api_key=door.key, settings=settings, sandbox=sandbox,
-                          loop=asyncio.get_running_loop())
-    started = time.monotonic()
+                          base_url=opened.gateway.base_url, api_key=opened.door.key, settings=settings,
+                          sandbox=sandbox, loop=asyncio.get_running_loop())
     answer, finish, detail = None, "stop", None
     try:
         answer = await asyncio.wait_for(_call(fn, hctx), settings.max_wall_time_s)
@@ -157,30 +152,16 @@ async def run_harness(harness: str, messages: list[dict], tools: list[dict], env
     except Exception as exc:  # the harness gave up (often on the door's own limit, said below)
         finish, detail = "harness_error", f"{type(exc).__name__}: {exc}"[:2000]
     finally:
-        gateway.close(door)
-        await session.close()
+        await opened.close()
     if hctx.sandbox_lost:
         raise JobFailed(hctx.sandbox_lost)
-    if door.ended is not None:  # the door's verdict says why the harness stopped
-        finish, detail = door.ended, door.ended_detail
+    if opened.door.ended is not None:  # the door's verdict says why the harness stopped
+        finish, detail = opened.door.ended, opened.door.ended_detail
     if finish == "error":  # the backends failed it: the service's failure, retried
         raise JobFailed(f"harness {harness}: {detail}")
-    traj = door.recorder.trajectory()
-    traj.finish_reason = finish
-    if detail:
-        traj.extra["finish_detail"] = detail
-    if answer is not None:
-        traj.extra["answer"] = answer
-    traj.extra["harness"] = harness
-    traj.extra["door"] = {"requests": door.requests, "refused": door.refused}
+    traj = opened.trajectory(harness, finish, detail, answer)
     traj.tool_calls = hctx.tool_calls
-    traj.backend = session.backend
-    if traj.policy_version == 0 and "policy_versions" not in traj.extra:
-        traj.policy_version = version_at_start
-    traj.response_text = llm.tokenizer.decode(traj.response_ids, skip_special_tokens=False)
-    traj.timings_s.update({"llm_s": round(door.llm_s, 6), "tools_s": round(sum(c.duration_ms for c in hctx.tool_calls)
-                                                                            / 1000, 6),
-                           "total_s": round(time.monotonic() - started, 6)})
+    traj.timings_s["tools_s"] = round(sum(c.duration_ms for c in hctx.tool_calls) / 1000, 6)
     return traj
 
 

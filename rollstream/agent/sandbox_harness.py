@@ -17,14 +17,12 @@ import json
 import logging
 import os
 import secrets
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rollstream.agent.door_service import job_session, worker_gateway
+from rollstream.agent.door_service import open_harness_door
 from rollstream.agent.gateway import DOOR_SOCKET_NAME, MODEL_NAME
 from rollstream.agent.presets import Preset
-from rollstream.episode_settings import agent_settings
 from rollstream.errors import InvalidJob, JobFailed
 from rollstream.messages import Envelope
 from rollstream.sandboxes.backends.common import DOOR_DIR_INNER
@@ -81,14 +79,8 @@ async def run_sandbox_harness(preset: Preset, messages: list[dict], env: Envelop
     if sandbox is None:
         raise InvalidJob(f"harness {preset.name!r} runs inside the task's sandbox, and this task has none; "
                          "use a Python harness (e.g. 'openai-chat') for it")
-    job = env.job
-    llm = services.need_llm()
-    settings = agent_settings(job.agent, job.sampling)
-    version_at_start = await llm.policy_version()
-    gateway = await worker_gateway(services)
-    session = job_session(llm, services, job, settings)
-    door = gateway.open(job.job_id, session, llm.tokenizer, settings)
-    started = time.monotonic()
+    opened = await open_harness_door(env, services)
+    gateway, door, settings = opened.gateway, opened.door, opened.settings
     result = None
     harness_dir = f"/tmp/.rollstream-harness-{secrets.token_hex(6)}"
     values = {"door_url": "http://127.0.0.1:{door_port}/v1", "door_key": PLACEHOLDER_KEY, "model": MODEL_NAME,
@@ -115,8 +107,7 @@ async def run_sandbox_harness(preset: Preset, messages: list[dict], env: Envelop
     except (SandboxGone, ToolError) as exc:
         raise JobFailed(f"the sandbox failed under harness {preset.name}: {exc}") from exc
     finally:
-        gateway.close(door)
-        await session.close()
+        await opened.close()
         await _kill_leftovers(sandbox)
     if door.ended == "error":  # the backends failed it: the service's failure, retried
         raise JobFailed(f"harness {preset.name}: {door.ended_detail}")
@@ -131,22 +122,10 @@ async def run_sandbox_harness(preset: Preset, messages: list[dict], env: Envelop
     if door.ended is not None and finish != "harness_timeout":  # the door's verdict says why it stopped
         finish, detail = door.ended, door.ended_detail
     answer = await _answer(preset, sandbox, values, output)
-    traj = door.recorder.trajectory()
-    traj.finish_reason = finish  # type: ignore[assignment]
-    if detail:
-        traj.extra["finish_detail"] = detail
-    if answer is not None:
-        traj.extra["answer"] = answer
-    traj.extra["harness"] = preset.name
+    traj = opened.trajectory(preset.name, finish, detail, answer)
     traj.extra["harness_run"] = {"exit_code": result.exit_code, "timed_out": result.timed_out,
                                  "output_bytes": result.total_bytes, "output_tail": output[-OUTPUT_KEPT_CHARS:],
                                  "note": result.note}
-    traj.extra["door"] = {"requests": door.requests, "refused": door.refused}
-    traj.backend = session.backend
-    if traj.policy_version == 0 and "policy_versions" not in traj.extra:
-        traj.policy_version = version_at_start
-    traj.response_text = llm.tokenizer.decode(traj.response_ids, skip_special_tokens=False)
-    traj.timings_s.update({"llm_s": round(door.llm_s, 6), "total_s": round(time.monotonic() - started, 6)})
     return traj
 
 

@@ -91,29 +91,35 @@ def build_scripted_model(folder: Path, steps: int = 400) -> Path:
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     renderer = ChatRenderer(tokenizer, TOOLS)
     examples = [_example(renderer, s) for s in scripts()]
+    return train_and_save(model, tokenizer, examples, out, steps)
+
+
+def train_and_save(model, tokenizer, examples: list[tuple[list[int], list[int]]], out: Path, steps: int) -> Path:
+    """Train ``model`` on ``examples`` (ids, loss mask) until its loss is near zero or ``steps``
+    full passes, then save it with ``tokenizer`` to ``out`` (written aside and renamed, so an
+    interrupted run never leaves a half-saved model). The test models' one trainer."""
     torch.manual_seed(0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     model.train()
-    for _step in range(steps):
+    total, step = 0.0, 0
+    for step in range(steps):
         optimizer.zero_grad()
         total = 0.0
         for ids, mask in examples:
-            x = torch.tensor([ids])
-            logits = model(x).logits[0, :-1]
-            target = torch.tensor(ids[1:])
+            logits = model(torch.tensor([ids])).logits[0, :-1]
             weight = torch.tensor(mask[1:], dtype=torch.float32)
-            loss = (torch.nn.functional.cross_entropy(logits, target, reduction="none") * weight).sum() / weight.sum()
+            loss = (torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:]), reduction="none")
+                    * weight).sum() / weight.sum()
             loss.backward()
             total += float(loss.detach())
         optimizer.step()
         if total < 1e-3 * len(examples):
             break
     model.eval()
-    # Write aside and rename, so an interrupted run never leaves a half-saved model.
-    tmp = folder / f".{out.name}.{os.getpid()}"
+    tmp = out.parent / f".{out.name}.{os.getpid()}"
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    (tmp / "trained.json").write_text(json.dumps({"steps": _step + 1, "loss": total}))
+    (tmp / "trained.json").write_text(json.dumps({"steps": step + 1, "loss": total}))
     try:
         os.rename(tmp, out)
     except OSError:

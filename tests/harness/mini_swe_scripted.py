@@ -10,12 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import torch
 
+from agent.scripted_model import _example, train_and_save
 from rollstream.agent.chat import ChatRenderer
 from rollstream.llm.tiny_model import _RECIPE_VERSION, build_tiny_model
 
@@ -73,20 +73,6 @@ def episode(python: str, task: str, replies: list[str], outputs: list[str] | Non
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
-def _example(renderer: ChatRenderer, messages: list[dict]) -> tuple[list[int], list[int]]:
-    ids = renderer.encode(renderer.render(messages, add_generation_prompt=False))
-    mask = [0] * len(ids)
-    for i, message in enumerate(messages):
-        if message["role"] != "assistant":
-            continue
-        start = len(renderer.prompt_ids(messages[:i]))
-        end = len(renderer.encode(renderer.render(messages[: i + 1], add_generation_prompt=False)))
-        for j in range(start, end):
-            if ids[j - 1] != renderer.end_of_turn_id:  # up to <|im_end|>, not the newline after it
-                mask[j] = 1
-    return ids, mask
-
-
 def build_mini_model(folder: Path, conversations: list[list[dict]], steps: int = 300) -> Path:
     """The tiny model trained on ``conversations`` (kept in folder, reused while they are the same)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -101,30 +87,4 @@ def build_mini_model(folder: Path, conversations: list[list[dict]], steps: int =
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     renderer = ChatRenderer(tokenizer, None)
     examples = [_example(renderer, c) for c in conversations]
-    torch.manual_seed(0)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
-    model.train()
-    total = 0.0
-    for step in range(steps):
-        optimizer.zero_grad()
-        total = 0.0
-        for ids, mask in examples:
-            logits = model(torch.tensor([ids])).logits[0, :-1]
-            weight = torch.tensor(mask[1:], dtype=torch.float32)
-            loss = (torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:]), reduction="none")
-                    * weight).sum() / weight.sum()
-            loss.backward()
-            total += float(loss.detach())
-        optimizer.step()
-        if total < 1e-3 * len(examples):
-            break
-    model.eval()
-    tmp = folder / f".{out.name}.{os.getpid()}"
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "trained.json").write_text(json.dumps({"steps": step + 1, "loss": total}))
-    try:
-        os.rename(tmp, out)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    return train_and_save(model, tokenizer, examples, out, steps)

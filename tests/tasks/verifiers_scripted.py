@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -73,6 +71,7 @@ def build(folder: Path, base: Path, steps: int = 400) -> Path:
     import torch
     from agent.scripted_model import (
         _example,  # the agent tests' masking of assistant turns
+        train_and_save,
     )
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -85,30 +84,4 @@ def build(folder: Path, base: Path, steps: int = 400) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     examples = [_example(ChatRenderer(tokenizer, tools), messages) for messages, tools in data]
-    torch.manual_seed(0)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
-    model.train()
-    total = 0.0
-    for step in range(steps):
-        optimizer.zero_grad()
-        total = 0.0
-        for ids, mask in examples:
-            logits = model(torch.tensor([ids])).logits[0, :-1]
-            weight = torch.tensor(mask[1:], dtype=torch.float32)
-            loss = (torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:]), reduction="none")
-                    * weight).sum() / weight.sum()
-            loss.backward()
-            total += float(loss.detach())
-        optimizer.step()
-        if total < 1e-3 * len(examples):
-            break
-    model.eval()
-    tmp = folder / f".{out.name}.{os.getpid()}"
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "trained.json").write_text(json.dumps({"steps": step + 1, "loss": total}))
-    try:
-        os.rename(tmp, out)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)  # another session saved it first
-    return out
+    return train_and_save(model, tokenizer, examples, out, steps)

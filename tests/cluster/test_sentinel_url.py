@@ -114,6 +114,10 @@ async def test_a_submission_no_replica_confirmed_fails_and_its_retry_queues_noth
                 return (await r.info("replication")).get("slave0", {}).get("state") == "online"
 
             await wait_until(replica_online, what="the replica online")
+        # The retry waits longer: 200 ms was for the refusal above; on a busy machine a replica
+        # that is online can take longer than that to answer WAIT's GETACK.
+        patient = settings.model_copy(update={"replica_ack_timeout_ms": 10_000})
+        async with AsyncClient(settings=patient) as client:
             again = await client.submit(job)  # the same job id: now confirmed, queued once
         assert again.duplicate and again.status == "queued"
         assert await r.xlen(Keys(settings.namespace).init_stream) == 1

@@ -1,5 +1,5 @@
 """The ``harbor`` task's eval, verified in a fresh sandbox (tasks/verification.py): the agent's
-sandbox is stopped and its whole workdir read from the host (harbor_tree.py: folders and regular
+sandbox is stopped and its whole workdir read from the host (verification.read_tree, whole: folders and regular
 files, .git included; symlinks only where the pristine image has the same one; special files
 refused); a new sandbox from the pristine image gets the workdir as the Dockerfile left it, then
 the agent's tree over it (and what it deleted removed). The task's ``tests/`` go to /tests and ``tests/test.sh`` runs there under task.toml's
@@ -8,7 +8,7 @@ number), else reward.json (``{"reward": x, ...}``, every field kept). Nothing th
 outside its workdir, and none of its processes, reaches the tests.
 
 A test.sh that runs past its limit scores 0 with the reason; one that writes no reward, or no
-number, fails the job (failure 'job': the task folder's verifier is broken, not the agent).
+number, fails the job (failure 'task': the task folder's verifier is broken, not the agent).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from rollstream.messages import Envelope
 from rollstream.sandbox_spec import SandboxSpec
 from rollstream.sandboxes.errors import ToolError
 from rollstream.sandboxes.sandbox_client import SandboxClient
-from rollstream.tasks import eval_report, harbor_tree, verification
+from rollstream.tasks import eval_report, verification
 from rollstream.tasks.base import TaskContext
 from rollstream.tasks.harbor_folder import TaskFolder
 from rollstream.tasks.harbor_image import STATE_DIR
@@ -38,10 +38,10 @@ MAX_TESTS_KEPT = 200
 
 
 class RewardMissing(JobFailed):
-    """test.sh wrote no usable reward: the task's verifier is broken (failure 'job')."""
+    """test.sh wrote no usable reward: the task's verifier is broken (failure 'task')."""
 
     def __init__(self, message: str):
-        super().__init__(message, retryable=False, failure="job")
+        super().__init__(message, retryable=False, failure="task")
 
 
 async def _sh(sandbox: SandboxClient, command: str, timeout_s: float = 120):
@@ -59,7 +59,7 @@ async def _verify(folder: TaskFolder, spec: SandboxSpec, env: Envelope, ctx: Tas
     agent = verification.agent_handle(env, ctx)
     await asyncio.to_thread(verification.stop_processes, agent)
     try:
-        tree = await asyncio.to_thread(harbor_tree.read_workdir, agent.host_workdir)
+        tree = await asyncio.to_thread(verification.read_tree, agent.host_workdir, whole=True)
     except verification.VerificationRefused as refused:
         return eval_report.record(env, 0.0, str(refused))
     if tree.refused:

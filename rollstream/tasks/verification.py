@@ -64,22 +64,31 @@ def stop_processes(handle: SandboxHandle) -> bool:
     return True
 
 
-def read_tree(host_dir: str, max_bytes: int = TREE_MAX_BYTES, max_files: int = TREE_MAX_FILES) -> AgentTree:
-    """The tree under the host folder ``host_dir``, read as the host, never following a symlink
-    (every step is opened O_NOFOLLOW beneath its parent's descriptor) and never opening anything
-    but regular files and folders; FIFOs, sockets, devices and hard links are refused and named."""
+def read_tree(host_dir: str, max_bytes: int = TREE_MAX_BYTES, max_files: int = TREE_MAX_FILES, *,
+              whole: bool = False) -> AgentTree:
+    """The tree under the host folder ``host_dir`` as a tar, read as the host, never following a
+    symlink (every step is opened O_NOFOLLOW beneath its parent's descriptor) and never opening
+    anything but regular files and folders; FIFOs, sockets and devices are refused and named.
+    Symlinks come last in the tar, so extracting it never writes through one of them.
+
+    The SWE task's checkout (default): ``.git``, caches and ``.pyc`` files are left out and hard
+    links refused (a name for a file elsewhere, as symlinks are). ``whole``: a Harbor task's
+    workdir, whose state may live anywhere in it (a task may ask to recover a commit): every
+    folder (as an entry), ``.git`` and caches kept, files with their own modes."""
+    what = "workdir" if whole else "checkout"
     buffer = io.BytesIO()
     tree = AgentTree(tar=b"")
     links: list[tarfile.TarInfo] = []
     try:
         top = os.open(host_dir, NO_FOLLOW | os.O_DIRECTORY)
     except OSError as error:
-        raise VerificationRefused(f"the agent's checkout cannot be opened as a folder ({error.strerror})") from None
+        raise VerificationRefused(f"the agent's {what} cannot be opened as a folder ({error.strerror})") from None
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        walk = _Walk(tar, links, tree, max_bytes, max_files, whole)
         try:
-            _read_folder(top, "", tar, links, tree, max_bytes, max_files, 0)
+            walk.folder(top, "", 0)
         except OSError as error:  # an entry swapped mid-read (a symlink for a folder: ELOOP)
-            raise VerificationRefused(f"the agent's checkout changed while it was read ({error}); "
+            raise VerificationRefused(f"the agent's {what} changed while it was read ({error}); "
                                       "nothing was verified") from None
         finally:
             os.close(top)
@@ -105,43 +114,69 @@ def left_behind(host_workdir: str, checkout: str) -> list[str]:
         return [f"(the workdir could not be listed: {error.strerror})"]
 
 
-def _read_folder(fd: int, prefix: str, tar: tarfile.TarFile, links: list[tarfile.TarInfo], tree: AgentTree,
-                 max_bytes: int, max_files: int, depth: int) -> None:
-    if depth > TREE_MAX_DEPTH:
-        raise VerificationRefused(f"the agent's checkout nests folders deeper than {TREE_MAX_DEPTH} ({prefix})")
-    for name in sorted(os.listdir(fd)):
-        path = prefix + name
-        if name == ".git":  # git's own folder, or the file of a linked worktree
-            continue
-        info = os.stat(name, dir_fd=fd, follow_symlinks=False)
-        if stat.S_ISDIR(info.st_mode):
-            if name in SKIPPED_DIRS or name.endswith(".egg-info"):
+@dataclass
+class _Walk:
+    """One reading of a tree by ``read_tree``: where it writes and what it has counted."""
+
+    tar: tarfile.TarFile
+    links: list[tarfile.TarInfo]
+    tree: AgentTree
+    max_bytes: int
+    max_files: int
+    whole: bool
+
+    @property
+    def what(self) -> str:
+        return "workdir" if self.whole else "checkout"
+
+    def folder(self, fd: int, prefix: str, depth: int) -> None:
+        if depth > TREE_MAX_DEPTH:
+            raise VerificationRefused(f"the agent's {self.what} nests folders deeper than {TREE_MAX_DEPTH} ({prefix})")
+        for name in sorted(os.listdir(fd)):
+            if not self.whole and name == ".git":  # git's own folder, or the file of a linked worktree
                 continue
+            self.entry(fd, name, prefix + name, depth)
+
+    def entry(self, fd: int, name: str, path: str, depth: int) -> None:
+        info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        if self.whole:  # every entry counts (folders and links too), as the workdir holds them
+            self.count(0)
+        if stat.S_ISDIR(info.st_mode):
+            if not self.whole and (name in SKIPPED_DIRS or name.endswith(".egg-info")):
+                return
+            if self.whole:
+                folder = tarfile.TarInfo(path)
+                folder.type, folder.mode = tarfile.DIRTYPE, 0o755
+                self.tar.addfile(folder)
             child = os.open(name, NO_FOLLOW | os.O_DIRECTORY, dir_fd=fd)
             try:
-                _read_folder(child, path + "/", tar, links, tree, max_bytes, max_files, depth + 1)
+                self.folder(child, path + "/", depth + 1)
             finally:
                 os.close(child)
         elif stat.S_ISLNK(info.st_mode):
             link = tarfile.TarInfo(path)
             link.type, link.linkname = tarfile.SYMTYPE, os.readlink(name, dir_fd=fd)
-            links.append(link)
-        elif stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
-            tree.refused.append(f"{path} (hard link)")  # a name for a file elsewhere, as symlinks are
+            self.links.append(link)
+        elif stat.S_ISREG(info.st_mode) and info.st_nlink > 1 and not self.whole:
+            self.tree.refused.append(f"{path} (hard link)")  # a name for a file elsewhere, as symlinks are
         elif stat.S_ISREG(info.st_mode):
-            if name.endswith(".pyc"):
-                continue
-            tree.files += 1
-            tree.bytes += info.st_size
-            if tree.files > max_files or tree.bytes > max_bytes:
-                raise VerificationRefused(f"the agent's checkout holds more than {max_files} files or "
-                                          f"{max_bytes // 2**20} MiB; nothing was verified")
-            add_file(fd, name, path, tar, info.st_size)
-            if tar.offset > max_bytes:  # headers count too: many small files
-                raise VerificationRefused(f"the agent's checkout makes a tar of more than {max_bytes // 2**20} MiB; "
-                                          "nothing was verified")
+            if not self.whole and name.endswith(".pyc"):
+                return
+            self.count(info.st_size, files=0 if self.whole else 1)
+            add_file(fd, name, path, self.tar, info.st_size, keep_mode=self.whole, what=self.what)
+            if self.tar.offset > self.max_bytes:  # headers count too: many small files
+                raise VerificationRefused(f"the agent's {self.what} makes a tar of more than "
+                                          f"{self.max_bytes // 2**20} MiB; nothing was verified")
         else:
-            tree.refused.append(f"{path} ({special_kind(info.st_mode)})")
+            self.tree.refused.append(f"{path} ({special_kind(info.st_mode)})")
+
+    def count(self, size: int, files: int = 1) -> None:
+        self.tree.files += files
+        self.tree.bytes += size
+        if self.tree.files > self.max_files or self.tree.bytes > self.max_bytes:
+            raise VerificationRefused(f"the agent's {self.what} holds more than {self.max_files} "
+                                      f"{'entries' if self.whole else 'files'} or {self.max_bytes // 2**20} MiB; "
+                                      "nothing was verified")
 
 
 def special_kind(mode: int) -> str:

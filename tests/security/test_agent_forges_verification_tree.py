@@ -74,3 +74,23 @@ def test_a_checkout_that_is_a_symlink_is_refused(checkout, tmp_path_factory):
     link.symlink_to(checkout)
     with pytest.raises(VerificationRefused, match="cannot be opened"):
         read_tree(str(link))
+
+
+def test_a_whole_workdir_keeps_git_folders_and_modes_and_still_refuses_special_files(checkout):
+    """A Harbor task's workdir (``whole``): its state may live anywhere, .git and caches included;
+    links still come last and stay links, special files are still refused by name."""
+    (checkout / "pkg" / "__pycache__").mkdir()
+    (checkout / "pkg" / "__pycache__" / "mod.cpython-311.pyc").write_bytes(b"\0")
+    (checkout / "run.sh").write_text("#!/bin/sh\n")
+    os.chmod(checkout / "run.sh", 0o750)
+    (checkout / "etc").symlink_to("/etc")
+    os.mkfifo(checkout / "pipe")
+    tree = read_tree(str(checkout), whole=True)
+    found = members(tree)
+    assert {".git", ".git/config", "pkg", "pkg/__pycache__", "pkg/__pycache__/mod.cpython-311.pyc",
+            "pkg/mod.py", "run.sh", "etc"} == set(found)
+    assert found["pkg"].isdir() and found["run.sh"].mode == 0o750
+    assert list(found)[-1] == "etc" and found["etc"].issym()
+    assert tree.refused == ["pipe (FIFO)"]
+    with pytest.raises(VerificationRefused, match="more than 3 entries"):
+        read_tree(str(checkout), max_files=3, whole=True)

@@ -31,7 +31,8 @@ class JobTooLarge(InvalidJob):
 class JobFailed(RollstreamError):
     """A stage could not complete a job. ``retryable`` says whether another attempt may help;
     ``failure`` whose fault it is (see ``rollstream.messages.FailureKind``): the service's
-    ("infrastructure", the default) or the policy's own ("agent")."""
+    ("infrastructure", the default), the policy's own ("agent"), the submission's ("job") or the
+    environment's ("task": it is broken; raise it with ``retryable=False``)."""
 
     def __init__(self, message: str, *, retryable: bool = True, failure: str = "infrastructure"):
         super().__init__(message)

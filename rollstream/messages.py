@@ -23,8 +23,11 @@ ResultStatus = Literal["completed", "failed", "cancelled"]
 # Whose fault a result's shortfall is. "infrastructure": the service failed the job (sandbox,
 # backend, worker, a service timeout); trainers drop it per sample, never score it.
 # "agent": the policy's own (context exhausted, max turns, its time budget); trained on as
-# scored. "job": the submission itself is invalid. "cancelled": its submitter stopped it.
-FailureKind = Literal["infrastructure", "agent", "job", "cancelled"]
+# scored. "job": the submission itself is invalid. "task": the environment itself is broken (a
+# Dockerfile that does not build, a verifier that writes no reward, an environment server or
+# package that crashes): never retried, never trained on, its own error in the result.
+# "cancelled": its submitter stopped it.
+FailureKind = Literal["infrastructure", "agent", "job", "task", "cancelled"]
 # What a task hands from one of its stages to the next on the same node (``Envelope.state``):
 # flat, named values (a flag, a count, a name). Never a path or a handle to trust: a message
 # on a stream may carry anything, so a task rebuilds those from the job's id.
@@ -186,7 +189,7 @@ class Result(BaseModel):
     failure: FailureKind | None = Field(
         default=None, description="Whose fault a shortfall is: set on every failed or cancelled result, and "
         "'agent' on a completed one whose episode hit a limit; None for a clean completion. Trainers drop "
-        "'infrastructure' per sample (see rollstream.trainer.sampler).")
+        "'infrastructure' and 'task' per sample (see rollstream.trainer.sampler).")
     attempts: int = 1
     policy_version: int = 0
     timings_s: dict[str, float] = Field(default_factory=dict)
@@ -201,6 +204,12 @@ class Result(BaseModel):
     def infrastructure_failure(self) -> bool:
         """The service, not the policy, failed this job: a sample to drop, never to score 0."""
         return self.failure == "infrastructure"
+
+    @property
+    def task_failure(self) -> bool:
+        """The environment itself is broken (its build, its verifier, its server): a sample to
+        drop and a task to mend, never one to score 0 or to run again as it is."""
+        return self.failure == "task"
 
 
 class DeadLetter(BaseModel):

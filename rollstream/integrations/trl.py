@@ -64,8 +64,8 @@ class TrlRolloutConfig(BaseModel):
         "advantage 0).")
     infrastructure_failure_reward: float | None = Field(
         None, description="Reward of a rollout the service failed (sandbox, backend, worker, a service timeout, "
-        "no result within batch_timeout_s). None (the default) drops it per sample: unscorable, never a 0 "
-        "that would teach the policy about a crashed sandbox.")
+        "no result within batch_timeout_s) or whose environment is broken (failure 'task'). None (the default) "
+        "drops it per sample: unscorable, never a 0 that would teach the policy about a crashed sandbox.")
     submitter: str | None = Field(None, description="Results stream name; default a fresh one per process.")
 
 
@@ -271,7 +271,7 @@ class RolloutFunc:
                                "rollstream_tool_calls": sum(c.name not in finish for c in traj.tool_calls)}
                 else:
                     # TRL indexes completion_ids[-1]: a failed rollout gets one EOS, masked out
-                    infra = result.infrastructure_failure
+                    infra = result.infrastructure_failure or result.task_failure  # nothing the policy did
                     row_out = {"prompt_ids": prompt_ids, "completion_ids": [eos], "logprobs": [0.0],
                                "env_mask": [0], REWARD_KEY: self.config.infrastructure_failure_reward if infra
                                else self.config.failed_reward, "rollstream_failure": result.failure,

@@ -122,6 +122,11 @@ class RollstreamAgentLoop(AgentLoopBase):
                 f"{resubmits + 1} times{f' in {result.error_stage}' if result.error_stage else ''}: {result.error}. "
                 "An infrastructure failure is never scored 0; see 'rollstream status' for dead workers, "
                 "backends or sandboxes, or raise infrastructure_resubmits")
+        elif result.task_failure:  # a broken environment: neither a sample nor worth running again
+            raise RolloutFailed(
+                f"rollstream job {result.job_id} (task {result.task}): its environment is broken"
+                f"{f' (in {result.error_stage})' if result.error_stage else ''}: {result.error}. Mend the "
+                "environment or leave it out of the dataset; a broken environment is never scored 0")
         else:
             sample = await self._on_failed(result, kwargs)
         sample.extra_fields["rollstream_resubmits"] = resubmits

@@ -113,7 +113,7 @@ class HarborTask(AgentTask):
             await asyncio.to_thread(ensure_image, folder, load_settings().harbor_base_images, rootfs)
         except EnvBuildFailed as failed:
             raise JobFailed(f"harbor task {folder.name}: environment/Dockerfile did not build: {failed}",
-                            retryable=False, failure="job") from None
+                            retryable=False, failure="task") from None
         except (BackendUnavailable, RuntimeError, OSError) as error:
             raise JobFailed(f"harbor task {folder.name}: the container engine could not build its environment "
                             f"({error}); check DOCKER_HOST and the engine (scripts/install-podman)") from error

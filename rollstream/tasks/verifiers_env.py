@@ -69,17 +69,17 @@ class VerifiersTask(Task):
             raise JobFailed(f"the verifiers episode of {job.instance.get('environment')!r} did not start: "
                             f"{traj.extra.get('finish_detail', 'no detail')}")
         if outcome.error is not None:
-            raise JobFailed(outcome.error, retryable=False, failure="job")
+            raise JobFailed(outcome.error, retryable=False, failure="task")
         if traj.finish_reason == "harness_error":  # raised outside the environment's rollout: still the task's
             raise JobFailed(f"the verifiers episode of {job.instance.get('environment')!r} failed: "
-                            f"{traj.extra.get('finish_detail', 'no detail')}", retryable=False, failure="job")
+                            f"{traj.extra.get('finish_detail', 'no detail')}", retryable=False, failure="task")
         refused = (traj.extra.get("door") or {}).get("refused", 0)
         if refused and traj.finish_reason not in ("max_turns", "context"):
             # Not the job's limits: the environment asked the door for what it does not serve
             # (its sampling arguments, say). Its rubric would score an episode that never ran.
             raise JobFailed(f"verifiers environment {job.instance.get('environment')!r}: the job's door refused its "
                             f"model call: {outcome.detail.get('error') or 'no detail'}", retryable=False,
-                            failure="job")
+                            failure="task")
         traj.extra.pop("harness", None)
         traj.extra["verifiers"] = {**outcome.detail, "reward": outcome.reward, "metrics": outcome.metrics,
                                    "weights": outcome.weights}

@@ -108,14 +108,14 @@ def load_environment(env_id: str, args: dict) -> Any:
         env = vf.load_environment(env_id, **args)
     except Exception as exc:  # any error of the package's own code: the task's fault, said as it is
         raise JobFailed(f"verifiers environment {env_id!r} failed to load with args {json.dumps(args)}: "
-                        f"{_cause(exc)}", retryable=False, failure="job") from exc
+                        f"{_cause(exc)}", retryable=False, failure="task") from exc
     finally:
         for sig, handler in saved.items():
             if handler is not None:
                 signal.signal(sig, handler)
     if not isinstance(env, vf.Environment):
         raise JobFailed(f"verifiers environment {env_id!r}: load_environment returned {type(env).__name__}, not a "
-                        "verifiers Environment", retryable=False, failure="job")
+                        "verifiers Environment", retryable=False, failure="task")
     _environments[key] = verifiers_sandbox.adopt(env)
     return env
 
@@ -140,7 +140,7 @@ async def run(ctx) -> None:
     env = load_environment(env_id, args)
     if env.rubric.has_group_rewards:
         raise JobFailed(f"verifiers environment {env_id!r} scores with group reward functions, which need the "
-                        "group's rollouts together; a verifiers job is one rollout", retryable=False, failure="job")
+                        "group's rollouts together; a verifiers job is one rollout", retryable=False, failure="task")
     row = dataset_row(env, instance.get("split", "train"), int(instance.get("index", 0)))
     import verifiers as vf
     from openai import AsyncOpenAI

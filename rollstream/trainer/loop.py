@@ -197,6 +197,7 @@ class Trainer:
             "groups_dropped_failed": s.dropped_failed,
             "rollouts_failed_infrastructure": s.rollouts_failed_infrastructure,
             "rollouts_failed_agent": s.rollouts_failed_agent,
+            "rollouts_failed_task": s.rollouts_failed_task,
             "groups_dropped_stale": s.dropped_stale,
             "groups_submitted": s.submitted,
             "groups_cancelled": s.cancelled,

@@ -50,6 +50,12 @@ def _infrastructure_failure(result: Any) -> bool:
     return getattr(result, "failure", None) == "infrastructure"
 
 
+def _unscorable(result: Any) -> bool:
+    """The service failed the rollout, or its environment is broken ('task'): nothing the
+    policy did, so never a sample to score."""
+    return getattr(result, "failure", None) in ("infrastructure", "task")
+
+
 class SamplerStalled(RuntimeError):
     """Sampling cannot fill a batch: no rollout result for too long, every result too stale,
     or every rollout failing."""
@@ -103,10 +109,10 @@ class SampledGroup:
 
     @property
     def completed(self) -> list[Any]:
-        """The scored rollouts. An infrastructure failure is never among them: it is dropped
-        from its group (not scored 0), whatever its status says."""
+        """The scored rollouts. An infrastructure or task failure is never among them: it is
+        dropped from its group (not scored 0), whatever its status says."""
         return [r for r in self.results if r.status == "completed" and r.reward is not None
-                and not _infrastructure_failure(r)]
+                and not _unscorable(r)]
 
     @property
     def rewards(self) -> list[float]:
@@ -129,6 +135,7 @@ class BatchStats:
     # agent ended on its own limits (scored and kept: the policy's doing)
     rollouts_failed_infrastructure: int = 0
     rollouts_failed_agent: int = 0
+    rollouts_failed_task: int = 0  # dropped too: their environment is broken (Result.task_failure)
     cancelled: int = 0
     carried: int = 0
     results: int = 0
@@ -304,6 +311,8 @@ class DynamicSampler(Generic[P]):
                 stats.rollouts_failed_infrastructure += 1
             elif getattr(result, "failure", None) == "agent":
                 stats.rollouts_failed_agent += 1
+            elif getattr(result, "failure", None) == "task":
+                stats.rollouts_failed_task += 1
             if len(group.results) < self.config.group_size:
                 continue
             del self._in_flight[group.group_id]

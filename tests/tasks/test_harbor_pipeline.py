@@ -99,9 +99,10 @@ async def test_broken_task_folders_end_as_failed_results_naming_why(pipeline_set
         await client.submit_many(jobs)
         results = {r.metadata["name"]: r for r in await client.collect(len(jobs), timeout_s=300)}
     build = results["broken-build"]
-    assert build.status == "failed" and build.failure == "job" and build.error_stage == "init", build
+    assert build.status == "failed" and build.failure == "task" and build.error_stage == "init", build
     assert "RUN false" in build.error and "did not build" in build.error
     silent_result = results["silent"]
-    assert silent_result.status == "failed" and silent_result.failure == "job", silent_result
+    assert silent_result.status == "failed" and silent_result.failure == "task", silent_result
+    assert silent_result.attempts == 1  # a broken verifier is not run again
     assert "wrote no /logs/verifier/reward.txt" in silent_result.error
     assert results["fine"].status == "completed" and results["fine"].reward == 1.0

@@ -91,7 +91,7 @@ async def test_a_dockerfile_that_fails_to_build_fails_the_job_naming_the_step(ep
         "FROM python:3.12-slim\nRUN echo preparing the environment && exit 7\n")
     with pytest.raises(JobFailed) as failed:
         await episode(HarborTask(), {"path": str(task)})
-    assert failed.value.failure == "job" and not failed.value.retryable
+    assert failed.value.failure == "task" and not failed.value.retryable
     assert "RUN echo preparing the environment && exit 7" in str(failed.value), str(failed.value)
     assert "did not build" in str(failed.value)
 
@@ -120,7 +120,7 @@ async def test_a_test_sh_without_a_usable_reward_fails_the_job_as_the_tasks_faul
     ep = await episode(HarborTask(), {"path": str(task)})
     with pytest.raises(JobFailed) as failed:
         await ep.score()
-    assert failed.value.failure == "job" and not failed.value.retryable
+    assert failed.value.failure == "task" and not failed.value.retryable
     assert message in str(failed.value)
 
 

@@ -4,7 +4,7 @@ env_response), a tool environment (tool-test) and a SandboxEnv whose commands ru
 sandbox (sandbox-secret), after verifiers' own examples
 (tests/tasks/verifiers_envs). A model that gives the dataset's answer scores 1 by each
 environment's rubric, a model that writes garbage 0; every model token in the trajectory is the
-backend's own; an environment that raises fails its job (failure 'job'), naming the error."""
+backend's own; an environment that raises fails its job (failure 'task'), naming the error."""
 
 from __future__ import annotations
 
@@ -134,8 +134,10 @@ async def test_an_environment_that_raises_fails_its_job_naming_the_error(
                 await client.submit(job("vf-broken", args={"fail": fail}))
             await client.submit(job("vf-reverse-text", index=99))
             results = await client.collect(5, timeout_s=240)
-    assert all(r.status == "failed" and r.failure == "job" and r.attempts == 1 for r in results), \
-        [(r.status, r.failure, r.error) for r in results]
+    # The environment's own failures are the task's; a row the dataset lacks is the job's.
+    assert all(r.status == "failed" and r.attempts == 1 for r in results), [(r.status, r.error) for r in results]
+    assert sorted(r.failure for r in results) == ["job"] + ["task"] * 4, [(r.failure, r.error) for r in results]
+    assert next(r for r in results if r.failure == "job").error.count("no row 99") == 1
     errors = sorted(r.error for r in results)
     assert any("failed to load" in e and "cannot find its dataset" in e for e in errors), errors
     assert any("rubric failed" in e and "exploding_reward" in e for e in errors), errors

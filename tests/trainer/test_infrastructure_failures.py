@@ -23,7 +23,7 @@ class FailingSource(SimulatedSource):
     """Each prompt lists its rollouts' outcomes, failure kinds included."""
 
     async def _run(self, group_id: str, i: int, outcome, version: int) -> None:
-        status = "failed" if outcome.failure == "infrastructure" else "completed"
+        status = "failed" if outcome.failure in ("infrastructure", "task") else "completed"
         reward = None if status == "failed" else outcome.reward
         await self.queue.put(Result(job_id=f"{group_id}-{i}", group_id=group_id, status=status, reward=reward,
                                     failure=outcome.failure, policy_version=version))
@@ -38,6 +38,17 @@ async def test_infrastructure_failures_are_dropped_per_sample_and_counted_never_
     assert len(group.results) == 4
     assert sorted(group.rewards) == [0.0, 1.0, 1.0]  # three scored rollouts; the failed one is not a 0
     assert batch.stats.rollouts_failed_infrastructure == 1 and batch.stats.rollouts_failed_agent == 1
+    await sampler.cancel_all()
+
+
+async def test_a_broken_environments_rollouts_are_dropped_and_counted_as_task_failures():
+    prompt = {"rewards": [_Outcome(1.0), _Outcome(None, "task"), _Outcome(0.0), _Outcome(None, "task")]}
+    source = FailingSource()
+    sampler = DynamicSampler(source, [prompt], SamplerConfig(groups_per_batch=1, group_size=4))
+    batch = await sampler.next_batch(policy_version=0)
+    [group] = batch.groups
+    assert sorted(group.rewards) == [0.0, 1.0]  # never a 0 for the environment's own failure
+    assert batch.stats.rollouts_failed_task == 2 and batch.stats.rollouts_failed_infrastructure == 0
     await sampler.cancel_all()
 
 

@@ -28,3 +28,15 @@ def test_an_invalid_job_keeps_the_failed_reward_and_an_infrastructure_failure_do
                    "j2": Result(job_id="j2", group_id="g", status="failed", failure="infrastructure", error="gone")}
         out = rollout._to_trl(prompts, [[0, 1]], results, trainer=None)
     assert out["rollstream_reward"] == [0.0, None]
+
+
+def test_a_broken_environments_rollout_is_unscored_like_an_infrastructure_failure(settings):
+    instance = arith.make_instances(1, seed=7)[0]
+    with RolloutFunc("arith", settings=settings, instances=[instance]) as rollout:
+        prompts = [rollout.prompt(instance)] * 2
+        results = {"j1": Result(job_id="j1", group_id="g", status="failed", failure="task",
+                                error="harbor task x: environment/Dockerfile did not build"),
+                   "j2": Result(job_id="j2", group_id="g", status="failed", failure="job", error="bad spec")}
+        out = rollout._to_trl(prompts, [[0, 1]], results, trainer=None)
+    assert out["rollstream_reward"] == [None, 0.0]  # the broken environment is never a 0 to learn from
+    assert out["rollstream_error"][0] == "harbor task x: environment/Dockerfile did not build"

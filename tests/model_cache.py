@@ -97,6 +97,29 @@ def _verifiers() -> CachedModel:
                        "trained.json", build_it)
 
 
+def _harness_episode(module: str, which: str, what: str) -> CachedModel:
+    """A model that learnt a harness preset's episode by heart (tests/harness/<module>.py: its
+    ``trained_folder`` and ``build``, which installs the preset on this host where it is missing)."""
+    import importlib
+
+    episodes = importlib.import_module(f"harness.{module}")  # imports torch: only when asked for
+    parent = cache_dir() / module
+    folder = episodes.trained_folder(parent, which)
+
+    def build() -> Path:
+        import torch
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with build_lock(folder):
+                return episodes.build(parent, which)
+        finally:
+            torch.set_num_threads(threads)
+
+    return CachedModel(what, folder, "trained.json", build)
+
+
 # fixture name -> the model it loads
 MODELS: dict[str, Callable[[], CachedModel]] = {
     "tiny_model_dir": lambda: _tiny(0),
@@ -104,6 +127,12 @@ MODELS: dict[str, Callable[[], CachedModel]] = {
     "arith_model_dir": _arith,
     "scripted_model_dir": _scripted,
     "answering_model_dir": _verifiers,
+    "mini_swe_arith_model_dir": lambda: _harness_episode("mini_swe_scripted", "arith",
+                                                         "tiny model that learnt a mini-SWE-agent arith episode"),
+    "mini_swe_swe_model_dir": lambda: _harness_episode("mini_swe_scripted", "swe",
+                                                       "tiny model that learnt a mini-SWE-agent SWE episode"),
+    "qwen_code_model_dir": lambda: _harness_episode("node_clis", "qwen-code",
+                                                    "tiny model that learnt a Qwen Code arith episode"),
 }
 
 

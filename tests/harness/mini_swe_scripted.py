@@ -1,9 +1,11 @@
-"""A tiny model that has learnt by heart one mini-SWE-agent episode, so that mini-SWE-agent,
-unmodified, completes its loop on it (greedy): a bash block that computes, then the submit
-command. The episode's messages are mini-SWE-agent's own: its text-based model class and
-environment render them here (the harness's venv, with a scripted reply in place of litellm's
-call), with the config the preset runs (mini_textbased.yaml), so the prompts the model learns
-are the ones the harness sends through the door."""
+"""Tiny models that have learnt by heart one mini-SWE-agent episode each, so that mini-SWE-agent,
+unmodified, completes its loop on them (greedy): on arith, a bash block that computes, then the
+submit command; on a shipped SWE instance, one edit of the checkout, then the submit command.
+The episode's messages are mini-SWE-agent's own: its text-based model class and environment
+render them here (the harness's venv, with a scripted reply in place of litellm's call), with
+the config the preset runs (mini_textbased.yaml), so the prompts the model learns are the ones
+the harness sends through the door. Built by tests/model_cache.py (before the tests, never in
+one), which installs the preset first where scripts/install-harnesses has not."""
 
 from __future__ import annotations
 
@@ -14,10 +16,27 @@ import subprocess
 from pathlib import Path
 
 import torch
-
 from agent.scripted_model import _example, train_and_save
+
 from rollstream.agent.chat import ChatRenderer
+from rollstream.agent.presets import find_preset, install_on_host
 from rollstream.llm.tiny_model import _RECIPE_VERSION, build_tiny_model
+from rollstream.tasks import arith
+
+PRESET = "mini-swe-agent"
+ARITH_INSTANCE = {"a": 12, "op": "+", "b": 30}
+ARITH_REPLIES = ["THOUGHT: compute it.\n\n```mswea_bash_command\necho $((12+30))\n```",
+                 "THOUGHT: submit it.\n\n```mswea_bash_command\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && echo 42\n```"]
+# One of the shipped SWE instances: mini-SWE-agent edits the checkout with one command, then submits;
+# eval runs the instance's hidden tests on the diff it left in the sandbox.
+SWE_ID = "rollstream__inventory-1"
+SWE_REPLIES = [
+    ("THOUGHT: make remove refuse more than the stock.\n\n```mswea_bash_command\ncd /workspace/inventory && "
+     "python3 - <<'EOF'\np = \"inventory/store.py\"\ns = open(p).read().replace(\"self._stock[item] = "
+     "self._stock.get(item, 0) - qty\", \"have = self._stock.get(item, 0)\\n        if qty > have:\\n            "
+     "raise InsufficientStock(item)\\n        self._stock[item] = have - qty\")\nopen(p, \"w\").write(s)\nEOF\n```"),
+    "THOUGHT: done.\n\n```mswea_bash_command\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```"]
+SWE_OUTPUTS = ["", "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n"]  # what the two commands print in the sandbox
 
 # Run by the harness's own interpreter: mini-SWE-agent's agent, environment and text-based model
 # class with mini_textbased.yaml, litellm's call replaced by the scripted replies (the commands run
@@ -73,18 +92,47 @@ def episode(python: str, task: str, replies: list[str], outputs: list[str] | Non
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
-def build_mini_model(folder: Path, conversations: list[list[dict]], steps: int = 300) -> Path:
-    """The tiny model trained on ``conversations`` (kept in folder, reused while they are the same)."""
+def train_episode_model(out: Path, base_folder: Path, conversations: list[list[dict]], steps: int = 300,
+                        tools: list[dict] | None = None) -> Path:
+    """The tiny model (built in ``base_folder``) trained on ``conversations`` (its assistant turns),
+    rendered with ``tools`` in the prompt as the door renders them; saved to ``out``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    key = hashlib.sha1(json.dumps([conversations, _RECIPE_VERSION, steps]).encode()
-                       + Path(__file__).read_bytes()).hexdigest()[:12]
-    out = folder / f"mini-swe-{key}"
     if (out / "trained.json").exists():
         return out
-    base = build_tiny_model(folder / "base")
+    base = build_tiny_model(base_folder)
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    renderer = ChatRenderer(tokenizer, None)
+    renderer = ChatRenderer(tokenizer, tools)
     examples = [_example(renderer, c) for c in conversations]
     return train_and_save(model, tokenizer, examples, out, steps)
+
+
+def _episodes() -> dict[str, tuple[str, list[str], list[str] | None]]:
+    """Each model's episode: the task's instruction, the replies, the commands' outputs (None: run)."""
+    from rollstream.agent.sandbox_harness import instruction_of
+    from rollstream.tasks.swe import SweTask, load_instances
+
+    swe = next(i for i in load_instances() if i["instance_id"] == SWE_ID)
+    return {"arith": (arith.question(**ARITH_INSTANCE), ARITH_REPLIES, None),
+            "swe": (instruction_of(SweTask().prompt_messages(swe)), SWE_REPLIES, SWE_OUTPUTS)}
+
+
+def trained_folder(parent: Path, which: str) -> Path:
+    """Where the model of episode ``which`` ('arith', 'swe') is kept: named by its episode, the
+    preset's package and this file, so a change to any trains anew."""
+    preset = find_preset(PRESET)
+    assert preset is not None
+    key = hashlib.sha1(json.dumps([_episodes()[which], preset.package, _RECIPE_VERSION]).encode()
+                       + Path(__file__).read_bytes()).hexdigest()[:12]
+    return parent / f"mini-swe-{which}-{key}"
+
+
+def build(parent: Path, which: str) -> Path:
+    """Install the preset on this host (a no-op where it is), render the episode through it, train."""
+    preset = find_preset(PRESET)
+    assert preset is not None
+    install_on_host(preset)
+    task, replies, outputs = _episodes()[which]
+    conversation = episode(f"{preset.prefix}/bin/python", task, replies, outputs)
+    return train_episode_model(trained_folder(parent, which), parent / "base", [conversation])

@@ -11,42 +11,31 @@ from __future__ import annotations
 import model_cache
 import pytest
 
-from rollstream.agent.presets import build_image, find_preset, install_on_host
-from rollstream.agent.sandbox_harness import instruction_of
+from rollstream.agent.presets import build_image, find_preset
 from rollstream.client import AsyncClient
 from rollstream.pipeline.balancer import add_backend
 from rollstream.sandboxes.backends.docker import DockerBackend
 from rollstream.sandboxes.env_images import DEFAULT_BASE_IMAGE
 from rollstream.tasks import arith
-from rollstream.tasks.swe import SweTask, load_instances
+from rollstream.tasks.swe import load_instances
 
-from .mini_swe_scripted import build_mini_model, episode
+from .mini_swe_scripted import ARITH_INSTANCE as INSTANCE
+from .mini_swe_scripted import SWE_ID
 
-INSTANCE = {"a": 12, "op": "+", "b": 30}
-REPLIES = ["THOUGHT: compute it.\n\n```mswea_bash_command\necho $((12+30))\n```",
-           "THOUGHT: submit it.\n\n```mswea_bash_command\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && echo 42\n```"]
-# One of the shipped SWE instances: mini-SWE-agent edits the checkout with one command, then submits;
-# eval runs the instance's hidden tests on the diff it left in the sandbox.
-SWE_ID = "rollstream__inventory-1"
-SWE_REPLIES = [
-    ("THOUGHT: make remove refuse more than the stock.\n\n```mswea_bash_command\ncd /workspace/inventory && "
-     "python3 - <<'EOF'\np = \"inventory/store.py\"\ns = open(p).read().replace(\"self._stock[item] = "
-     "self._stock.get(item, 0) - qty\", \"have = self._stock.get(item, 0)\\n        if qty > have:\\n            "
-     "raise InsufficientStock(item)\\n        self._stock[item] = have - qty\")\nopen(p, \"w\").write(s)\nEOF\n```"),
-    "THOUGHT: done.\n\n```mswea_bash_command\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n```"]
-SWE_OUTPUTS = ["", "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n"]  # what the two commands print in the sandbox
 GREEDY = {"temperature": 0.0, "max_tokens": 128}
 AGENT = {"harness": "mini-swe-agent", "max_turns": 4, "max_tokens_per_turn": 128, "max_context_tokens": 4000,
          "max_wall_time_s": 240}
 
 
-# Its first test also installs the preset (pip), builds its image and trains the model, once: generous.
-pytestmark = pytest.mark.timeout(1800)
+# The preset and its image are installed (scripts/install-harnesses) and the models trained
+# (tests/model_cache.py) before the tests: what is left is the jobs, on a busy 2-core machine.
+pytestmark = pytest.mark.timeout(900)
+
 
 @pytest.fixture(scope="module")
 def preset():
     preset = find_preset("mini-swe-agent")
-    install_on_host(preset)  # once; a no-op when the venv is there
+    assert preset is not None and preset.installed_on_host(), "run scripts/install-harnesses (scripts/test does)"
     return preset
 
 
@@ -56,9 +45,13 @@ def mini_image(preset):
 
 
 @pytest.fixture(scope="module")
-def mini_model_dir(preset):
-    conversation = episode(f"{preset.prefix}/bin/python", arith.question(**INSTANCE), REPLIES)
-    return build_mini_model(model_cache.cache_dir() / "mini-swe", [conversation])
+def mini_swe_arith_model_dir():
+    return model_cache.load("mini_swe_arith_model_dir")
+
+
+@pytest.fixture(scope="module")
+def mini_swe_swe_model_dir():
+    return model_cache.load("mini_swe_swe_model_dir")
 
 
 @pytest.fixture(scope="module")
@@ -67,17 +60,10 @@ def swe_instance():
 
 
 @pytest.fixture(scope="module")
-def swe_model_dir(preset, swe_instance):
-    task = SweTask().prompt_messages(swe_instance)
-    conversation = episode(f"{preset.prefix}/bin/python", instruction_of(task), SWE_REPLIES, list(SWE_OUTPUTS))
-    return build_mini_model(model_cache.cache_dir() / "mini-swe", [conversation])
-
-
-@pytest.fixture(scope="module")
-def mini_server(mini_model_dir):
+def mini_server(mini_swe_arith_model_dir):
     from rollstream.llm.server import served_model
 
-    with served_model(mini_model_dir, device="cpu") as url:
+    with served_model(mini_swe_arith_model_dir, device="cpu") as url:
         yield url
 
 
@@ -100,16 +86,16 @@ def _assert_submitted_and_scored(result) -> None:
 
 
 async def test_mini_swe_agent_in_bwrap_completes_its_loop_and_its_submission_is_scored(
-        settings, worker_pool, sandbox_root, mini_model_dir, mini_server):
-    worker_pool(model_dir=mini_model_dir, sandbox_root=sandbox_root).start_all(concurrency=2)
+        settings, worker_pool, sandbox_root, mini_swe_arith_model_dir, mini_server):
+    worker_pool(model_dir=mini_swe_arith_model_dir, sandbox_root=sandbox_root).start_all(concurrency=2)
     result = await _run(settings, mini_server, arith.job(INSTANCE, sampling=GREEDY, agent=AGENT))
     _assert_submitted_and_scored(result)
 
 
 @pytest.mark.skipif(not DockerBackend().available(), reason="no Docker API (podman) engine answers here")
 async def test_mini_swe_agent_in_podman_completes_its_loop_and_its_submission_is_scored(
-        settings, worker_pool, sandbox_root, mini_model_dir, mini_server, mini_image):
-    pool = worker_pool(model_dir=mini_model_dir, sandbox_root=sandbox_root)
+        settings, worker_pool, sandbox_root, mini_swe_arith_model_dir, mini_server, mini_image):
+    pool = worker_pool(model_dir=mini_swe_arith_model_dir, sandbox_root=sandbox_root)
     pool.env["ROLLSTREAM_SANDBOX_BACKEND"] = "docker"
     pool.env["ROLLSTREAM_SANDBOX_JOB_OVERRIDES"] = '["image", "limits"]'
     pool.start_all(concurrency=2)
@@ -132,12 +118,12 @@ async def test_mini_swe_agent_on_a_model_that_emits_garbage_is_the_agents_failur
 
 
 async def test_mini_swe_agent_fixes_a_shipped_swe_instance_in_bwrap_and_its_diff_is_scored(
-        settings, worker_pool, sandbox_root, swe_model_dir, swe_instance, tmp_path):
+        settings, worker_pool, sandbox_root, mini_swe_swe_model_dir, swe_instance, tmp_path):
     from rollstream.llm.server import served_model
 
-    worker_pool(model_dir=swe_model_dir, sandbox_root=sandbox_root).start_all(concurrency=2)
+    worker_pool(model_dir=mini_swe_swe_model_dir, sandbox_root=sandbox_root).start_all(concurrency=2)
     instance = {**swe_instance, "repo_mirror": str(tmp_path / "swe-mirror")}
-    with served_model(swe_model_dir, device="cpu") as server:
+    with served_model(mini_swe_swe_model_dir, device="cpu") as server:
         result = await _run(settings, server, {"task": "swe", "instance": instance,
                                                "sampling": {"temperature": 0.0, "max_tokens": 384},
                                                "agent": {**AGENT, "max_tokens_per_turn": 384}})

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 
-import psutil
 import pytest
 
 from rollstream.client import AsyncClient
@@ -17,6 +16,7 @@ from rollstream.sandboxes.backends.docker import DockerBackend
 from rollstream.sandboxes.env_images import DEFAULT_BASE_IMAGE
 from rollstream.tasks import arith
 
+from .leftovers import alive
 from .sandbox_presets import write_presets
 
 needs_podman = pytest.mark.skipif(not DockerBackend().available(), reason="no Docker API (podman) engine answers here")
@@ -62,17 +62,6 @@ async def _run(settings, arith_server, harness: str, instance: dict | None = Non
     return result
 
 
-def _alive(marker: str) -> list[psutil.Process]:
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        try:
-            if marker in " ".join(process.info["cmdline"] or []) and process.status() != psutil.STATUS_ZOMBIE:
-                found.append(process)
-        except psutil.NoSuchProcess:
-            continue
-    return found
-
-
 async def test_a_preset_in_a_networkless_sandbox_calls_its_door_and_its_answer_is_scored(
         settings, pool, arith_server, job_sandbox):
     result = await _run(settings, arith_server, "door-client", {"a": 12, "op": "+", "b": 30}, sandbox=job_sandbox)
@@ -90,7 +79,7 @@ async def test_a_hanging_preset_is_killed_at_its_wall_time_and_scored_as_the_age
     assert result.status == "completed" and result.failure == "agent", result.error
     assert result.trajectory.finish_reason == "harness_timeout"
     assert result.reward == 0.0 and result.attempts == 1
-    assert _alive("sleep 1001") == []
+    assert alive("sleep 1001") == []
 
 
 async def test_a_preset_flooding_its_output_keeps_a_bounded_tail_and_its_answer(
@@ -107,7 +96,7 @@ async def test_processes_a_preset_leaves_behind_are_killed_when_it_exits(
     result = await _run(settings, arith_server, "forks-away", sandbox=job_sandbox)
     assert result.status == "completed", result.error
     assert result.trajectory.finish_reason == "stop" and result.reward == 1.0
-    assert _alive("sleep 1002") == []
+    assert alive("sleep 1002") == []
 
 
 async def test_a_preset_exiting_at_once_is_the_agents_failure_scored_zero(

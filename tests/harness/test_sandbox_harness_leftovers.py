@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-import psutil
 import pytest
 
 from rollstream.agent.sandbox_harness import HARNESS_SESSION, _kill_leftovers
@@ -21,18 +20,9 @@ from rollstream.sandboxes import (
 from rollstream.sandboxes.backends.docker import DockerBackend
 from rollstream.sandboxes.env_images import DEFAULT_BASE_IMAGE
 
+from .leftovers import alive
+
 needs_podman = pytest.mark.skipif(not DockerBackend().available(), reason="no Docker API (podman) engine answers here")
-
-
-def _alive(marker: str) -> list[psutil.Process]:
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        try:
-            if marker in " ".join(process.info["cmdline"] or []) and process.status() != psutil.STATUS_ZOMBIE:
-                found.append(process)
-        except psutil.NoSuchProcess:
-            continue
-    return found
 
 
 @pytest.mark.parametrize("spec", [SandboxSpec(backend="bwrap"),
@@ -47,12 +37,12 @@ async def test_a_process_a_harness_left_behind_is_killed_and_the_sandbox_lives_o
                                     timeout_s=60, session=HARNESS_SESSION)
             assert "started" in started.output
             for _ in range(300):  # it outlives the command that started it (once it has exec'd)
-                if _alive(f"sleep {seconds}"):
+                if alive(f"sleep {seconds}"):
                     break
                 await asyncio.sleep(0.1)
-            assert _alive(f"sleep {seconds}")
+            assert alive(f"sleep {seconds}")
             await _kill_leftovers(sb)
-            assert _alive(f"sleep {seconds}") == []
+            assert alive(f"sleep {seconds}") == []
             assert (await sb.bash("echo still-here", timeout_s=60)).output.strip() == "still-here"
     finally:
         await destroy_sandbox(handle)

@@ -1,7 +1,8 @@
 """Harness presets: a declarative TOML file per harness that runs as a command inside the job's
 sandbox (agent/sandbox_harness.py runs it). A preset says how the harness is installed into an
-environment image (a PyPI package at a pinned version, in a venv of its own, once when the image
-is built), its command line, the environment and files that point it at the job's door, the API
+environment image (a PyPI package at a pinned version in a venv of its own, or an npm package at a
+pinned version with a Node.js of its own from the npm registry; once, when the image is built), its
+command line, the environment and files that point it at the job's door, the API
 it speaks, and where its answer is. Shipped presets live in rollstream/data/harnesses/; an
 operator adds folders of their own (``harness_preset_dirs``). No preset holds code."""
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import platform
 import re
 import shlex
 import shutil
@@ -26,6 +28,12 @@ LABEL = "rollstream.harness"
 APIS = ("openai-chat",)  # what the door serves today; the preset's `api` must be one of them
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 _PIN = re.compile(r"^[A-Za-z0-9._-]+==[A-Za-z0-9.+!-]+$")
+_NPM_PIN = re.compile(r"^((@[a-z0-9._-]+/)?[a-z0-9._-]+)@(\d+\.\d+\.\d+([-+][A-Za-z0-9.-]+)?)$")
+# The Node.js an npm preset runs on, from the npm registry's node-linux-<arch> package (the `node`
+# package's binaries): the CLIs want >= 22 (their `engines`), Debian 12's nodejs is 18. The host's
+# npm only installs; the sandbox runs this node, from the preset's prefix.
+NODE_VERSION = "22.23.3"
+NPM_MARKER = ".rollstream-npm-installed"
 
 
 class PresetError(ValueError):
@@ -55,37 +63,88 @@ class Preset:
     answer_file: str | None = None  # where the harness leaves its answer; else its output's last line
     answer_json_key: str | None = None  # dotted key of the answer in that file when it is JSON
     python: str = "python3"  # the interpreter the venv is made from (in the image)
+    npm: str | None = None  # "name@version" (npm), installed with its own node into prefix
+    node: str = NODE_VERSION  # that node's version (npm presets)
 
     @property
     def version(self) -> str:
+        if self.npm:
+            return self.npm.rsplit("@", 1)[1]
         return self.package.split("==", 1)[1] if self.package else "-"
+
+    @property
+    def installs(self) -> str | None:
+        """What the preset installs, as its file pins it (None: nothing)."""
+        return self.package or self.npm
 
     def image_tag(self, base_image: str) -> str:
         """The environment image holding this preset on top of ``base_image``."""
-        digest = hashlib.sha256(f"{base_image}\n{self.package}\n{self.prefix}".encode()).hexdigest()[:12]
+        pins = f"{self.package}\n{self.prefix}" + (f"\n{self.npm}\nnode {self.node}" if self.npm else "")
+        digest = hashlib.sha256(f"{base_image}\n{pins}".encode()).hexdigest()[:12]
         return f"{IMAGE_REPOSITORY}:{self.name}-{self.version}-{digest}"
 
     def install_commands(self) -> list[str]:
         """The shell commands that install the preset into an image (or this host)."""
         q = shlex.quote
+        if self.npm is not None:
+            return npm_install_commands(self.npm, self.node, self.prefix)
         if self.package is None:
             return []
         return [f"{q(self.python)} -m venv {q(self.prefix)}",
                 f"{q(self.prefix)}/bin/pip install --no-cache-dir --disable-pip-version-check -q {q(self.package)}"]
 
     def containerfile(self, base_image: str) -> str:
-        if self.package is None:
-            raise PresetError(f"{self.source}: this preset installs nothing ([install] has no 'pypi'); its command "
-                              "must be in the image already")
+        if self.installs is None:
+            raise PresetError(f"{self.source}: this preset installs nothing ([install] has no 'pypi' or 'npm'); its "
+                              "command must be in the image already")
+        if self.npm is not None:  # the host's install, copied in (build_image puts it in the context)
+            return (f"FROM {base_image}\n"
+                    f"LABEL {LABEL}.{self.name}={self.version}\n"
+                    f"COPY {NPM_CONTEXT_DIR} {self.prefix}\n")
         return (f"FROM {base_image}\n"
                 f"LABEL {LABEL}.{self.name}={self.version}\n"
                 f"RUN set -e; {' && '.join(self.install_commands())}\n")
 
     def installed_on_host(self) -> bool:
-        if self.package is not None and not os.path.isfile(os.path.join(self.prefix, "pyvenv.cfg")):
+        if self.npm is not None:
+            try:
+                if Path(self.prefix, NPM_MARKER).read_text() != npm_marker(self.npm, self.node):
+                    return False
+            except OSError:
+                return False
+        elif self.package is not None and not os.path.isfile(os.path.join(self.prefix, "pyvenv.cfg")):
             return False
         command = self.argv[0]
         return os.path.exists(command) if command.startswith("/") else shutil.which(command) is not None
+
+
+NPM_CONTEXT_DIR = "prefix"  # the host's install of an npm preset, in its image build's context
+
+
+def node_package(version: str) -> str:
+    """The npm registry's package of Node.js binaries for this machine (what the `node` package installs)."""
+    arch = {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64", "arm64": "arm64"}.get(platform.machine().lower())
+    if arch is None:
+        raise PresetError(f"no Node.js binaries on the npm registry for {platform.machine()}")
+    return f"node-linux-{arch}@{version}"
+
+
+def npm_marker(npm: str, node: str) -> str:
+    return f"{npm}\nnode {node}\n"
+
+
+def npm_install_commands(npm: str, node: str, prefix: str) -> list[str]:
+    """Node first, then the package with that node first on PATH (its install scripts need a node
+    its `engines` accept), into a folder beside the prefix, renamed into place when complete: a
+    failed or interrupted install leaves no half prefix. The host's npm only fetches."""
+    q = shlex.quote
+    staging = f"{prefix}.installing"
+    npm_args = "--no-audit --no-fund --no-update-notifier --loglevel=error --omit=dev"
+    return [f"rm -rf {q(staging)} && mkdir -p {q(staging)}",
+            f"npm install --prefix {q(staging)} {npm_args} {q(node_package(node))}",
+            f"PATH={q(staging)}/node_modules/.bin:$PATH npm install --prefix {q(staging)} {npm_args} {q(npm)}",
+            f"printf %s {q(npm_marker(npm, node))} > {q(staging)}/{NPM_MARKER}",
+            f"rm -rf {q(prefix)} && mv {q(staging)} {q(prefix)}"]
 
 
 def _text(data: dict, key: str, source: Path, required: bool = True) -> str | None:
@@ -113,7 +172,14 @@ def load_preset(path: Path) -> Preset:
     package = _text(install, "pypi", path, required=False)
     if package is not None and not _PIN.match(package):
         raise PresetError(f"{path}: install.pypi {package!r} must pin one version, e.g. 'mini-swe-agent==2.4.6'")
-    prefix = _text(install, "prefix", path, required=package is not None) or "/"
+    npm = _text(install, "npm", path, required=False)
+    if npm is not None and (package is not None or not _NPM_PIN.match(npm)):
+        raise PresetError(f"{path}: install.npm {npm!r} must pin one version, e.g. '@openai/codex@0.169.0' (and "
+                          "a preset installs from one registry: 'pypi' or 'npm')")
+    node = _text(install, "node", path, required=False) or NODE_VERSION
+    if not re.match(r"^\d+\.\d+\.\d+$", node):
+        raise PresetError(f"{path}: install.node {node!r} must be one Node.js version, e.g. '{NODE_VERSION}'")
+    prefix = _text(install, "prefix", path, required=package is not None or npm is not None) or "/"
     if not prefix.startswith("/") or ".." in prefix.split("/"):
         raise PresetError(f"{path}: install.prefix must be an absolute path without '..'")
     argv = run.get("argv")
@@ -134,7 +200,7 @@ def load_preset(path: Path) -> Preset:
                   env={k: v.replace("{prefix}", prefix) for k, v in env.items()}, files=files,
                   answer_file=_text(answer, "file", path, required=False),
                   answer_json_key=_text(answer, "json_key", path, required=False),
-                  python=_text(install, "python", path, required=False) or "python3")
+                  python=_text(install, "python", path, required=False) or "python3", npm=npm, node=node)
 
 
 def preset_dirs(extra: list[Path] | None = None) -> list[Path]:
@@ -167,13 +233,16 @@ def find_preset(name: str, extra: list[Path] | None = None) -> Preset | None:
 def install_on_host(preset: Preset) -> str:
     """Install ``preset`` into its prefix on this host (what bwrap sandboxes on the host's own
     root see); returns the prefix. Nothing happens when it is there already."""
-    if preset.installed_on_host() or preset.package is None:
+    if preset.installed_on_host() or preset.installs is None:
         return preset.prefix
+    if preset.npm is not None and shutil.which("npm") is None:
+        raise RuntimeError(f"installing {preset.npm} needs npm on this host (Debian: apt-get install npm; it only "
+                           f"fetches: the harness runs on node {preset.node}, installed with it)")
     for command in preset.install_commands():
         completed = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, timeout=3600,
                                    check=False)
         if completed.returncode != 0:
-            raise RuntimeError(f"installing {preset.package} into {preset.prefix} failed at `{command}`:\n"
+            raise RuntimeError(f"installing {preset.installs} into {preset.prefix} failed at `{command}`:\n"
                                f"{(completed.stderr or completed.stdout)[-3000:]}")
     return preset.prefix
 
@@ -189,8 +258,20 @@ def build_image(preset: Preset, base_image: str) -> str:
         return tag
     with tempfile.TemporaryDirectory(prefix="rs-harness-") as context:
         Path(context, "Containerfile").write_text(preset.containerfile(base_image))
+        if preset.npm is not None:  # built on this host (once), copied in: the image needs no npm
+            install_on_host(preset)
+            _copy_tree(preset.prefix, os.path.join(context, NPM_CONTEXT_DIR))
         _build(context, tag, build_network())
     return tag
+
+
+def _copy_tree(source: str, destination: str) -> None:
+    """Hard links where the two share a filesystem (hundreds of MB of binaries), else a copy."""
+    for argv in (["cp", "-al", source, destination], ["cp", "-a", source, destination]):
+        shutil.rmtree(destination, ignore_errors=True)
+        if subprocess.run(argv, capture_output=True, timeout=600, check=False).returncode == 0:
+            return
+    raise RuntimeError(f"cannot copy {source} into the image's build context at {destination}")
 
 
 def images_with(preset: Preset) -> list[str]:
@@ -211,6 +292,6 @@ def images_with(preset: Preset) -> list[str]:
 
 def describe(preset: Preset) -> dict[str, Any]:
     """What `rollstream harnesses list` shows of a preset."""
-    return {"name": preset.name, "package": preset.package, "api": preset.api, "file": str(preset.source),
+    return {"name": preset.name, "package": preset.installs, "node": preset.node if preset.npm else None, "api": preset.api, "file": str(preset.source),
             "prefix": preset.prefix, "host": preset.installed_on_host(), "images": images_with(preset),
             "description": preset.description}

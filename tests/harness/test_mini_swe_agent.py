@@ -12,8 +12,6 @@ import model_cache
 import pytest
 
 from rollstream.agent.presets import build_image, find_preset
-from rollstream.client import AsyncClient
-from rollstream.pipeline.balancer import add_backend
 from rollstream.sandboxes.backends.docker import DockerBackend
 from rollstream.sandboxes.env_images import DEFAULT_BASE_IMAGE
 from rollstream.tasks import arith
@@ -21,6 +19,7 @@ from rollstream.tasks.swe import load_instances
 
 from .mini_swe_scripted import ARITH_INSTANCE as INSTANCE
 from .mini_swe_scripted import SWE_ID
+from .node_clis import run_job as _run
 
 GREEDY = {"temperature": 0.0, "max_tokens": 128}
 AGENT = {"harness": "mini-swe-agent", "max_turns": 4, "max_tokens_per_turn": 128, "max_context_tokens": 4000,
@@ -65,14 +64,6 @@ def mini_server(mini_swe_arith_model_dir):
 
     with served_model(mini_swe_arith_model_dir, device="cpu") as url:
         yield url
-
-
-async def _run(settings, server: str, job: dict):
-    async with AsyncClient(settings=settings) as client:
-        await add_backend(client.r, server, settings.namespace)
-        await client.submit(job)
-        [result] = await client.collect(1, timeout_s=420)
-    return result
 
 
 def _assert_submitted_and_scored(result) -> None:

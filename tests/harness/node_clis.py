@@ -1,0 +1,161 @@
+"""The Node.js coding CLIs of the shipped presets (Qwen Code, OpenCode, Codex, Claude Code) in the
+tests: each CLI's "lean" variant, and the tiny model that has learnt one arith episode of it.
+
+A CLI's own system prompt and tool schemas run to tens of thousands of tokens, past what a tiny CPU
+model can take (4096 positions) or learn in minutes. The tests run each shipped preset's CLI as it is,
+with options the CLI itself offers added (written as an operator writes a preset of their own: a
+short system prompt, its shell tool alone, no startup discovery), so that its prompt fits. The model
+learns the calls the door renders for that CLI (tests/harness/door_capture.py: the CLI, on this
+host, against a door answering the script): a shell call that computes, then the answer."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from rollstream.agent.gateway import MODEL_NAME
+from rollstream.agent.presets import find_preset, install_on_host
+from rollstream.tasks import arith
+
+INSTANCE = {"a": 12, "op": "+", "b": 30}
+SYSTEM = "You are a coding agent in a sandbox. Use the shell tool, then answer with the result alone."
+
+
+def shell_call(name: str, arguments: dict) -> str:
+    """A tool call as the served model writes it (the template's Hermes form, agent/parsing.py)."""
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(arguments)}}}\n</tool_call>'
+
+
+@dataclass(frozen=True)
+class Cli:
+    preset: str  # the shipped preset's name
+    lean_args: tuple[str, ...]  # the CLI's own options that make its prompt fit a tiny model
+    replies: tuple[str, ...]  # the episode the model learns: what it answers at each call
+
+    @property
+    def lean(self) -> str:
+        return f"{self.preset}-lean"
+
+
+QWEN_CODE = Cli("qwen-code",
+                ("--bare", f"--system-prompt={SYSTEM}", "--core-tools=run_shell_command",
+                 "--exclude-tools=edit,get_goal,notebook_edit,read_file,update_goal"),
+                (shell_call("run_shell_command", {"command": "echo $((12+30))"}), "42"))
+
+CLIS = {cli.preset: cli for cli in (QWEN_CODE,)}
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(value)  # strings: JSON's escapes are TOML's
+
+
+def lean_preset_text(cli: Cli) -> str:
+    """The shipped preset's file with the lean options added to its command line, under its own name."""
+    data = tomllib.loads(find_preset(cli.preset).source.read_text())
+    data["name"] = cli.lean
+    argv = data["run"]["argv"]
+    at = next(i for i, a in enumerate(argv) if "{instruction}" in a)
+    data["run"]["argv"] = argv[:at] + list(cli.lean_args) + argv[at:]
+    lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, (dict, list))]
+    lines += [f"{k} = {_toml_value(v)}" for k, v in data.items() if isinstance(v, dict)]
+    lines += [f"files = {_toml_value(data['files'])}"] if data.get("files") else []
+    return "\n".join(lines) + "\n"
+
+
+def write_lean_presets(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for cli in CLIS.values():
+        (folder / f"{cli.lean}.toml").write_text(lean_preset_text(cli))
+    return folder
+
+
+def model_key(cli: Cli) -> str:
+    """Changes with the preset, the episode and the way the model is built."""
+    parts = [lean_preset_text(cli), json.dumps(cli.replies), Path(__file__).read_text(),
+             Path(__file__).with_name("door_capture.py").read_text()]
+    return hashlib.sha1("\n".join(parts).encode()).hexdigest()[:12]
+
+
+def trained_folder(parent: Path, preset: str) -> Path:
+    """Where the model of ``preset``'s CLI is kept (tests/model_cache.py)."""
+    return parent / f"{preset}-{model_key(CLIS[preset])}"
+
+
+def build(parent: Path, preset: str, steps: int = 300) -> Path:
+    """Install the CLI (once), capture its episode through a scripted door, and train the tiny
+    model on the door's own renderings of its calls (each call's prompt, then its reply)."""
+    import torch
+    from agent.scripted_model import train_and_save
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rollstream.agent.presets import load_preset
+    from rollstream.llm.tiny_model import build_tiny_model
+
+    from .door_capture import capture
+
+    cli = CLIS[preset]
+    out = trained_folder(parent, preset)
+    if (out / "trained.json").exists():
+        return out
+    install_on_host(find_preset(cli.preset))
+    base = build_tiny_model(parent / "base")
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    with tempfile.TemporaryDirectory(prefix="rs-capture-") as scratch:
+        lean_file = Path(scratch, "presets", f"{cli.lean}.toml")
+        lean_file.parent.mkdir()
+        lean_file.write_text(lean_preset_text(cli))
+        preset = load_preset(lean_file)
+        harness_dir, workdir = Path(scratch, "harness"), Path(scratch, "work")
+        workdir.mkdir()
+        values = {"model": MODEL_NAME, "harness_dir": str(harness_dir), "instruction": arith.question(**INSTANCE)}
+
+        def fill(text: str) -> str:
+            for name, value in values.items():
+                text = text.replace("{" + name + "}", value)
+            return text
+
+        for extra in preset.files:
+            path = Path(fill(extra.path))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(fill(extra.content))
+        captured = capture(tokenizer, list(cli.replies), [fill(a) for a in preset.argv],
+                           {k: fill(v) for k, v in preset.env.items()}, workdir)
+    if len(captured.prompts) != len(cli.replies) or captured.exit_code != 0:
+        raise RuntimeError(f"{cli.preset} made {len(captured.prompts)} calls (the episode has {len(cli.replies)}) "
+                           f"and exited {captured.exit_code}:\n{captured.output[-3000:]}")
+    examples = [(prompt + reply, [0] * len(prompt) + [1] * len(reply))
+                for prompt, reply in zip(captured.prompts, captured.replies)]
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    return train_and_save(model, tokenizer, examples, out, steps)
+
+
+async def run_job(settings, server: str, job: dict):
+    """Submit ``job`` with ``server`` as the backend; its result."""
+    from rollstream.client import AsyncClient
+    from rollstream.pipeline.balancer import add_backend
+
+    async with AsyncClient(settings=settings) as client:
+        await add_backend(client.r, server, settings.namespace)
+        await client.submit(job)
+        [result] = await client.collect(1, timeout_s=600)
+    return result
+
+
+def assert_answered_and_scored(result, tool: str, calls: int) -> None:
+    """The CLI made the episode's calls (a ``tool`` call, then the answer), exited 0, and its
+    answer was scored right."""
+    assert result.status == "completed", result.error
+    traj = result.trajectory
+    run = traj.extra["harness_run"]
+    assert traj.finish_reason == "stop" and run["exit_code"] == 0, run
+    assert len(traj.extra["calls"]) == calls and traj.extra["door"] == {"requests": calls, "refused": 0}, traj.extra
+    assert f'"name": "{tool}"' in traj.response_text, traj.response_text
+    assert traj.extra["answer"] == "42" and result.reward == 1.0, run

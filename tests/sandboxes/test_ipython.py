@@ -45,3 +45,12 @@ async def test_a_running_cell_leaves_the_connection_answering(sb):
     assert (await sb.bash("echo beside")).output == "beside\n"
     assert (await sb.ping()) > 0 and not slow.done()
     assert (await slow).result == "'slept'"
+
+
+async def test_the_kernel_starts_without_its_debugger_and_cells_still_get_all_they_need(sb):
+    """debugpy (Jupyter's debug protocol, a quarter of a kernel's memory) is not loaded at start;
+    a cell that imports it gets it, and an error shows the frames of the cell's own functions."""
+    assert (await sb.ipython("import sys; 'debugpy' in sys.modules")).result == "False"
+    assert (await sb.ipython("import debugpy; callable(debugpy.listen)")).result == "True"
+    error = await sb.ipython("def inner():\n    return {}['missing']\ndef outer():\n    return inner()\nouter()")
+    assert "KeyError" in error.error and "outer()" in error.error and "return inner()" in error.error

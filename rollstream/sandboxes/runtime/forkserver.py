@@ -122,7 +122,7 @@ class ForkServer:
             self._reap()
             if self.stopping or self._should_exit():
                 return
-            # Preload after a short lull, so that the create that started us is not kept waiting.
+            # The first request is answered before the preload (below), which follows at once.
             timeout = 0.05 if preload_pending else 1.0
             try:
                 readable, _, _ = select.select([self.listener, self.wake_read], [], [], timeout)
@@ -136,9 +136,13 @@ class ForkServer:
                     pass
             if self.listener in readable:
                 self._accept()
-            elif preload_pending:
+            if preload_pending:
+                # In the first lull or right after the first request (whose create does not wait
+                # for it): a warm pool creates sandboxes back to back, and each supervisor forked
+                # before this imports zmq and jupyter_client itself at its first cell, 14 MB of
+                # its own instead of pages shared with us (bench/density.py).
                 preload_pending = False
-                _preload()  # between requests: the first create does not wait for it
+                _preload()
                 # Children would otherwise copy every page of these modules the first time
                 # their garbage collector walks them.
                 gc.freeze()

@@ -149,7 +149,8 @@ class AsyncClient:
             done = await enqueue(self.r, self.keys, prepared, max_job_bytes=self.settings.max_job_bytes,
                                  fast=self._fast_submit, before=self._ack_commands(ids),
                                  replica_acks=self.settings.replica_acks,
-                                 replica_ack_timeout_ms=self.settings.replica_ack_timeout_ms)
+                                 replica_ack_timeout_ms=self.settings.replica_ack_timeout_ms,
+                                 priority_aging_s=self.settings.priority_aging_s)
         except BaseException as exc:
             self._to_ack = ids + self._to_ack  # not known to be acknowledged: owe them still
             raise_refusal(exc, self.url)

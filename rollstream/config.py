@@ -82,6 +82,10 @@ class Settings(BaseSettings):
     dead_maxlen: int = Field(100_000, description="Approximate cap on the dead-letter stream.")
     max_sandboxes_per_node: int = Field(64, description="Init pulls work only while this node holds "
                                         "fewer live sandboxes (back-pressure).")
+    priority_aging_s: float = Field(3.0, gt=0, description="Seconds of queue time one point of a job's "
+                                    "priority is worth: init serves waiting jobs by queue time + (100 - "
+                                    "priority) * this, so a priority-0 job waits at most 100 * this behind later "
+                                    "urgent ones (pipeline/priorities.py).")
     lease_ttl_s: float = Field(60.0, gt=0, description="A backend slot held by a worker that stopped renewing "
                                "it (killed) returns to the balancer after this long.")
     redis_wait_s: float = Field(120.0, description="How long a starting worker waits for Redis to answer.")

@@ -121,6 +121,8 @@ def payload_problem(value: object, field: str) -> str | None:
 
 def job_problem(job: "Job") -> str | None:
     """The first bound a job breaks (see ``payload_problem``), or None."""
+    if not 0 <= job.priority <= 100:  # a Job copied with an update skips the field's own check
+        return f"priority {job.priority} is outside 0-100"
     for field in ("instance", "agent", "sandbox", "metadata"):
         value = getattr(job, field)
         if value:
@@ -156,6 +158,8 @@ class Job(BaseModel):
     queue_timeout_s: float | None = Field(None, gt=0, description="Seconds the job may wait in stage queues "
                                           "(summed) before it fails unrun; None waits as long as it takes.")
     metadata: dict[str, Any] = Field(default_factory=dict, description="Returned unchanged in the result.")
+    priority: int = Field(50, ge=0, le=100, description="0-100, higher first: init serves queued jobs by "
+                          "queue time + (100 - priority) * priority_aging_s, so none starves.")
     submitted_at: float = Field(default_factory=time.time)
 
 

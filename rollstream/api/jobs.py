@@ -50,7 +50,8 @@ async def _submit(state: ApiState, jobs: list[Job]) -> Submitted:
     try:
         done = await enqueue(state.r, state.keys, jobs, max_job_bytes=state.settings.max_job_bytes,
                              replica_acks=state.settings.replica_acks,
-                             replica_ack_timeout_ms=state.settings.replica_ack_timeout_ms)
+                             replica_ack_timeout_ms=state.settings.replica_ack_timeout_ms,
+                             priority_aging_s=state.settings.priority_aging_s)
         return Submitted(job_ids=done.job_ids, duplicates=done.duplicates)
     except JobTooLarge as exc:
         raise HTTPException(413, detail=str(exc)) from exc

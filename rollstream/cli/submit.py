@@ -125,11 +125,17 @@ def submit(
     submitter: Optional[str] = typer.Option(None, "--submitter", help="Results stream name (default: random)."),
     timeout_s: float = typer.Option(600.0, "--timeout-s", help="With --wait: the deadline, in seconds from "
                                     "submission, for all results (exit 3 past it; the jobs keep running)."),
+    priority: Optional[int] = typer.Option(None, "--priority", min=0, max=100, help="0-100, higher first "
+                                           "(default: a line's own \"priority\", else 50); queued jobs are "
+                                           "served by queue time + (100 - priority) * ROLLSTREAM_PRIORITY_AGING_S, "
+                                           "so none starves."),
 ) -> None:
     """Submit a task file; prints the job ids, or with --wait the results."""
     harbor = verifiers_jobs(tasks) or harbor_jobs(tasks)
     path, jobs = harbor if harbor is not None else (task_file(tasks), [])
     jobs = jobs or read_jobs(path)
+    if priority is not None:
+        jobs = [(number, {**job, "priority": priority}) for number, job in jobs]
     settings = require_redis(settings_from(redis, namespace), "submit")
 
     async def go() -> int:

@@ -39,6 +39,7 @@ class Source:
     msg_id: str
     consumer: str = ""  # '' skips the ownership check
     started_at: float = 0.0  # when the stage started the job: written as <stage>_started_at
+    queued_at: float = 0.0  # when the job was queued for the stage (priorities.queued_at)
 
 
 @dataclass(frozen=True)

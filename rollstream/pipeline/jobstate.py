@@ -28,6 +28,7 @@ class JobState(BaseModel):
     last_error: str = ""
     failure: str = Field("", description="Whose fault a failed or cancelled job's end is (messages.FailureKind).")
     reward: float | None = None
+    priority: int = 50
     submitted_at: float | None = None
     finished_at: float | None = None
     timings: dict[str, float] = Field(default_factory=dict, description="<stage>_started_at and similar.")

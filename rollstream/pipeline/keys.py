@@ -24,6 +24,12 @@ class Keys:
     def init_stream(self) -> str:
         return self._k("jobs", "init")
 
+    @property
+    def init_waiting(self) -> str:
+        """Sorted set of jobs waiting for init by rank (priorities.py): readers move the best
+        onto the init stream as they read."""
+        return self._k("init", "waiting")
+
     def run_stream(self, node: str) -> str:
         return self._k("jobs", "run", node)
 

@@ -26,6 +26,8 @@ class StreamStatus(BaseModel):
     pending: int = 0
     lag: int | None = None
     consumers: int = 0
+    waiting: int = Field(0, description="Init only: jobs in its waiting room, served by priority before they "
+                         "reach the stream (pipeline/priorities.py).")
 
 
 class WorkerStatus(BaseModel):
@@ -84,6 +86,7 @@ async def snapshot(r: aioredis.Redis, keys: Keys, *, worker_ttl_s: float = DEFAU
     """Reads only (it works while Redis refuses writes, and says so in ``redis_problem``)."""
     status = PipelineStatus(redis_problem=await redis_problem(r, keys))
     status.streams.append(await _stream_status(r, keys.init_stream, "init", None))
+    status.streams[0].waiting = await r.zcard(keys.init_waiting)
     nodes = sorted(n.decode() for n in await r.zrange(keys.nodes, 0, -1))
     for node in nodes:
         for stage in ("run", "eval"):

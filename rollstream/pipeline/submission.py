@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from importlib import resources
 
 import redis.asyncio as aioredis
 
@@ -14,10 +13,9 @@ from rollstream.errors import InvalidJob, JobTooLarge
 from rollstream.messages import Envelope, Job, job_problem
 from rollstream.pipeline.codec import pack
 from rollstream.pipeline.keys import Keys
+from rollstream.pipeline.priorities import INIT_GROUP, SUBMIT_SCRIPT, rank_offset_s
 from rollstream.pipeline.replication import ReplicasBehind, script_then_wait
 from rollstream.pipeline.wire import FastRedis
-
-_SUBMIT = resources.files("rollstream.pipeline").joinpath("lua/submit.lua").read_text()
 
 
 def initial_state(job: Job) -> dict:
@@ -30,6 +28,7 @@ def initial_state(job: Job) -> dict:
         "status": "queued",
         "attempts": 0,
         "submitted_at": job.submitted_at,
+        "priority": job.priority,
     }
 
 
@@ -70,32 +69,34 @@ class Enqueued:
 
 async def enqueue(r: aioredis.Redis, keys: Keys, jobs: list[Job], *, max_job_bytes: int,
                   fast: FastRedis | None = None, before: list[tuple] = (), replica_acks: int = 0,
-                  replica_ack_timeout_ms: int = 1000) -> Enqueued:
+                  replica_ack_timeout_ms: int = 1000,
+                  priority_aging_s: float = 3.0) -> Enqueued:
     """Queue already-validated jobs for the init stage. Idempotent per job id while its
     state hash lives (until job_state_ttl_s after it finished): a retried submission queues
     nothing twice, and says which ids it found known. ``before``: commands that ride in the
     same write (only with ``fast``). ``replica_acks``: raise ``ReplicasBehind`` unless that
-    many replicas hold the jobs (replication.py), so an acknowledged job survives a failover."""
+    many replicas hold the jobs (replication.py), so an acknowledged job survives a failover.
+    Jobs behind others wait for init by priority (priorities.py, ``priority_aging_s``)."""
     if before and fast is None:
         raise ValueError("commands can ride along with a submission only on a lean connection")
     payloads = [encode_for_init(job, max_job_bytes) for job in jobs]
     submitters = sorted({job.submitter for job in jobs})
-    args: list = [time.time(), len(submitters), *submitters]
+    args: list = [time.time(), len(submitters), *submitters, INIT_GROUP]
     for job, payload in zip(jobs, payloads):
         state = initial_state(job)
-        args += [payload, len(state)]
+        args += [payload, rank_offset_s(job.priority, priority_aging_s), len(state)]
         for name, value in state.items():
             args += [name, value]
-    script_keys = [keys.init_stream, keys.submitters, *(keys.job(job.job_id) for job in jobs)]
+    script_keys = [keys.init_stream, keys.submitters, keys.init_waiting, *(keys.job(job.job_id) for job in jobs)]
     if replica_acks:
-        queued, confirmed = await script_then_wait(r, fast, _SUBMIT, script_keys, args, acks=replica_acks,
+        queued, confirmed = await script_then_wait(r, fast, SUBMIT_SCRIPT, script_keys, args, acks=replica_acks,
                                                    timeout_ms=replica_ack_timeout_ms, before=before)
         if confirmed < replica_acks:
             raise ReplicasBehind(queued, confirmed, replica_acks, replica_ack_timeout_ms)
     elif fast is not None:  # the client's lean connection: submit is on a job's critical path
-        queued = await fast.evalsha(_SUBMIT, script_keys, args, before=before)
+        queued = await fast.evalsha(SUBMIT_SCRIPT, script_keys, args, before=before)
     else:
-        queued = await r.register_script(_SUBMIT)(keys=script_keys, args=args)
+        queued = await r.register_script(SUBMIT_SCRIPT)(keys=script_keys, args=args)
     done = Enqueued([job.job_id for job in jobs])
     known = [job.job_id for job, fresh in zip(jobs, queued) if not int(fresh)]
     if known:  # rare: a retried submission, or a job id used twice; one more round trip

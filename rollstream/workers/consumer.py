@@ -26,6 +26,7 @@ from rollstream.pipeline.connection import SOCKET_TIMEOUT_S, Outage, raise_if_ca
 from rollstream.pipeline.groups import ensure_group
 from rollstream.pipeline.handoff import Source, sandbox_of
 from rollstream.pipeline.jobstate import entry_token
+from rollstream.pipeline.priorities import feed, feed_command, queued_at
 from rollstream.pipeline.rescue import rescue_dead_nodes
 from rollstream.pipeline.wire import FastRedis, stream_entries
 from rollstream.workers.cancellations import Cancellations
@@ -221,10 +222,14 @@ class ConsumerLoop:
         (id, fields, deliveries=1)."""
         block = self.s.read_block_ms
         if self._reader is None:
+            if self.stage.serves_by_priority:
+                await feed(self.r, self.ctx.keys, count)
             resp = await self.r.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=count, block=block)
             return [(message_id(m), f, 1) for _stream, items in resp or [] for m, f in items]
         commands = [("XREADGROUP", "GROUP", self.group, self.consumer, "COUNT", count, "BLOCK", block,
                      "STREAMS", self.stream, ">")]
+        if self.stage.serves_by_priority:  # the best-ranked waiting jobs onto the stream, then read them
+            commands.insert(0, feed_command(self.ctx.keys, count))
         slots = self.sandbox_slots
         if slots is not None:  # the node's sandbox count for the next read's back-pressure, in the same write
             commands.insert(0, slots.read_command())
@@ -250,7 +255,8 @@ class ConsumerLoop:
         for msg_id, fields, deliveries in entries:
             if msg_id in self.inflight:
                 continue
-            src = Source(self.stream, self.group, msg_id, self.consumer, started_at=started)
+            src = Source(self.stream, self.group, msg_id, self.consumer, started_at=started,
+                         queued_at=queued_at(msg_id, fields))
             try:
                 env = decode_envelope(fields)
                 if problem := self.stage.admission_problem(env):
@@ -317,7 +323,7 @@ class ConsumerLoop:
             return await outcomes.end(src, env, "cancelled", reason)
         if deliveries > 1 and self.stage.restarts_redelivered_jobs:
             return await outcomes.retry(src, env, f"{stage} worker died mid-job (delivery {deliveries})")
-        env.timings_s[f"{stage}_wait_s"] = max(0.0, started - int(src.msg_id.split("-")[0]) / 1000)
+        env.timings_s[f"{stage}_wait_s"] = max(0.0, started - src.queued_at)
         # timeout_s counts time at work in stages, not in queues (a backlog must not expire
         # jobs that never ran); queue_timeout_s, when set, bounds the queues.
         left_s = job.timeout_s - active_s(env, stage)

@@ -15,6 +15,7 @@ class InitStage(Stage):
     name = "init"
     limits_by_node_sandboxes = True  # a node pulls init work only while it has sandbox slots
     rescues_dead_nodes = True
+    serves_by_priority = True
     restarts_redelivered_jobs = False  # no sandbox exists yet: a redelivered job is just set up again
 
     def admission_problem(self, env: Envelope) -> str | None:

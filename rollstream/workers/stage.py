@@ -107,6 +107,8 @@ class Stage(ABC):
     # Pull work only while the node has sandbox slots free (init's back-pressure): the loop
     # reads the node's sandbox count with every read of the stream.
     limits_by_node_sandboxes: bool = False
+    # Read the stream through init's waiting room, best priority first (pipeline/priorities.py).
+    serves_by_priority: bool = False
     # Move the jobs of dead nodes back to init, every worker_ttl_s / 2.
     rescues_dead_nodes: bool = False
     # A job redelivered here because its worker died mid-job starts over from init (what its

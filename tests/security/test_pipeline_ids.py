@@ -14,6 +14,7 @@ from rollstream.errors import InvalidJob
 from rollstream.messages import DeadLetter, Job
 from rollstream.pipeline.codec import unpack
 from rollstream.pipeline.keys import Keys
+from rollstream.pipeline.priorities import queued_count
 from .pipeline_workers import alive, stage_tasks
 
 # What an attacker tries: absolute paths, '..', key separators, option-like, non-ASCII, NUL,
@@ -43,7 +44,7 @@ async def test_every_bad_id_is_refused_by_the_async_client(settings):
                         await client.cancel(**{field: bad})
         for good in GOOD_IDS:
             await client.submit({"task": "echo", "instance": {"prompt": "x"}, "job_id": good, "group_id": good})
-        assert await client.r.xlen(Keys(settings.namespace).init_stream) == len(GOOD_IDS)
+        assert await queued_count(client.r, Keys(settings.namespace)) == len(GOOD_IDS)
 
 
 def test_every_bad_id_is_refused_by_the_sync_client(settings):

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import sys
+from pathlib import Path
 
 from rollstream.sandbox_spec import SandboxLimits, SandboxSpec
 
@@ -17,44 +18,9 @@ KERNEL_DIR_INNER = "/run/rollstream"
 # The job's door socket inside every sandbox (read-only: the sandbox connects, never replaces it).
 DOOR_DIR_INNER = "/run/rollstream-door"
 BASH_ARGS = ["bash", "--noediting", "--noprofile", "--norc", "-i"]
-# Runs as `python -c` (so it needs no file inside the image) in place of ipykernel_launcher.
-# ipykernel flushes stdout and stderr after every cell by a round trip to its IO thread
-# each, even when nothing was written: two thread wake-ups on the critical path of every
-# call, several ms on a busy node. This skips a flush with nothing to send; any other
-# ipykernel (attributes missing) keeps its own flush.
-# ipykernel imports debugpy at start for the Jupyter debug protocol, which no sandbox client
-# speaks: about 110 modules and 8 MB of every kernel's private memory, a quarter of it (bench/
-# density.py). It is hidden while ipykernel decides that it has no debugger, then given back:
-# a cell that imports debugpy still gets it.
-KERNEL_LAUNCHER = """
-import sys
-if sys.path and sys.path[0] == "":
-    del sys.path[0]
-_hidden = "debugpy" not in sys.modules
-if _hidden:
-    sys.modules["debugpy"] = None
-try:
-    import ipykernel.debugger
-except ImportError:  # an ipykernel before 6 has no debugger to skip
-    pass
-finally:
-    if _hidden:
-        del sys.modules["debugpy"]
-try:
-    from ipykernel.iostream import OutStream
-    _flush = OutStream.flush
-
-    def flush(self):
-        if (getattr(self, "_flush_pending", True) or getattr(self, "_subprocess_flush_pending", True)
-                or getattr(self, "_buffers", True)):
-            _flush(self)
-
-    OutStream.flush = flush
-except Exception:
-    pass
-from ipykernel import kernelapp
-kernelapp.launch_new_instance()
-"""
+# Runs as `python -c` (so it needs no file inside the image) in place of ipykernel_launcher:
+# what it leaves out and why is in that file.
+KERNEL_LAUNCHER = (Path(__file__).resolve().parent.parent / "runtime" / "kernel_launcher.py").read_text()
 # What follows the interpreter when the kernel starts. History goes to an in-memory
 # database: IPython's default commits every cell to sqlite on disk, which costs 10-20 ms
 # per cell on a busy node and serves nobody in a throwaway sandbox. ipykernel sleeps

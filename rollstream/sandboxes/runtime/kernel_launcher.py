@@ -1,0 +1,89 @@
+"""Starts the IPython kernel inside a sandbox, in place of ipykernel_launcher.
+
+Never imported: backends/common.py sends this file's text as `python -c` (so the image needs
+no file of ours) with the kernel's arguments. Each kernel is its own interpreter, so every
+module it imports at start is private memory of every sandbox (bench/density.py); it leaves
+out at start what no sandbox client uses, and keeps all of it importable by cells.
+"""
+
+from __future__ import annotations  # the image's Python may be older than ours
+
+import importlib
+import importlib.util
+import sys
+import types
+
+if sys.path and sys.path[0] == "":
+    del sys.path[0]
+
+
+def lazy_package(name: str, eager: list[str]) -> None:
+    """Import package `name` without running its __init__ until it is asked for a name it lacks.
+
+    The public names of its `eager` submodules are there at once. `import jupyter_client` in
+    ipykernel would otherwise load its kernel manager, provisioners and their entry points
+    (importlib.metadata, zipfile, email): ~40 modules and 1.6 MB a kernel that only speaks
+    the protocol. A cell using anything else of the package gets the whole of it.
+    """
+    spec = importlib.util.find_spec(name)
+    if name in sys.modules or spec is None or spec.loader is None or spec.submodule_search_locations is None:
+        return
+    loader = spec.loader
+
+    class LazyPackage(types.ModuleType):
+        def __getattr__(self, attribute: str):
+            self.__class__ = types.ModuleType  # once: a name the package lacks then fails as usual
+            exec(loader.get_code(name), self.__dict__)  # type: ignore[attr-defined]  # noqa: S102
+            return getattr(self, attribute)
+
+    module = LazyPackage(name)
+    module.__spec__, module.__loader__, module.__file__ = spec, loader, spec.origin
+    module.__path__, module.__package__ = spec.submodule_search_locations, name
+    sys.modules[name] = module
+    try:
+        for submodule in eager:
+            source = importlib.import_module(f"{name}.{submodule}")
+            public = getattr(source, "__all__", [key for key in vars(source) if not key.startswith("_")])
+            for key in public:
+                module.__dict__[key] = getattr(source, key)
+    except Exception:  # noqa: BLE001 - another version of the package: load it whole, as it would be anyway
+        del sys.modules[name]
+
+
+# ipykernel reads connection helpers from jupyter_client's top level, and the blocking client
+# class by name (a trait of ConnectionFileMixin).
+lazy_package("jupyter_client", ["connect", "blocking"])
+
+# ipykernel imports debugpy at start for the Jupyter debug protocol, which no sandbox client
+# speaks: ~110 modules and 8 MB of a kernel's 35 MB. Hidden while ipykernel decides that it
+# has no debugger, then given back: a cell that imports debugpy still gets it.
+if "debugpy" not in sys.modules:
+    sys.modules["debugpy"] = None  # type: ignore[assignment]
+    try:
+        import ipykernel.debugger  # noqa: F401
+    except ImportError:  # an ipykernel before 6 has no debugger to skip
+        pass
+    finally:
+        del sys.modules["debugpy"]
+
+# ipykernel flushes stdout and stderr after every cell by a round trip to its IO thread
+# each, even when nothing was written: two thread wake-ups on the critical path of every
+# call, several ms on a busy node. This skips a flush with nothing to send; any other
+# ipykernel (attributes missing) keeps its own flush.
+try:
+    from ipykernel.iostream import OutStream
+
+    _flush = OutStream.flush
+
+    def flush(self):
+        if (getattr(self, "_flush_pending", True) or getattr(self, "_subprocess_flush_pending", True)
+                or getattr(self, "_buffers", True)):
+            _flush(self)
+
+    OutStream.flush = flush
+except Exception:  # noqa: BLE001, S110 - another ipykernel: its own flush stays
+    pass
+
+from ipykernel import kernelapp
+
+kernelapp.launch_new_instance()

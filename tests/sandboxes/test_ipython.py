@@ -48,9 +48,14 @@ async def test_a_running_cell_leaves_the_connection_answering(sb):
 
 
 async def test_the_kernel_starts_without_its_debugger_and_cells_still_get_all_they_need(sb):
-    """debugpy (Jupyter's debug protocol, a quarter of a kernel's memory) is not loaded at start;
-    a cell that imports it gets it, and an error shows the frames of the cell's own functions."""
-    assert (await sb.ipython("import sys; 'debugpy' in sys.modules")).result == "False"
+    """debugpy (Jupyter's debug protocol, a quarter of a kernel's memory) and jupyter_client's kernel
+    manager are not loaded at start; a cell that imports them gets them, whole, and an error shows
+    the frames of the cell's own functions."""
+    loaded = "[name in sys.modules for name in ('debugpy', 'jupyter_client.manager', 'importlib.metadata')]"
+    assert (await sb.ipython(f"import sys; {loaded}")).result == "[False, False, False]"
     assert (await sb.ipython("import debugpy; callable(debugpy.listen)")).result == "True"
+    whole = await sb.ipython("import jupyter_client; jupyter_client.KernelManager.__name__, jupyter_client.__version__")
+    assert whole.error is None and whole.result.startswith("('KernelManager', '")
+    assert (await sb.ipython(f"{loaded}")).result == "[True, True, True]"
     error = await sb.ipython("def inner():\n    return {}['missing']\ndef outer():\n    return inner()\nouter()")
     assert "KeyError" in error.error and "outer()" in error.error and "return inner()" in error.error

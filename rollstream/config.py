@@ -128,6 +128,10 @@ class Settings(BaseSettings):
     harbor_task_roots: list[Path] = Field(
         default_factory=list, description="Folders a harbor job's task folder may lie beneath (JSON list; symlinks "
         "resolved). Empty (the default): no harbor job runs; each fails (failure 'job') naming this setting.")
+    openenv_roots: list[Path] = Field(
+        default_factory=list, description="Folders an openenv job's environment folder may lie beneath (JSON list; "
+        "symlinks resolved). Empty (the default): no openenv job runs; each fails (failure 'job') naming this "
+        "setting.")
     harbor_base_images: dict[str, str] = Field(
         default_factory=_default_harbor_base_images, description="What a harbor task's Dockerfile FROM becomes "
         "when built here, where no registry answers (JSON object in the environment): glob of the image reference "

@@ -12,7 +12,7 @@ from typing import ClassVar
 from rollstream.agent.harness import run_harness
 from rollstream.agent.episode import run_agent
 from rollstream.agent.chat import job_template
-from rollstream.agent.tools import CallToolAdapter
+from rollstream.agent.tools import CallToolAdapter, ToolBox
 from rollstream.episode_settings import agent_settings
 from rollstream.errors import JobCancelled, JobFailed
 from rollstream.messages import Envelope
@@ -63,27 +63,32 @@ class AgentTask(Task):
             job_template(job.agent["chat_template_kwargs"])
         if job.agent.get("harness"):  # the job brings its own agent: it talks to a door of ours
             return await run_harness(str(job.agent["harness"]), messages, tools, env, ctx.services, sandbox)
-        llm = ctx.services.need_llm()
-        settings = agent_settings(job.agent, job.sampling)
-        version_at_start = await llm.policy_version()
-
-        async def cancelled() -> bool:
-            return (await ctx.cancelled()) is not None
-
-        session = llm.session(job.job_id, job.group_id, max_backend_attempts=settings.max_backend_attempts,
-                              request_timeout_s=settings.request_timeout_s, backend_wait_s=settings.backend_wait_s)
-        traj = await run_agent(messages, CallToolAdapter(sandbox, tools), session, settings, llm.tokenizer,
-                               cancelled=cancelled)
-        if traj.finish_reason == "cancelled":
-            raise JobCancelled("cancelled during the agent loop")
-        if traj.finish_reason == "error":  # no backend could serve the turn: try the job again
-            raise JobFailed(f"agent loop failed: {traj.extra.get('finish_detail', 'backend error')}")
-        if "policy_versions" not in traj.extra and traj.policy_version == 0:
-            traj.policy_version = version_at_start  # backends that do not report it (vLLM)
-        return traj
+        return await run_builtin_loop(env, ctx, messages, CallToolAdapter(sandbox, tools))
 
     async def score(self, env: Envelope, ctx: TaskContext) -> float:
         return float(await self.reward(env, _sandbox(ctx, "eval")))
+
+
+async def run_builtin_loop(env: Envelope, ctx: TaskContext, messages: list[dict], tools: ToolBox) -> Trajectory:
+    """rollstream's own agent loop over ``tools``, with the job's agent settings and LLM session."""
+    job = env.job
+    llm = ctx.services.need_llm()
+    settings = agent_settings(job.agent, job.sampling)
+    version_at_start = await llm.policy_version()
+
+    async def cancelled() -> bool:
+        return (await ctx.cancelled()) is not None
+
+    session = llm.session(job.job_id, job.group_id, max_backend_attempts=settings.max_backend_attempts,
+                          request_timeout_s=settings.request_timeout_s, backend_wait_s=settings.backend_wait_s)
+    traj = await run_agent(messages, tools, session, settings, llm.tokenizer, cancelled=cancelled)
+    if traj.finish_reason == "cancelled":
+        raise JobCancelled("cancelled during the agent loop")
+    if traj.finish_reason == "error":  # no backend could serve the turn: try the job again
+        raise JobFailed(f"agent loop failed: {traj.extra.get('finish_detail', 'backend error')}")
+    if "policy_versions" not in traj.extra and traj.policy_version == 0:
+        traj.policy_version = version_at_start  # backends that do not report it (vLLM)
+    return traj
 
 
 def _sandbox(ctx: TaskContext, stage: str) -> SandboxClient:

@@ -92,6 +92,8 @@ class TaskRoots:
     """The folders beneath which a job's task folder may lie (the operator's ``harbor_task_roots``)."""
 
     roots: tuple[Path, ...]
+    kind: str = "harbor"  # the task whose folders these are, and the setting that lists them
+    setting: str = ROOTS_SETTING
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> TaskRoots:
@@ -100,18 +102,19 @@ class TaskRoots:
     def check(self, path: object) -> str:
         """The folder's real path if ``path`` is an absolute path beneath an allowed root, else
         HarborTaskRefused saying what to do."""
+        kind = self.kind
         if not isinstance(path, str) or not path or "\x00" in path:
-            raise HarborTaskRefused("harbor: the instance's path must be the task folder's absolute path (a string)")
+            raise HarborTaskRefused(f"{kind}: the instance's path must be the task folder's absolute path (a string)")
         if not os.path.isabs(path):
-            raise HarborTaskRefused(f"harbor: path {path!r} is relative; give the task folder's absolute path")
+            raise HarborTaskRefused(f"{kind}: path {path!r} is relative; give the task folder's absolute path")
         real = os.path.realpath(path)
         for root in self.roots:
             top = os.path.realpath(root)
             if top != "/" and (real == top or real.startswith(top.rstrip("/") + "/")):
                 return real
-        raise HarborTaskRefused(f"harbor: task folder {path!r} is not beneath a folder the operator allows "
+        raise HarborTaskRefused(f"{kind}: task folder {path!r} is not beneath a folder the operator allows "
                                 f"({', '.join(map(str, self.roots)) or 'none configured'}); put it there, or ask the "
-                                f"operator to add its parent to {ROOTS_SETTING}")
+                                f"operator to add its parent to {self.setting}")
 
 
 # -- reading without following symlinks ----------------------------------------------------

@@ -1,0 +1,1 @@
+"""A broken environment as an OpenEnv environment."""

@@ -1,0 +1,1 @@
+"""A word-guessing game as an OpenEnv environment."""

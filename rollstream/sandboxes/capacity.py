@@ -13,8 +13,9 @@ from __future__ import annotations
 import os
 import threading
 
-# MB a sandbox costs, measured by bench/density.py on a 2-core 24 GiB node (bwrap, host rootfs):
-# bash alone; bash + a live IPython kernel + a sleeping python3 harness.
+# MB a sandbox costs on a 2-core 24 GiB node (bwrap, host rootfs), rounded up: bash alone (tools.py's
+# live sandboxes); bash + a live IPython kernel + a sleeping python3 harness, 37.6 MB of PSS and
+# ~1.4 MB of kernel memory in its cgroup at 64 to 256 sandboxes (bench/density.py, bench/README.md).
 DEFAULT_SANDBOX_MB = {"bash": 7.0, "kernel": 40.0}
 # Memory left for everything else (workers, Redis, the tools' own growth): never planned away.
 DEFAULT_RESERVE_MB = 3072.0

@@ -1,5 +1,6 @@
-"""What the per-job OpenAI-compatible door (rollstream/agent/gateway.py) adds to a harness's
-model call, and how many calls per second it serves to 64 harnesses at once.
+"""What the per-job door (rollstream/agent/gateway.py) adds to a harness's model call, for each API
+it speaks (OpenAI Chat Completions, OpenAI Responses, Anthropic Messages; whole and, streamed, to
+the first text), and how many calls per second it serves to 64 harnesses at once.
 
 Both paths use the same client (the official ``openai`` SDK) against the same backend: a
 stub server in its own process that answers at once with a canned tool call (so the figures
@@ -10,9 +11,16 @@ calls the stub's /v1/completions token-in/token-out, records ids and logprobs, p
 tool call and answers. Each harness runs episodes of --turns calls (a tool result appended
 after each), as an agent does; door and direct episodes alternate, so drift hits both.
 
-Run: python bench/proxy.py [--episodes 40] [--turns 8] [--harnesses 64] [--seconds 10]
+Per API, the same client library (``openai`` for Chat and Responses, ``anthropic`` for Messages)
+asks the stub in that API directly, or the door (with the balancer) in it: whole calls with a
+tool call to parse, and streamed calls of a text reply timed to their first text delta (the stub
+streams /v1/completions token by token, and each API's events when asked directly).
+
+Run: python bench/proxy.py [--episodes 40] [--api-episodes 15] [--turns 8] [--harnesses 64] [--seconds 10]
 Last line: RESULT {"added_p50_ms", "added_p90_ms", "door_p50_ms", "direct_p50_ms",
-"throughput_calls_per_s", "direct_throughput_calls_per_s", "harnesses", "load_avg", ...}.
+"throughput_calls_per_s", "direct_throughput_calls_per_s", "harnesses", "load_avg",
+"added_p50_ms_chat", "added_p50_ms_responses", "added_p50_ms_anthropic", "ttft_added_p50_ms_chat",
+"ttft_added_p50_ms_responses", "ttft_added_p50_ms_anthropic", ...}.
 """
 
 from __future__ import annotations
@@ -28,10 +36,46 @@ import time
 from pathlib import Path
 
 TOOL_CALL = '<tool_call>\n{"name": "bash", "arguments": {"command": "echo $((2+3))"}}\n</tool_call>'
+TEXT_REPLY = "The command printed 5, so the answer is 5."
+APIS = ("chat", "responses", "anthropic")
 
 
 # -- the stub backend (its own process) ---------------------------------------------------
-async def _stub(port_file: str, completion_ids: list[int]) -> None:
+def _streams(text_ids: list[int]) -> dict[bytes, bytes]:
+    """What the stub streams, by path: /v1/completions token by token (as vLLM does, ids and
+    logprobs in each chunk), and each API's own events for the text reply (the door's emitters,
+    so the direct calls parse the same events the door sends)."""
+    from transformers import AutoTokenizer
+
+    from rollstream.agent.door_anthropic import AnthropicEvents
+    from rollstream.agent.door_chat import ChatEvents
+    from rollstream.agent.door_request import parse_request
+    from rollstream.agent.door_responses import ResponsesEvents
+    from rollstream.agent.door_stream import Completed
+
+    tokenizer = AutoTokenizer.from_pretrained(os.environ["RS_PROXY_MODEL"])
+    pieces = [tokenizer.decode([i]) for i in text_ids[:-1]]
+    events = []
+    for n, (token_id, piece) in enumerate(zip(text_ids, [*pieces, ""])):
+        last = n == len(text_ids) - 1
+        events.append({"id": "cmpl-stub", "object": "text_completion", "model": "stub", "choices": [{
+            "index": 0, "text": piece, "token_ids": [token_id], "logprobs": {"token_logprobs": [-0.5]},
+            "finish_reason": "stop" if last else None, "stop_reason": None}]})
+    events.append({"id": "cmpl-stub", "object": "text_completion", "model": "stub", "choices": [],
+                   "usage": {"prompt_tokens": 1, "completion_tokens": len(text_ids), "total_tokens": 1 + len(text_ids)}})
+    completions = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+    done = Completed(content=TEXT_REPLY, calls=[], finish="stop", prompt_tokens=1, completion_tokens=len(text_ids))
+    options = parse_request({"messages": [{"role": "user", "content": "-"}], "stream": True})
+    out = {b"/v1/completions": completions}
+    for path, emitter in ((b"/v1/chat/completions", ChatEvents("stub", options, tokenizer)),
+                          (b"/v1/responses", ResponsesEvents({"model": "stub"})),
+                          (b"/v1/messages", AnthropicEvents("stub"))):
+        out[path] = emitter.start(1) + b"".join(emitter.text(p, []) for p in pieces) + emitter.finish(done)
+    return out
+
+
+async def _stub(port_file: str, completion_ids: list[int], text_ids: list[int]) -> None:
+    streams = _streams(text_ids)
     completion = json.dumps({
         "id": "cmpl-stub", "object": "text_completion", "model": "stub",
         "choices": [{"index": 0, "text": TOOL_CALL, "token_ids": completion_ids, "finish_reason": "stop",
@@ -44,6 +88,22 @@ async def _stub(port_file: str, completion_ids: list[int]) -> None:
                 "name": "bash", "arguments": '{"command": "echo $((2+3))"}'}}]}}],
         "usage": {"prompt_tokens": 1, "completion_tokens": len(completion_ids), "total_tokens": 2}}).encode()
     models = json.dumps({"object": "list", "data": [{"id": "stub", "object": "model"}]}).encode()
+    arguments = {"command": "echo $((2+3))"}
+    answers = {
+        b"/v1/completions": completion, b"/v1/chat/completions": chat,
+        b"/v1/responses": json.dumps({
+            "id": "resp_stub", "object": "response", "created_at": 0, "status": "completed", "model": "stub",
+            "output": [{"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "bash",
+                        "arguments": json.dumps(arguments), "status": "completed"}],
+            "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+            "usage": {"input_tokens": 1, "output_tokens": len(completion_ids), "total_tokens": 2,
+                      "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
+        }).encode(),
+        b"/v1/messages": json.dumps({
+            "id": "msg_stub", "type": "message", "role": "assistant", "model": "stub",
+            "content": [{"type": "tool_use", "id": "toolu_1", "name": "bash", "input": arguments}],
+            "stop_reason": "tool_use", "stop_sequence": None,
+            "usage": {"input_tokens": 1, "output_tokens": len(completion_ids)}}).encode()}
 
     async def serve(reader, writer):
         try:
@@ -54,13 +114,13 @@ async def _stub(port_file: str, completion_ids: list[int]) -> None:
                 for h in rest.split(b"\r\n"):
                     if h.lower().startswith(b"content-length:"):
                         length = int(h.split(b":", 1)[1])
-                if length:
-                    await reader.readexactly(length)
-                path = line.split(b" ")[1]
-                body = completion if path.endswith(b"/completions") and b"chat" not in path else \
-                    chat if b"chat" in path else models
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
-                             % (len(body), body))
+                request = await reader.readexactly(length) if length else b""
+                path = line.split(b" ")[1].split(b"?")[0]
+                streamed = b'"stream": true' in request or b'"stream":true' in request
+                body = (streams if streamed else answers).get(path, models)
+                kind = b"text/event-stream" if streamed else b"application/json"
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n%s"
+                             % (kind, len(body), body))
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
@@ -73,9 +133,10 @@ async def _stub(port_file: str, completion_ids: list[int]) -> None:
         await server.serve_forever()
 
 
-def start_stub(completion_ids: list[int]) -> tuple[subprocess.Popen, str]:
+def start_stub(completion_ids: list[int], text_ids: list[int], model_dir: Path) -> tuple[subprocess.Popen, str]:
     port_file = tempfile.mktemp(prefix="rs-proxy-stub-")
-    proc = subprocess.Popen([sys.executable, __file__, "--stub", port_file, json.dumps(completion_ids)])
+    proc = subprocess.Popen([sys.executable, __file__, "--stub", port_file, json.dumps(completion_ids),
+                             json.dumps(text_ids)], env={**os.environ, "RS_PROXY_MODEL": str(model_dir)})
     deadline = time.monotonic() + 30
     while not os.path.exists(port_file) or not Path(port_file).read_text():
         if time.monotonic() > deadline:
@@ -99,6 +160,72 @@ async def episode(client, tools: list[dict], turns: int, timings: list[float]) -
         messages += [{"role": "tool", "tool_call_id": c.id, "content": "5\n"} for c in reply.message.tool_calls or []]
 
 
+def _tools_of(api: str, tools: list[dict]) -> list[dict]:
+    if api == "responses":
+        return [{"type": "function", **t["function"]} for t in tools]
+    if api == "anthropic":
+        return [{"name": t["function"]["name"], "description": t["function"]["description"],
+                 "input_schema": t["function"]["parameters"]} for t in tools]
+    return tools
+
+
+async def api_episode(api: str, client, tools: list[dict], turns: int, timings: list[float]) -> None:
+    """An episode in ``api`` of whole calls with a tool call each; appends each call's latency."""
+    from rollstream.tasks import arith
+
+    system, user = arith.prompt({"a": 2, "op": "+", "b": 3})
+    if api == "chat":
+        await episode(client, tools, turns, timings)
+        return
+    api_tools = _tools_of(api, tools)
+    history: list[dict] = [{"role": "user", "content": user["content"]}]
+    for _ in range(turns):
+        t0 = time.perf_counter()
+        if api == "responses":
+            reply = await client.responses.create(model="stub", instructions=system["content"], input=history,
+                                                  tools=api_tools, store=False)
+            timings.append(time.perf_counter() - t0)
+            history += [item.model_dump(exclude_none=True) for item in reply.output]
+            history += [{"type": "function_call_output", "call_id": item.call_id, "output": "5\n"}
+                        for item in reply.output if item.type == "function_call"]
+        else:
+            reply = await client.messages.create(model="stub", max_tokens=64, system=system["content"],
+                                                 messages=history, tools=api_tools)
+            timings.append(time.perf_counter() - t0)
+            history.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in reply.content]})
+            history.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": b.id, "content": "5\n"}
+                                                        for b in reply.content if b.type == "tool_use"]})
+
+
+async def first_text(api: str, client, turns: int, timings: list[float]) -> None:
+    """An episode in ``api`` of streamed calls; appends each call's time to its first text delta."""
+    history: list[dict] = [{"role": "user", "content": "What does echo $((2+3)) print?"}]
+    for _ in range(turns):
+        t0, first, text = time.perf_counter(), None, []
+        if api == "chat":
+            stream = await client.chat.completions.create(model="stub", messages=history, stream=True)
+            async for chunk in stream:
+                piece = chunk.choices[0].delta.content if chunk.choices else None
+                if piece:
+                    first = first or time.perf_counter()
+                    text.append(piece)
+        elif api == "responses":
+            async with client.responses.stream(model="stub", input=history, store=False) as stream:
+                async for event in stream:
+                    if event.type == "response.output_text.delta":
+                        first = first or time.perf_counter()
+                        text.append(event.delta)
+        else:
+            async with client.messages.stream(model="stub", max_tokens=64, messages=history) as stream:
+                async for event in stream:
+                    if event.type == "content_block_delta" and event.delta.type == "text_delta":
+                        first = first or time.perf_counter()
+                        text.append(event.delta.text)
+        assert first is not None and "".join(text) == TEXT_REPLY, (api, text)
+        timings.append(first - t0)
+        history += [{"role": "assistant", "content": "".join(text)}, {"role": "user", "content": "And then?"}]
+
+
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))] * 1000
@@ -106,6 +233,8 @@ def pct(values: list[float], q: float) -> float:
 
 async def run(args) -> dict:
     import httpx
+    from anthropic import AsyncAnthropic
+    from anthropic import DefaultAsyncHttpxClient as DefaultAnthropicHttpxClient
     from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
     from rollstream.agent import AgentSettings, LLMSession
@@ -123,7 +252,8 @@ async def run(args) -> dict:
     model_dir = build_arith_model(Path.home() / ".cache" / "rollstream" / "tests" / "arith-model")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     completion_ids = tokenizer.encode(TOOL_CALL + "<|im_end|>", add_special_tokens=False)
-    stub, stub_url = start_stub(completion_ids)
+    text_ids = tokenizer.encode(TEXT_REPLY + "<|im_end|>", add_special_tokens=False)
+    stub, stub_url = start_stub(completion_ids, text_ids, model_dir)
     tools = [arith.BASH_SCHEMA, SUBMIT]
     settings = AgentSettings(max_turns=10**6, max_tokens_per_turn=64, max_context_tokens=32768,
                              sampling=SamplingParams(temperature=1.0, max_tokens=64))
@@ -137,22 +267,30 @@ async def run(args) -> dict:
             balancer = Balancer(r, namespace="bench")
             job_ids = iter(range(10**9))
 
-            def door_path(balanced: bool):
+            def client_of(api: str, base_url: str, key: str):
+                if api == "anthropic":
+                    return AsyncAnthropic(base_url=base_url.removesuffix("/v1"), api_key=key, max_retries=0,
+                                          http_client=anthropic_http)
+                return AsyncOpenAI(base_url=base_url, api_key=key, max_retries=0, http_client=http)
+
+            def door_path(balanced: bool, run_episode=None, api: str = "chat"):
+                run_episode = run_episode or (lambda client, timings: episode(client, tools, args.turns, timings))
+
                 async def one(timings):
                     job = f"job-{next(job_ids)}"
                     session = LLMSession(backend, job, group_id=f"group-{int(job[4:]) // 8}",
                                          **({"balancer": balancer} if balanced else {"backend_url": stub_url}))
                     door = gateway.open(job, session, tokenizer, settings)
-                    client = AsyncOpenAI(base_url=gateway.base_url, api_key=door.key, max_retries=0,
-                                         http_client=http)
                     try:
-                        await episode(client, tools, args.turns, timings)
+                        await run_episode(client_of(api, gateway.base_url, door.key), timings)
                     finally:
                         gateway.close(door)
                         await session.close()
                 return one
 
             http = DefaultAsyncHttpxClient(limits=httpx.Limits(max_connections=1000, max_keepalive_connections=1000))
+            anthropic_http = DefaultAnthropicHttpxClient(limits=httpx.Limits(max_connections=1000,
+                                                                             max_keepalive_connections=1000))
             direct_client = AsyncOpenAI(base_url=stub_url + "/v1", api_key="none", max_retries=0, http_client=http)
             paths = {"direct": lambda timings: episode(direct_client, tools, args.turns, timings),
                      "door": door_path(False), "door+balancer": door_path(True)}
@@ -179,6 +317,31 @@ async def run(args) -> dict:
                 return len(done) / (time.monotonic() - started)
 
             tput = {name: await closed_loop(paths[name], args.seconds) for name in ("direct", "door+balancer")}
+
+            # Per API: whole calls (a tool call each) and streamed ones (to the first text delta),
+            # direct and through the door with the balancer, alternating.
+            def measured(api: str, streamed: bool):
+                def run_episode(client, timings):
+                    if streamed:
+                        return first_text(api, client, args.turns, timings)
+                    return api_episode(api, client, tools, args.turns, timings)
+
+                direct = client_of(api, stub_url + "/v1", "none")
+                return {"direct": lambda timings: run_episode(direct, timings),
+                        "door": door_path(True, run_episode, api)}
+
+            per_api: dict[tuple[str, bool], dict[str, list[float]]] = {}
+            for api in APIS:
+                for streamed in (False, True):
+                    pair = measured(api, streamed)
+                    for one in pair.values():
+                        await one([])
+                    got: dict[str, list[float]] = {name: [] for name in pair}
+                    for _ in range(args.api_episodes):
+                        for name, one in pair.items():
+                            await one(got[name])
+                    per_api[(api, streamed)] = got
+            await anthropic_http.aclose()
             await http.aclose()
             await r.aclose()
     finally:
@@ -188,7 +351,13 @@ async def run(args) -> dict:
         stub.wait()
     calls = len(lat["direct"])
     door, direct, bare = lat["door+balancer"], lat["direct"], lat["door"]
-    return {
+    apis: dict = {}
+    for (api, streamed), got in per_api.items():
+        prefix = "ttft_" if streamed else ""
+        apis[f"{prefix}added_p50_ms_{api}"] = round(pct(got["door"], 0.5) - pct(got["direct"], 0.5), 3)
+        apis[f"{prefix}door_p50_ms_{api}"] = round(pct(got["door"], 0.5), 3)
+        apis[f"{prefix}direct_p50_ms_{api}"] = round(pct(got["direct"], 0.5), 3)
+    return {**apis, "api_calls_measured": len(per_api[("chat", False)]["door"]),
         "added_p50_ms": round(pct(door, 0.5) - pct(direct, 0.5), 3),
         "added_p90_ms": round(pct(door, 0.9) - pct(direct, 0.9), 3),
         "added_p50_ms_without_balancer": round(pct(bare, 0.5) - pct(direct, 0.5), 3),
@@ -206,10 +375,12 @@ async def run(args) -> dict:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--stub":
-        asyncio.run(_stub(sys.argv[2], json.loads(sys.argv[3])))
+        asyncio.run(_stub(sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])))
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--episodes", type=int, default=40, help="episodes per path for the latency figures")
+    ap.add_argument("--api-episodes", type=int, default=15,
+                    help="episodes per API, path and mode (whole, streamed) for the per-API figures")
     ap.add_argument("--turns", type=int, default=8, help="model calls per episode")
     ap.add_argument("--harnesses", type=int, default=64, help="concurrent harnesses for the throughput figure")
     ap.add_argument("--seconds", type=float, default=10.0, help="length of each throughput run")
@@ -226,6 +397,12 @@ def main() -> None:
           f"CPU {res['added_cpu_ms_per_call']:.3f} ms per call ({res['calls_measured']} calls per path, "
           f"{args.turns}-turn episodes); "
           f"load average before {load_before[0]:.2f}, after {res['load_avg'][0]:.2f} on {res['cpus']} CPUs")
+    print(f"\n{'API':<11} {'whole: direct':>14} {'door':>8} {'added':>8}   {'to first text: direct':>22} "
+          f"{'door':>8} {'added':>8}   (p50 ms, {res['api_calls_measured']} calls each)")
+    for api in APIS:
+        print(f"{api:<11} {res['direct_p50_ms_' + api]:>14.3f} {res['door_p50_ms_' + api]:>8.3f} "
+              f"{res['added_p50_ms_' + api]:>8.3f}   {res['ttft_direct_p50_ms_' + api]:>22.3f} "
+              f"{res['ttft_door_p50_ms_' + api]:>8.3f} {res['ttft_added_p50_ms_' + api]:>8.3f}")
     run_result["load_avg_before"] = [round(x, 2) for x in load_before]
     print("RESULT " + json.dumps(run_result))
 

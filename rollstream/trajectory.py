@@ -33,13 +33,16 @@ class Message(BaseModel):
 class Segment(BaseModel):
     """One exact token sequence of a harness's episode: a prompt, then model tokens (mask 1)
     and what the harness inserted between its calls (mask 0), each as the backend saw it.
-    A harness that rewrites its history (summarising, truncating) starts a new segment."""
+    A harness that rewrites its history (summarising, truncating) starts a new segment, and so
+    does each chain of calls of its own (a sub-agent, a side call such as a title)."""
 
     prompt_ids: list[int] = Field(default_factory=list)
     response_ids: list[int] = Field(default_factory=list)
     loss_mask: list[int] = Field(default_factory=list)
     logprobs: list[float] = Field(default_factory=list)
     num_calls: int = 0
+    # Which of the episode's calls made it, in order: indices into Trajectory.extra["calls"].
+    call_indices: list[int] = Field(default_factory=list)
 
 
 class Trajectory(BaseModel):

@@ -12,7 +12,17 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from rollstream.llm.inference_client import DEFAULT_TIMEOUT_S, BackendError, VLLMClient, raise_for_error_status
+from rollstream.llm.inference_client import (
+    DEFAULT_TIMEOUT_S,
+    BackendError,
+    Generation,
+    SamplingParams,
+    StreamAssembly,
+    TokensCallback,
+    VLLMClient,
+    feed_stream,
+    raise_for_error_status,
+)
 
 _MAX_IDLE = 64  # idle connections kept per backend
 
@@ -27,25 +37,29 @@ class PooledVLLMClient(VLLMClient):
         self._idle: dict[tuple[str, int], list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]] = {}
         self._auth = f"authorization: Bearer {api_key}\r\n".encode() if api_key else b""
 
-    async def _request(self, method: str, url: str, base_url: str, timeout_s: float | None, **kw) -> dict:
+    def _message(self, method: str, url: str, body: bytes) -> tuple[tuple[str, int], bytes] | None:
+        """The target and bytes of a request to ``url``, or None where it is not plain http."""
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
-            return await super()._request(method, url, base_url, timeout_s, **kw)
-        total = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
-        body = json.dumps(kw["json"]).encode() if "json" in kw else b""
-        target = (parts.hostname, parts.port or 80)
+            return None
         head = (f"{method} {parts.path or '/'}{'?' + parts.query if parts.query else ''} HTTP/1.1\r\n"
                 f"host: {parts.netloc}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n").encode()
-        request = head + self._auth + b"\r\n" + body
+        return (parts.hostname, parts.port or 80), head + self._auth + b"\r\n" + body
+
+    async def _request(self, method: str, url: str, base_url: str, timeout_s: float | None, **kw) -> dict:
+        body = json.dumps(kw["json"]).encode() if "json" in kw else b""
+        message = self._message(method, url, body)
+        if message is None:
+            return await super()._request(method, url, base_url, timeout_s, **kw)
+        target, request = message
+        total = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
         try:
             try:
                 status, data = await asyncio.wait_for(self._exchange(target, request, reuse=True), total)
             except _Stale:
                 status, data = await asyncio.wait_for(self._exchange(target, request, reuse=False), total)
-        except asyncio.TimeoutError:
-            raise BackendError(base_url, f"{self.kind} request timed out after {total:.1f}s") from None
-        except (OSError, asyncio.IncompleteReadError, ValueError, _Stale) as exc:
-            raise BackendError(base_url, f"{self.kind} unreachable: {type(exc).__name__}: {exc}") from exc
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError, _Stale) as exc:
+            raise self._transport_error(base_url, total, exc) from exc
         if status >= 400:  # mapped as the parent maps them, from a response as httpx would give it
             raise_for_error_status(self.kind, base_url, httpx.Response(status, content=data))
         try:
@@ -53,7 +67,42 @@ class PooledVLLMClient(VLLMClient):
         except ValueError as exc:
             raise BackendError(base_url, f"{self.kind} returned non-JSON body: {data[:200]!r}") from exc
 
-    async def _exchange(self, target: tuple[str, int], request: bytes, reuse: bool) -> tuple[int, bytes]:
+    async def generate_stream(self, base_url: str, prompt_ids: list[int], params: SamplingParams,
+                              on_tokens: TokensCallback, timeout_s: float | None = None) -> Generation:
+        """The parent's streamed generation, read off a pooled connection as it arrives."""
+        base_url = base_url.rstrip("/")
+        model = await self._model_name(base_url, timeout_s)
+        body = json.dumps(self.request_body(model, prompt_ids, params, stream=True)).encode()
+        message = self._message("POST", f"{base_url}/v1/completions", body)
+        if message is None:
+            return await super().generate_stream(base_url, prompt_ids, params, on_tokens, timeout_s)
+        target, request = message
+        total = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+        assembly = StreamAssembly(base_url)
+        try:
+            async with asyncio.timeout(total):
+                try:
+                    reader, writer, status, headers = await self._open(target, request, reuse=True)
+                except _Stale:
+                    reader, writer, status, headers = await self._open(target, request, reuse=False)
+                try:
+                    if status >= 400:
+                        data = await self._body(reader, headers)
+                        raise_for_error_status(self.kind, base_url, httpx.Response(status, content=data))
+                    chunks = self._chunks(reader, headers)
+                    await feed_stream(assembly, chunks, on_tokens)
+                    async for _rest in chunks:  # the body's end after [DONE], so the connection can be reused
+                        pass
+                except BaseException:
+                    writer.close()
+                    raise
+                self._keep(target, reader, writer, headers)
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError, _Stale) as exc:
+            raise self._transport_error(base_url, total, exc) from exc
+        return assembly.generation()
+
+    async def _open(self, target: tuple[str, int], request: bytes, reuse: bool):
+        """Send ``request`` on a pooled (or new) connection; its reader, writer, status and headers."""
         idle = self._idle.setdefault(target, [])
         reused = reuse and bool(idle)
         reader, writer = idle.pop() if reused else await asyncio.open_connection(*target)
@@ -72,24 +121,47 @@ class PooledVLLMClient(VLLMClient):
                 name, _, value = line.partition(b":")
                 if value:
                     headers[name.strip().lower()] = value.strip().lower()
-            if b"content-length" in headers:
-                data = await reader.readexactly(int(headers[b"content-length"]))
-            elif headers.get(b"transfer-encoding") == b"chunked":
-                chunks = []
-                while size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16):
-                    chunks.append(await reader.readexactly(size))
-                    await reader.readexactly(2)
-                await reader.readuntil(b"\r\n")
-                data = b"".join(chunks)
-            else:
-                data, headers[b"connection"] = await reader.read(), b"close"
         except BaseException:
             writer.close()
             raise
-        if headers.get(b"connection") == b"close" or len(idle) >= _MAX_IDLE:
+        return reader, writer, status, headers
+
+    @staticmethod
+    async def _chunks(reader: asyncio.StreamReader, headers: dict):
+        """The body's bytes as they arrive: chunk by chunk, or as read until the server closes."""
+        if headers.get(b"transfer-encoding") == b"chunked":
+            while size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16):
+                yield await reader.readexactly(size)
+                await reader.readexactly(2)
+            await reader.readuntil(b"\r\n")
+            headers[b"x-read"] = b"1"
+        elif b"content-length" in headers:
+            yield await reader.readexactly(int(headers[b"content-length"]))
+            headers[b"x-read"] = b"1"
+        else:
+            headers[b"connection"] = b"close"
+            while data := await reader.read(65536):
+                yield data
+
+    async def _body(self, reader: asyncio.StreamReader, headers: dict) -> bytes:
+        return b"".join([piece async for piece in self._chunks(reader, headers)])
+
+    def _keep(self, target: tuple[str, int], reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+              headers: dict) -> None:
+        idle = self._idle.setdefault(target, [])
+        if headers.get(b"connection") == b"close" or headers.get(b"x-read") is None or len(idle) >= _MAX_IDLE:
             writer.close()
         else:
             idle.append((reader, writer))
+
+    async def _exchange(self, target: tuple[str, int], request: bytes, reuse: bool) -> tuple[int, bytes]:
+        reader, writer, status, headers = await self._open(target, request, reuse)
+        try:
+            data = await self._body(reader, headers)
+        except BaseException:
+            writer.close()
+            raise
+        self._keep(target, reader, writer, headers)
         return status, data
 
     async def aclose(self) -> None:

@@ -1,5 +1,5 @@
 """What a chat-completions request to the door asks for, checked field by field (agent/gateway.py
-serves it): every parameter the door accepts is applied, and every one it cannot honour is
+serves it; the other APIs' modules check theirs with the helpers here): every parameter the door accepts is applied, and every one it cannot honour is
 refused with a 400 that names it. Sampling stays the job's (the trainer's policy): the request's
 temperature and top_p are replaced by the job's, a seed is used where the job sets none, and
 parameters that would change the distribution in ways the job's sampling does not say
@@ -26,7 +26,7 @@ class DoorError(Exception):
         return {"error": {"message": str(self), "type": self.kind, "code": self.code, "param": self.param}}
 
 
-def _refuse(param: str, message: str, code: str = "unsupported_parameter") -> DoorError:
+def refuse(param: str, message: str, code: str = "unsupported_parameter") -> DoorError:
     return DoorError(400, message, code, param=param)
 
 
@@ -62,7 +62,7 @@ def parse_request(request: dict) -> CallOptions:
     """``request`` (a chat-completions body) as CallOptions, or a DoorError naming the parameter."""
     unknown = sorted(set(request) - _ACCEPTED)
     if unknown:
-        raise _refuse(unknown[0], f"parameter {unknown[0]!r} is not supported by this door; it serves "
+        raise refuse(unknown[0], f"parameter {unknown[0]!r} is not supported by this door; it serves "
                       f"{', '.join(sorted(_ACCEPTED))}")
     messages = request.get("messages")
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
@@ -71,50 +71,48 @@ def parse_request(request: dict) -> CallOptions:
     for i, message in enumerate(messages):
         _check_message(i, message)
     tools = _tools(request.get("tools"))
-    parse_calls = _tool_choice(request.get("tool_choice"), tools)
+    parse_calls = tool_choice_parses(request.get("tool_choice"), tools)
     if not parse_calls:
         tools = None  # "none": the model is shown no tools and its text is returned as text
-    stream = _bool(request, "stream", False)
+    stream = flag(request, "stream", False)
     stream_options = request.get("stream_options")
     include_usage = False
     if stream_options is not None:
         if not stream:
-            raise _refuse("stream_options", "stream_options is only allowed with stream: true", "invalid_value")
+            raise refuse("stream_options", "stream_options is only allowed with stream: true", "invalid_value")
         if not isinstance(stream_options, dict) or set(stream_options) - {"include_usage", "include_obfuscation"}:
-            raise _refuse("stream_options", "stream_options takes include_usage (and include_obfuscation, which "
+            raise refuse("stream_options", "stream_options takes include_usage (and include_obfuscation, which "
                           "this door, serving loopback, never pads)", "invalid_value")
-        include_usage = _bool(stream_options, "include_usage", False)
-        _bool(stream_options, "include_obfuscation", False)
+        include_usage = flag(stream_options, "include_usage", False)
+        flag(stream_options, "include_obfuscation", False)
     if request.get("n") not in (None, 1):
-        raise _refuse("n", "this door serves n=1 (each call is one recorded sample); send the call again for "
+        raise refuse("n", "this door serves n=1 (each call is one recorded sample); send the call again for "
                       "another sample", "unsupported_n")
-    logprobs = _bool(request, "logprobs", False)
+    logprobs = flag(request, "logprobs", False)
     top = request.get("top_logprobs")
     if top is not None:
-        if not _is_int(top) or not 0 <= top <= 20:
-            raise _refuse("top_logprobs", "top_logprobs must be an integer from 0 to 20", "invalid_value")
+        if not is_int(top) or not 0 <= top <= 20:
+            raise refuse("top_logprobs", "top_logprobs must be an integer from 0 to 20", "invalid_value")
         if top > 0:
-            raise _refuse("top_logprobs", "this door returns the sampled token's logprob only (logprobs: true); "
+            raise refuse("top_logprobs", "this door returns the sampled token's logprob only (logprobs: true); "
                           "top_logprobs must be 0 or unset")
     _response_format(request.get("response_format"))
     for name in ("presence_penalty", "frequency_penalty"):
         _no_change(request, name, 0.0)
     _no_change(request, "repetition_penalty", 1.0)
     if request.get("logit_bias"):
-        raise _refuse("logit_bias", "logit_bias would change the policy's distribution, and the recorded logprobs "
+        raise refuse("logit_bias", "logit_bias would change the policy's distribution, and the recorded logprobs "
                       "with it; leave it unset (the job's sampling decides how the model samples)")
-    for name in _JOB_SAMPLING:
-        value = request.get(name)
-        if value is not None and not _is_number(value):
-            raise _refuse(name, f"{name} must be a number", "invalid_value")
+    check_job_sampling(request)
     if request.get("store"):
-        raise _refuse("store", "completions are not stored by this door (the job's trajectory is the record); "
+        raise refuse("store", "completions are not stored by this door (the job's trajectory is the record); "
                       "leave store unset or false")
     seed = request.get("seed")
-    if seed is not None and not _is_int(seed):
-        raise _refuse("seed", "seed must be an integer", "invalid_value")
+    if seed is not None and not is_int(seed):
+        raise refuse("seed", "seed must be an integer", "invalid_value")
     return CallOptions(messages=messages, tools=tools, parse_tool_calls=parse_calls,
-                       parallel_tool_calls=_bool(request, "parallel_tool_calls", True), stop=_stop(request.get("stop")),
+                       parallel_tool_calls=flag(request, "parallel_tool_calls", True),
+                       stop=stop_strings(request.get("stop")),
                        max_tokens=_max_tokens(request), logprobs=logprobs, seed=seed, stream=stream,
                        include_usage=include_usage)
 
@@ -142,31 +140,39 @@ def _check_message(index: int, message: dict) -> None:
                             "unsupported_content", param=f"messages[{index}].content")
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _bool(body: dict, name: str, default: bool) -> bool:
+def flag(body: dict, name: str, default: bool) -> bool:
     value = body.get(name)
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise _refuse(name, f"{name} must be true or false", "invalid_value")
+        raise refuse(name, f"{name} must be true or false", "invalid_value")
     return value
+
+
+def check_job_sampling(request: dict, names: tuple[str, ...] = _JOB_SAMPLING) -> None:
+    """The sampling knobs the job's sampling replaces (see the module docstring): numbers, or refused."""
+    for name in names:
+        value = request.get(name)
+        if value is not None and not is_number(value):
+            raise refuse(name, f"{name} must be a number", "invalid_value")
 
 
 def _no_change(request: dict, name: str, neutral: float) -> None:
     value = request.get(name)
     if value is None:
         return
-    if not _is_number(value):
-        raise _refuse(name, f"{name} must be a number", "invalid_value")
+    if not is_number(value):
+        raise refuse(name, f"{name} must be a number", "invalid_value")
     if value != neutral:
-        raise _refuse(name, f"{name}={value} would change the policy's distribution, and the recorded logprobs "
+        raise refuse(name, f"{name}={value} would change the policy's distribution, and the recorded logprobs "
                       f"with it; leave it unset or {neutral:g} (the job's sampling decides how the model samples)")
 
 
@@ -186,7 +192,29 @@ def _tools(raw: Any) -> list[dict] | None:
     return out
 
 
-def _tool_choice(choice: Any, tools: list[dict] | None) -> bool:
+def function_tools(raw: Any, kind: str, default_kind: str | None, schema: str, served: str) -> list[dict] | None:
+    """Another API's tools as the chat template's function tools (name, description, parameters,
+    in OpenAI's order, as templates show them): those whose ``type`` (``default_kind`` when
+    absent) is ``kind``; any other is refused, naming it and saying what ``served`` is."""
+    if not raw:
+        return None
+    if not isinstance(raw, list):
+        raise DoorError(400, "tools must be a list", "invalid_tools", param="tools")
+    out = []
+    for i, tool in enumerate(raw):
+        got = tool.get("type", default_kind) if isinstance(tool, dict) else None
+        if got != kind or not isinstance(tool.get("name"), str):
+            raise DoorError(400, f"tools[{i}] is a {got!r} tool; this door serves {served}", "unsupported_tool",
+                            param=f"tools[{i}]")
+        function = {"name": tool["name"]}
+        for key, name in (("description", "description"), (schema, "parameters")):
+            if tool.get(key) is not None:
+                function[name] = tool[key]
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def tool_choice_parses(choice: Any, tools: list[dict] | None, param: str = "tool_choice") -> bool:
     """Whether tool calls are rendered and parsed. "auto" (the default) and "none" are honoured;
     "required" and a named function would need decoding constrained to a tool call, which
     this door does not do (vLLM does it with guided decoding): refused rather than not kept."""
@@ -196,11 +224,10 @@ def _tool_choice(choice: Any, tools: list[dict] | None) -> bool:
         return False
     if choice == "required" or isinstance(choice, dict):
         what = "required" if choice == "required" else "a named function"
-        raise _refuse("tool_choice", f"tool_choice {what} needs decoding constrained to a tool call, which this door "
+        raise refuse(param, f"tool_choice {what} needs decoding constrained to a tool call, which this door "
                       "does not do: the model would be free to answer without one. Send tool_choice 'auto' (or "
                       "leave it unset) and handle a reply without tool calls", "unsupported_tool_choice")
-    raise _refuse("tool_choice", "tool_choice must be 'auto', 'none', 'required' or a named function",
-                  "invalid_value")
+    raise refuse(param, "tool_choice must be 'auto', 'none', 'required' or a named function", "invalid_value")
 
 
 def _response_format(fmt: Any) -> None:
@@ -210,18 +237,18 @@ def _response_format(fmt: Any) -> None:
     if kind == "text":
         return
     if kind in ("json_object", "json_schema"):
-        raise _refuse("response_format", f"response_format {kind} needs constrained decoding, which this door does "
+        raise refuse("response_format", f"response_format {kind} needs constrained decoding, which this door does "
                       "not do; ask for JSON in the prompt and parse the reply")
-    raise _refuse("response_format", "response_format must be {\"type\": \"text\"}", "invalid_value")
+    raise refuse("response_format", "response_format must be {\"type\": \"text\"}", "invalid_value")
 
 
-def _stop(raw: Any) -> list[str]:
+def stop_strings(raw: Any, param: str = "stop") -> list[str]:
     stops = [raw] if isinstance(raw, str) else raw
     if stops is None:
         return []
     if (not isinstance(stops, list) or len(stops) > MAX_STOP_STRINGS
             or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in stops)):
-        raise _refuse("stop", f"stop must be a string or a list of up to {MAX_STOP_STRINGS} non-empty strings of at "
+        raise refuse(param, f"{param} must be a string or a list of up to {MAX_STOP_STRINGS} non-empty strings of at "
                       f"most {MAX_STOP_CHARS} characters", "invalid_value")
     return list(dict.fromkeys(stops))
 
@@ -232,8 +259,8 @@ def _max_tokens(request: dict) -> int | None:
         value = request.get(name)
         if value is None:
             continue
-        if not _is_int(value) or value < 1:
-            raise _refuse(name, f"{name} must be a positive integer", "invalid_value")
+        if not is_int(value) or value < 1:
+            raise refuse(name, f"{name} must be a positive integer", "invalid_value")
         return value
     return None
 

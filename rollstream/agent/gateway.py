@@ -1,8 +1,9 @@
-"""The per-job OpenAI-compatible door of the run stage: an agent harness of the job's own talks
-chat completions (tools, tool_calls, streaming) to ``http://127.0.0.1:PORT/v1`` with the job's
-key; behind it each call is rendered with the model's chat template, sent token-in/token-out
-through the job's LLM session (the balancer's job and group affinity kept), and recorded
-exactly (agent/recorder.py). One small HTTP/1.1 server per run-worker process serves every
+"""The per-job door of the run stage: an agent harness of the job's own talks OpenAI Chat
+Completions (agent/door_chat.py), OpenAI Responses (door_responses.py) or Anthropic Messages
+(door_anthropic.py), streaming or not, to ``http://127.0.0.1:PORT/v1`` with the job's key (as
+``Authorization: Bearer`` or ``x-api-key``); behind every API each call is rendered with the
+model's chat template, sent token-in/token-out through the job's LLM session (the balancer's job
+and group affinity kept), and recorded exactly (door_call.py, recorder.py). One small HTTP/1.1 server per run-worker process serves every
 job's door; a key reaches only its own job, and nothing else (no backend, no other job) is
 served. The server listens on loopback only: sandboxes, whose network is off, never reach it.
 A harness that runs inside its sandbox reaches its door through a Unix socket of that job alone,
@@ -13,25 +14,24 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import os
 import secrets
 import stat
 import time
-import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
-from rollstream.agent.door_request import CallOptions, DoorError, cut_at_stop, parse_request
-from rollstream.agent.parsing import ToolCall, parse_tool_calls
-from rollstream.agent.recorder import CallRecorder
+from rollstream.agent.door_anthropic import AnthropicApi
+from rollstream.agent.door_call import JobDoor
+from rollstream.agent.door_chat import MODEL_NAME, ChatApi
+from rollstream.agent.door_request import DoorError
+from rollstream.agent.door_responses import ResponsesApi
+from rollstream.agent.door_stream import EventStream
 from rollstream.episode_settings import AgentSettings
-from rollstream.llm.inference_client import BackendError, ContextLengthError
-from rollstream.pipeline.balancer import NoBackendAvailable
+
+__all__ = ["MODEL_NAME", "Gateway", "JobDoor"]
 
 log = logging.getLogger(__name__)
 
-MODEL_NAME = "rollstream"
 MAX_REQUEST_BYTES = 32 * 1024 * 1024
 MAX_HEAD_BYTES = 64 * 1024
 MAX_REQUESTS_PER_DOOR = 16
@@ -39,164 +39,13 @@ DOOR_SOCKET_NAME = "door.sock"
 # What the relay in the sandbox sends first on each connection to the job's socket: the key,
 # which thus never enters the harness's environment, its requests or its trajectory.
 SANDBOX_PREAMBLE = b"ROLLSTREAM-DOOR "
+_CHAT, _ANTHROPIC = ChatApi(), AnthropicApi()
+# The model-call endpoints, each API's own (agent/door_chat.py, door_responses.py, door_anthropic.py).
+_APIS: dict[str, Any] = {"/v1/chat/completions": _CHAT, "/v1/responses": ResponsesApi(), "/v1/messages": _ANTHROPIC}
+_SERVED = "POST /v1/chat/completions, POST /v1/responses, POST /v1/messages (and /v1/messages/count_tokens), GET /v1/models"
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
             408: "Request Timeout", 411: "Length Required", 413: "Payload Too Large",
             431: "Request Header Fields Too Large", 502: "Bad Gateway", 503: "Service Unavailable"}
-
-
-@dataclass
-class JobDoor:
-    """One job's door: its LLM session, limits and the recorder of its calls."""
-
-    job_id: str
-    session: Any  # agent.session.LLMSession
-    tokenizer: Any
-    settings: AgentSettings
-    key: str = field(default_factory=lambda: "rs-" + secrets.token_urlsafe(32))
-    recorder: CallRecorder = field(init=False)
-    # Why the episode ended, where the door refused the last call: "context", "max_turns", or
-    # "error" (the backends failed it: the service's failure, not the agent's). Cleared by a
-    # call that succeeds after it.
-    ended: str | None = None
-    ended_detail: str | None = None
-    llm_s: float = 0.0
-    requests: int = 0  # chat-completions requests that reached this door with its key
-    refused: int = 0  # of those, answered with an error
-    in_flight: int = 0  # requests being served (the gateway caps them per door)
-    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-    def __post_init__(self) -> None:
-        self.recorder = CallRecorder(self.tokenizer, self.settings.end_of_turn_token,
-                                     dict(self.settings.chat_template_kwargs))
-
-    async def complete(self, request: dict) -> dict:
-        """A chat completion for ``request`` (the OpenAI request body), as a response body."""
-        self.requests += 1
-        try:
-            options = parse_request(request)
-            # One call at a time per job: a trajectory is one sequence of calls.
-            async with self._lock:
-                return await self._complete(options, request)
-        except DoorError:
-            self.refused += 1
-            raise
-
-    async def _complete(self, options: CallOptions, request: dict) -> dict:
-        s = self.settings
-        if len(self.recorder.calls) >= s.max_turns:
-            self._end("max_turns", f"{s.max_turns} model calls used")
-            # Permanent (4xx, not 429): every client retries a 429 as a rate limit, and no retry
-            # can succeed. The harness's giving up on it is scored as the agent's end.
-            raise DoorError(400, f"this job's budget of {s.max_turns} model calls is used up; no further call "
-                            "will be served", "max_turns_exceeded")
-        tools = options.tools
-        try:
-            prompt_ids, extended = self.recorder.prompt(options.messages, tools)
-        except Exception as exc:  # the harness's messages do not render with this template
-            raise DoorError(400, f"the messages cannot be rendered with the model's chat template: {exc}",
-                            "invalid_messages", param="messages") from exc
-        renderer, _ = self.recorder.renderer(tools)
-        budget = s.max_context_tokens - len(prompt_ids)
-        if budget <= 0:
-            self._end("context", f"a {len(prompt_ids)}-token prompt fills the {s.max_context_tokens}-token context")
-            raise DoorError(400, f"the prompt has {len(prompt_ids)} tokens; this model's context for the job is "
-                            f"{s.max_context_tokens}", "context_length_exceeded", param="messages")
-        max_tokens = max(1, min(options.max_tokens or s.max_tokens_per_turn, s.max_tokens_per_turn, budget))
-        stop_ids = sorted(set(s.sampling.stop_token_ids or []) | {renderer.end_of_turn_id})
-        stops = list(dict.fromkeys([*(s.sampling.stop or []), *options.stop]))
-        # The job's sampling rules (the trainer's, e.g. temperature 1.0): the harness's own
-        # temperature or top_p would make the recorded logprobs off-policy. A seed does not
-        # change the distribution: the request's is used where the job sets none.
-        update: dict[str, Any] = {"max_tokens": max_tokens, "stop_token_ids": stop_ids, "stop": stops or None}
-        if s.sampling.seed is None and options.seed is not None:
-            update["seed"] = options.seed
-        params = s.sampling.model_copy(update=update)
-        t0 = time.monotonic()
-        try:
-            gen = await self.session.generate(prompt_ids, params)
-        except ContextLengthError as exc:
-            self._end("context", exc.reason)
-            raise DoorError(400, exc.reason, "context_length_exceeded") from None
-        except (BackendError, NoBackendAvailable) as exc:
-            self._end("error", str(exc))
-            raise DoorError(502, f"no backend could serve this call: {exc}", "backend_unavailable",
-                            "server_error") from None
-        finally:
-            self.llm_s += time.monotonic() - t0
-        if len(gen.token_ids) != len(gen.logprobs):
-            self._end("error", f"backend returned {len(gen.token_ids)} ids but {len(gen.logprobs)} logprobs")
-            raise DoorError(502, "the backend's answer was inconsistent", "backend_error", "server_error")
-        ended_turn = bool(gen.token_ids) and gen.token_ids[-1] == renderer.end_of_turn_id
-        text_ids = gen.token_ids[:-1] if ended_turn else gen.token_ids
-        text = self.tokenizer.decode(text_ids, skip_special_tokens=False)
-        if stops and gen.finish_reason == "stop" and gen.token_ids and gen.token_ids[-1] not in stop_ids:
-            # Ended on a stop string: the ids (all recorded) end with the token that completed
-            # it; the harness gets the text before it, as vLLM returns it.
-            start = len(self.tokenizer.decode(gen.token_ids[:s.sampling.min_tokens], skip_special_tokens=False)) \
-                if s.sampling.min_tokens else 0
-            cut = cut_at_stop(text, stops, s.sampling.include_stop_str_in_output, start)
-            text = text if cut is None else cut
-        reply, finish = _reply(text, ended_turn, gen.finish_reason, options)
-        self.recorder.record(options.messages, tools, prompt_ids, extended, gen, reply)
-        self.ended = self.ended_detail = None  # a harness that got past a refusal (e.g. summarised) goes on
-        # Once this answer is on its way (the next turn of the loop), get the next call's
-        # rendering ready while the harness works.
-        asyncio.get_running_loop().call_soon(self.recorder.prepare)
-        logprobs = {"content": self._token_logprobs(text_ids, gen.logprobs), "refusal": None} \
-            if options.logprobs else None
-        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                "model": request.get("model") or MODEL_NAME,
-                "choices": [{"index": 0, "message": reply, "finish_reason": finish, "logprobs": logprobs}],
-                "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(gen.token_ids),
-                          "total_tokens": len(prompt_ids) + len(gen.token_ids)}}
-
-    def _token_logprobs(self, ids: list[int], logprobs: list[float]) -> list[dict]:
-        """OpenAI's per-token logprobs of the sampled tokens (the backend's own values)."""
-        out = []
-        for token_id, logprob in zip(ids, logprobs):
-            piece = self.tokenizer.decode([token_id], skip_special_tokens=False)
-            out.append({"token": piece, "logprob": logprob if math.isfinite(logprob) else -9999.0,
-                        "bytes": list(piece.encode()), "top_logprobs": []})
-        return out
-
-    def _end(self, reason: str, detail: str) -> None:
-        self.ended, self.ended_detail = reason, detail
-
-
-def _reply(text: str, ended_turn: bool, backend_finish: str, options: CallOptions) -> tuple[dict, str]:
-    """The assistant message a harness gets for a completion's text, and its finish reason."""
-    parsed = parse_tool_calls(text) if options.parse_tool_calls else None
-    calls = [c for c in parsed.calls if isinstance(c, ToolCall)] if parsed else []
-    if parsed and calls and len(calls) == len(parsed.calls):
-        if not options.parallel_tool_calls:
-            calls = calls[:1]  # as vLLM: the first call only (the ids keep what the model wrote)
-        return ({"role": "assistant", "content": parsed.content or None,
-                 "tool_calls": [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                                 "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
-                                for c in calls]}, "tool_calls")
-    # No call, or a malformed one: the text as the model wrote it (the harness shows it back).
-    finish = "length" if not ended_turn and backend_finish == "length" else "stop"
-    return {"role": "assistant", "content": text}, finish
-
-
-def _stream_events(body: dict, include_usage: bool) -> list[bytes]:
-    """A completion as the server-sent events of a streamed one (one delta per part)."""
-    choice = body["choices"][0]
-    message = choice["message"]
-    base = {"id": body["id"], "object": "chat.completion.chunk", "created": body["created"], "model": body["model"]}
-
-    def chunk(delta: dict, finish: str | None = None, logprobs: dict | None = None) -> bytes:
-        data = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}]}
-        return b"data: " + json.dumps(data).encode() + b"\n\n"
-
-    events = [chunk({"role": "assistant", "content": message.get("content") or ""}, logprobs=choice["logprobs"])]
-    for i, call in enumerate(message.get("tool_calls") or []):
-        events.append(chunk({"tool_calls": [{"index": i, **call}]}))
-    events.append(chunk({}, choice["finish_reason"]))
-    if include_usage:
-        events.append(b"data: " + json.dumps({**base, "choices": [], "usage": body["usage"]}).encode() + b"\n\n")
-    events.append(b"data: [DONE]\n\n")
-    return events
 
 
 def _remove_socket(path: str) -> None:
@@ -408,15 +257,19 @@ class Gateway:
         # The key first, from the head alone: a caller without one never gets its body read.
         # Through a sandbox's socket the key came first on the connection (the harness's own
         # Authorization is a placeholder); the door must still be open.
+        path = target.split("?", 1)[0].rstrip("/")
+        api = _APIS.get(path, _ANTHROPIC if path.startswith("/v1/messages") else _CHAT)
         if bound is not None:
             door = bound if self.doors.get(bound.key) is bound else None
         else:
             auth = headers.get("authorization", "")
-            door = self.doors.get(auth[7:].strip()) if auth[:7].lower() == "bearer " else None
+            key = auth[7:].strip() if auth[:7].lower() == "bearer " else headers.get("x-api-key", "").strip()
+            door = self.doors.get(key) if key else None
         if door is None:
-            await self._send(writer, 401, DoorError(401, "unknown or expired key: each job's door takes only its own "
-                                                    "OPENAI_API_KEY", "invalid_api_key", "authentication_error").body(),
-                             close=True)
+            await self._send(writer, 401, api.error(DoorError(
+                401, "unknown or expired key: each job's door takes only its own key (OPENAI_API_KEY or "
+                "ANTHROPIC_API_KEY, sent as 'Authorization: Bearer' or 'x-api-key')", "invalid_api_key",
+                "authentication_error")), close=True)
             return False
         raw_length = headers.get("content-length", "0")
         if "transfer-encoding" in headers or not raw_length.isdigit():
@@ -446,52 +299,61 @@ class Gateway:
                     body = await reader.readexactly(length)
                 finally:
                     deadline.cancel()
-            await self._handle(writer, method, target.split("?", 1)[0], door, body)
+            await self._handle(writer, method, path, door, body)
         finally:
             door.in_flight -= 1
         return headers.get("connection", "").lower() != "close"
 
     async def _handle(self, writer, method: str, path: str, door: JobDoor, body: bytes) -> None:
-        path = path.rstrip("/")
         if path == "/v1/models" and method == "GET":
             await self._send(writer, 200, {"object": "list", "data": [
                 {"id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "rollstream"}]})
             return
-        if path != "/v1/chat/completions":
-            await self._send(writer, 404, DoorError(404, f"{path} is not served here; this door serves "
-                                                   "POST /v1/chat/completions and GET /v1/models", "not_found").body())
+        count_only = path == "/v1/messages/count_tokens"
+        api = _ANTHROPIC if count_only else _APIS.get(path)
+        if api is None:
+            await self._send(writer, 404, DoorError(404, f"{path} is not served here; this door serves {_SERVED}",
+                                                   "not_found").body())
             return
         if method != "POST":
-            await self._send(writer, 405, DoorError(405, "use POST", "method_not_allowed").body())
+            await self._send(writer, 405, api.error(DoorError(405, "use POST", "method_not_allowed")))
             return
         try:
-            request = json.loads(body)
+            try:
+                request = json.loads(body)
+            except ValueError as exc:
+                raise DoorError(400, f"the body is not JSON: {exc}", "invalid_json") from None
             if not isinstance(request, dict):
-                raise ValueError("not an object")
-        except ValueError as exc:
-            await self._send(writer, 400, DoorError(400, f"the body is not a JSON object: {exc}", "invalid_json").body())
-            return
-        try:
-            response = await door.complete(request)
+                raise DoorError(400, "the body is not a JSON object", "invalid_json")
+            options = api.parse(request, count_only=True) if count_only else api.parse(request)
+            if count_only:
+                await self._send(writer, 200, {"input_tokens": await door.count_tokens(options)})
+                return
         except DoorError as exc:
-            await self._send(writer, exc.status, exc.body())
+            door.requests += not count_only
+            door.refused += not count_only
+            await self._send(writer, exc.status, api.error(exc))
             return
-        if request.get("stream"):
-            include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
-            await self._send_stream(writer, _stream_events(response, include_usage))
-        else:
-            await self._send(writer, 200, response)
+        if not options.stream:
+            try:
+                done = await door.call(options)
+            except DoorError as exc:
+                await self._send(writer, exc.status, api.error(exc))
+                return
+            await self._send(writer, 200, api.body(done, request, options, door.tokenizer))
+            return
+        stream = EventStream(writer)
+        emitter = api.emitter(request, options, door.tokenizer)
+        try:
+            await door.call(options, emitter, stream.send)
+        except DoorError as exc:
+            if not stream.started:  # refused before anything was sent: an HTTP error as any other
+                await self._send(writer, exc.status, api.error(exc))
+                return
+            await stream.send(emitter.error(exc.status, str(exc), exc.code))
+        await stream.end()
 
     @staticmethod
     async def _send(writer, status: int, payload: dict, close: bool = False) -> None:
         writer.write(_response(status, payload, close))
-        await writer.drain()
-
-    @staticmethod
-    async def _send_stream(writer, events: list[bytes]) -> None:
-        out = [b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
-               b"transfer-encoding: chunked\r\n\r\n"]
-        out += [b"%x\r\n%s\r\n" % (len(e), e) for e in events]
-        out.append(b"0\r\n\r\n")
-        writer.write(b"".join(out))
         await writer.drain()

@@ -7,6 +7,7 @@ import json
 import re
 from dataclasses import dataclass
 
+TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)(</tool_call>|\Z)", re.DOTALL)
 
 
@@ -42,6 +43,17 @@ def parse_tool_calls(text: str) -> ParsedTurn:
         calls.append(_parse_one(raw, closed))
     content = TOOL_CALL_RE.sub("", text).strip()
     return ParsedTurn(content=content, calls=calls)
+
+
+def reply_calls(text: str) -> tuple[str, list[ToolCall]] | None:
+    """The content and calls of a reply whose every ``<tool_call>`` block parses, or None (no
+    call, or a malformed one: the text is then the reply, as the model wrote it). The content is
+    the text before the first call, as a harness streaming the reply sees it."""
+    parsed = parse_tool_calls(text)
+    calls = [c for c in parsed.calls if isinstance(c, ToolCall)]
+    if not calls or len(calls) != len(parsed.calls):
+        return None
+    return text[: text.index(TOOL_CALL_OPEN)].rstrip(), calls
 
 
 def _parse_one(raw: str, closed: bool) -> ToolCall | MalformedToolCall:

@@ -25,7 +25,7 @@ from rollstream.errors import InvalidJob
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "data" / "harnesses"
 IMAGE_REPOSITORY = "localhost/rollstream/harness"
 LABEL = "rollstream.harness"
-APIS = ("openai-chat",)  # what the door serves today; the preset's `api` must be one of them
+APIS = ("openai-chat", "openai-responses", "anthropic-messages")  # what the door serves; a preset's `api` is one of them
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 _PIN = re.compile(r"^[A-Za-z0-9._-]+==[A-Za-z0-9.+!-]+$")
 _NPM_PIN = re.compile(r"^((@[a-z0-9._-]+/)?[a-z0-9._-]+)@(\d+\.\d+\.\d+([-+][A-Za-z0-9.-]+)?)$")

@@ -1,10 +1,13 @@
-"""Exact token ids from a black-box harness: each chat-completions call of a job is turned into
-prompt ids, and the backend's completion ids and logprobs are recorded unchanged. A call whose
-messages extend the previous call's (its messages, then the assistant reply it got, then
-what the harness added) extends that sequence: the earlier ids stay as they were, only the
-added messages are tokenized (the template's delta, as the built-in agent loop does), mask 0.
-Any other call (history rewritten, tools changed) starts a new segment, tokenized afresh.
-Model tokens are never re-tokenized, so decode→encode drift cannot happen by construction."""
+"""Exact token ids from a black-box harness: each model call of a job (whichever API it came in)
+is turned into prompt ids, and the backend's completion ids and logprobs are recorded unchanged.
+A job may have several call chains open at once (a CLI's sub-agents, its side calls such as a
+title): a call whose messages extend an open chain's (its last call's messages, then the
+assistant reply that call got, then what the harness added) extends that chain: the earlier ids
+stay as they were, only the added messages are tokenized (the template's delta, as the built-in
+agent loop does), mask 0. Any other call (a new sub-agent, a history rewritten by compaction,
+tools changed) starts a new segment and chain, tokenized afresh; so does a call that would extend
+a chain another call is extending at that moment (a fork). Model tokens are never re-tokenized,
+so decode→encode drift cannot happen by construction."""
 
 from __future__ import annotations
 
@@ -67,15 +70,34 @@ class CallRecord:
     extended: bool
 
 
-@dataclass
-class _Open:
-    """The sequence the next call may extend."""
+# Open chains kept per job; past it the least recently extended is closed (its segment stays).
+MAX_OPEN_CHAINS = 16
 
-    messages: list[dict]  # the call's messages plus the assistant reply it got, normalized
+
+@dataclass(eq=False)
+class _Open:
+    """An open chain: the sequence a later call may extend."""
+
+    messages: list[dict]  # the chain's last call's messages plus the assistant reply it got, normalized
     tools_key: str
     ids: list[int]
     ended_turn: bool
+    segment: int  # the index of its segment
     rendered: str | None = None  # the template's text of ``messages`` (see CallRecorder.prepare)
+    busy: bool = False  # a call extending it is being generated
+
+
+@dataclass
+class Claim:
+    """A call's prompt ids, and the open chain it extends (held for it until it is recorded or
+    has failed: ``CallRecorder.release``), or None for a new segment."""
+
+    prompt_ids: list[int]
+    chain: _Open | None = None
+
+    @property
+    def extended(self) -> bool:
+        return self.chain is not None
 
 
 @dataclass
@@ -89,7 +111,7 @@ class CallRecorder:
     calls: list[CallRecord] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     last_messages: list[dict] = field(default_factory=list)
-    _open: _Open | None = None
+    chains: list[_Open] = field(default_factory=list)  # least recently extended first
     _renderers: dict[str, ChatRenderer] = field(default_factory=dict)
 
     def renderer(self, tools: list[dict] | None) -> tuple[ChatRenderer, str]:
@@ -99,32 +121,50 @@ class CallRecorder:
                                                 self.template_kwargs)
         return self._renderers[key], key
 
-    def prompt(self, messages: list[dict], tools: list[dict] | None) -> tuple[list[int], bool]:
-        """The prompt ids of a call, and whether it extends the open segment."""
+    @staticmethod
+    def normalized(messages: list[dict]) -> list[dict]:
+        return normalize_messages(messages)
+
+    def prompt(self, messages: list[dict], tools: list[dict] | None) -> Claim:
+        """The prompt ids of a call, and the open chain it extends (the longest it extends)."""
         renderer, key = self.renderer(tools)
         norm = normalize_messages(messages)
         self.last_messages = norm
-        prev = self._open
-        if prev is not None and prev.tools_key == key and len(norm) > len(prev.messages) \
-                and norm[:len(prev.messages)] == prev.messages:
+        best: _Open | None = None
+        for chain in self.chains:
+            if chain.busy or chain.tools_key != key or len(norm) <= len(chain.messages):
+                continue
+            if norm[:len(chain.messages)] == chain.messages and (best is None or len(chain.messages) > len(best.messages)):
+                best = chain
+        if best is not None:
             try:
-                added = renderer.observation_ids(prev.messages, norm[len(prev.messages):], prev.ended_turn,
-                                                 before=prev.rendered)
-                return prev.ids + added, True
+                added = renderer.observation_ids(best.messages, norm[len(best.messages):], best.ended_turn,
+                                                 before=best.rendered)
             except ChatTemplateError:
                 pass  # a template that is not prefix-stable here: a new, still exact, segment
-        return renderer.prompt_ids(norm), False
+            else:
+                best.busy = True
+                return Claim(best.ids + added, best)
+        return Claim(renderer.prompt_ids(norm))
 
-    def record(self, messages: list[dict], tools: list[dict] | None, prompt_ids: list[int], extended: bool,
-               gen: Generation, reply: dict) -> None:
+    def release(self, claim: Claim) -> None:
+        """The call of ``claim`` is over (recorded or failed): its chain may be extended again."""
+        if claim.chain is not None:
+            claim.chain.busy = False
+
+    def record(self, claim: Claim, messages: list[dict], tools: list[dict] | None, gen: Generation,
+               reply: dict) -> None:
         """Record a call's completion (``reply``: the assistant message returned to the harness)."""
         renderer, key = self.renderer(tools)
-        if extended:
-            seg = self.segments[-1]
+        prompt_ids = claim.prompt_ids
+        chain = claim.chain if claim.chain is not None and claim.chain in self.chains else None
+        if chain is not None:
+            seg = self.segments[chain.segment]
             added = prompt_ids[len(seg.prompt_ids) + len(seg.response_ids):]
             seg.response_ids += added
             seg.loss_mask += [0] * len(added)
             seg.logprobs += [0.0] * len(added)
+            self.chains.remove(chain)
         else:
             seg = Segment(prompt_ids=list(prompt_ids))
             self.segments.append(seg)
@@ -132,27 +172,36 @@ class CallRecorder:
         seg.loss_mask += [1] * len(gen.token_ids)
         seg.logprobs += gen.logprobs
         seg.num_calls += 1
+        seg.call_indices.append(len(self.calls))
         if gen.policy_version is not None:
             self.versions.append(gen.policy_version)
         ended = bool(gen.token_ids) and gen.token_ids[-1] == renderer.end_of_turn_id
-        self._open = _Open(messages=normalize_messages(messages) + normalize_messages([reply]), tools_key=key,
-                           ids=list(prompt_ids) + list(gen.token_ids), ended_turn=ended)
-        self.last_messages = self._open.messages
-        self.calls.append(CallRecord(segment=len(self.segments) - 1, prompt_tokens=len(prompt_ids),
+        index = chain.segment if chain is not None else len(self.segments) - 1
+        opened = _Open(messages=normalize_messages(messages) + normalize_messages([reply]), tools_key=key,
+                       ids=list(prompt_ids) + list(gen.token_ids), ended_turn=ended, segment=index,
+                       busy=chain.busy if chain is not None else False)
+        if chain is not None:
+            claim.chain = opened  # released through the claim, like the chain it replaces
+        self.chains.append(opened)
+        idle = [c for c in self.chains if not c.busy]
+        if len(self.chains) > MAX_OPEN_CHAINS and idle:
+            self.chains.remove(idle[0])
+        self.last_messages = opened.messages
+        self.calls.append(CallRecord(segment=index, prompt_tokens=len(prompt_ids),
                                      completion_tokens=len(gen.token_ids), backend=gen.backend,
-                                     finish_reason=gen.finish_reason, extended=extended))
+                                     finish_reason=gen.finish_reason, extended=chain is not None))
 
     def prepare(self) -> None:
-        """Render the open sequence's messages ahead of the next call (one of the two
-        renderings that extending it takes): the door calls this once its answer is sent,
-        while the harness runs its tools, so the next call does not wait for it."""
-        prev = self._open
-        if prev is not None and prev.rendered is None:
-            renderer = self._renderers[prev.tools_key]
-            try:
-                prev.rendered = renderer.render(prev.messages, add_generation_prompt=False)
-            except Exception:  # the next call renders it again and says what is wrong
-                prev.rendered = None
+        """Render the open chains' messages ahead of their next calls (one of the two renderings
+        that extending one takes): the door calls this once its answer is sent, while the
+        harness runs its tools, so the next call does not wait for it."""
+        for chain in self.chains:
+            if chain.rendered is None and not chain.busy:
+                renderer = self._renderers[chain.tools_key]
+                try:
+                    chain.rendered = renderer.render(chain.messages, add_generation_prompt=False)
+                except Exception:  # the next call renders it again and says what is wrong
+                    chain.rendered = ""
 
     def trajectory(self) -> Trajectory:
         """The episode: every segment, the last one also in the top-level fields."""

@@ -8,7 +8,12 @@ import asyncio
 import logging
 import time
 
-from rollstream.llm.inference_client import BackendError, CompletionBackend, Generation
+from rollstream.llm.inference_client import (
+    BackendError,
+    CompletionBackend,
+    Generation,
+    TokensCallback,
+)
 from rollstream.pipeline.balancer import Balancer, Lease, NoBackendAvailable
 from rollstream.sampling import SamplingParams
 
@@ -44,9 +49,21 @@ class LLMSession:
         self.backends_used: list[str] = []  # in order, one entry per change of backend
         self.failures: list[str] = []
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+    async def generate(self, prompt_ids: list[int], params: SamplingParams,
+                       on_tokens: TokensCallback | None = None) -> Generation:
         """One model turn. Retryable backend failures eject the backend and move the job to
-        another one, up to max_backend_attempts; then the last BackendError is raised."""
+        another one, up to max_backend_attempts; then the last BackendError is raised. With
+        ``on_tokens`` the turn is streamed: it gets the tokens as the backend generates them
+        (the same lease, affinity and retries; once a token was passed on, a failure is final,
+        since what was delivered cannot be taken back)."""
+        delivered = False
+
+        async def deliver(ids: list[int], logprobs: list[float]) -> None:
+            nonlocal delivered
+            delivered = True
+            assert on_tokens is not None
+            await on_tokens(ids, logprobs)
+
         last_error: BackendError | None = None
         for _attempt in range(self.max_backend_attempts):
             if self.balancer is None:
@@ -57,9 +74,11 @@ class LLMSession:
             if not self.backends_used or self.backends_used[-1] != backend:
                 self.backends_used.append(backend)
             try:
-                return await self.client.generate(backend, prompt_ids, params, self.request_timeout_s)
+                if on_tokens is None:
+                    return await self.client.generate(backend, prompt_ids, params, self.request_timeout_s)
+                return await self._stream(backend, prompt_ids, params, deliver)
             except BackendError as exc:
-                if not exc.retryable:
+                if not exc.retryable or delivered:
                     raise
                 last_error = exc
                 self.failures.append(str(exc))
@@ -72,6 +91,16 @@ class LLMSession:
                     await self.balancer.release(lease)
         assert last_error is not None
         raise last_error
+
+    async def _stream(self, backend: str, prompt_ids: list[int], params: SamplingParams,
+                      on_tokens: TokensCallback) -> Generation:
+        stream = getattr(self.client, "generate_stream", None)
+        if stream is not None:
+            return await stream(backend, prompt_ids, params, on_tokens, self.request_timeout_s)
+        # A client that cannot stream (SGLang's): the whole turn, passed on at once.
+        gen = await self.client.generate(backend, prompt_ids, params, self.request_timeout_s)
+        await on_tokens(gen.token_ids, gen.logprobs)
+        return gen
 
     async def _acquire(self) -> Lease:
         """A lease on a healthy backend, waiting up to backend_wait_s while none is: a backend

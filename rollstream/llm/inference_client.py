@@ -5,7 +5,9 @@ SGLang's native /generate. Output ids and logprobs are the server's own, never r
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Literal, NoReturn, Protocol, runtime_checkable
 
 import httpx
@@ -54,6 +56,11 @@ class Generation(BaseModel):
     policy_version: int | None = None
 
 
+# Called with each piece of a streamed generation as the backend sends it: the new token ids and
+# their logprobs, the backend's own (the Generation that ends the stream holds them all).
+TokensCallback = Callable[[list[int], list[float]], Awaitable[None]]
+
+
 class BackendError(RuntimeError):
     """An inference backend failed a request. `retryable` is True when another backend (or
     the same one later) may succeed: connection errors, timeouts, 5xx, overload."""
@@ -93,6 +100,89 @@ def _looks_like_context_error(message: str) -> bool:
     # context leaves none, which it reports as max_tokens 0 (the client never sends 0).
     return ("context length" in text or "maximum context" in text or "too long" in text
             or "max_tokens must be at least 1, got 0" in text)
+
+
+def sse_events(buffer: bytearray) -> list[bytes]:
+    """Take the complete server-sent events' ``data:`` payloads out of ``buffer`` (bytes as
+    they arrived; what is left waits for the rest of its event)."""
+    out = []
+    while True:
+        end = buffer.find(b"\n\n")
+        if end < 0:
+            return out
+        event = bytes(buffer[:end])
+        del buffer[: end + 2]
+        data = [line[5:].lstrip() for line in event.replace(b"\r\n", b"\n").split(b"\n") if line.startswith(b"data:")]
+        if data:
+            out.append(b"\n".join(data))
+
+
+class StreamAssembly:
+    """A streamed /v1/completions answer (vLLM's, or the built-in server's) put together chunk by
+    chunk: each chunk's token ids and logprobs as they come, then the whole Generation."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+        self.token_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.text: list[str] = []
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.usage: dict = {}
+        self.policy_version: int | None = None
+        self.done = False
+
+    def add(self, data: bytes) -> tuple[list[int], list[float]]:
+        """One event's payload; returns the ids and logprobs it adds."""
+        if data.strip() == b"[DONE]":
+            self.done = True
+            return [], []
+        try:
+            chunk = json.loads(data)
+        except ValueError as exc:
+            raise BackendError(self.base_url, f"vllm streamed a non-JSON event: {data[:200]!r}") from exc
+        if not isinstance(chunk, dict):
+            raise BackendError(self.base_url, f"vllm streamed {chunk!r:.200}", retryable=False)
+        if "error" in chunk:  # an error after the stream had begun (vLLM sends it as an event)
+            err = chunk["error"]
+            message = err.get("message", err) if isinstance(err, dict) else err
+            raise BackendError(self.base_url, f"vllm failed while streaming: {str(message)[:300]}")
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        if chunk.get("policy_version") is not None:
+            self.policy_version = int(chunk["policy_version"])
+        ids: list[int] = []
+        logprobs: list[float] = []
+        for choice in chunk.get("choices") or []:
+            lp = choice.get("logprobs") or {}
+            token_logprobs = lp.get("token_logprobs") or []
+            token_ids = choice.get("token_ids")
+            if token_ids is None:
+                try:
+                    token_ids = [_parse_token_id(t) for t in lp.get("tokens") or []]
+                except ValueError as exc:
+                    raise BackendError(self.base_url, f"cannot recover streamed token ids ({exc}); upgrade vLLM to "
+                                       ">= 0.10.2 for return_token_ids", retryable=False) from exc
+            if len(token_ids) != len(token_logprobs):
+                raise BackendError(self.base_url, f"a streamed chunk has {len(token_ids)} token ids but "
+                                   f"{len(token_logprobs)} logprobs", retryable=False)
+            ids += [int(t) for t in token_ids]
+            logprobs += [float("-inf") if x is None else float(x) for x in token_logprobs]
+            self.text.append(choice.get("text") or "")
+            if choice.get("finish_reason"):
+                self.finish_reason, self.stop_reason = choice["finish_reason"], choice.get("stop_reason")
+        self.token_ids += ids
+        self.logprobs += logprobs
+        return ids, logprobs
+
+    def generation(self) -> Generation:
+        if self.finish_reason is None:
+            raise BackendError(self.base_url, "the backend's stream ended before the generation did")
+        return Generation(token_ids=self.token_ids, logprobs=self.logprobs, finish_reason=self.finish_reason,
+                          text="".join(self.text), stop_reason=self.stop_reason,
+                          prompt_tokens=self.usage.get("prompt_tokens"),
+                          cached_tokens=(self.usage.get("prompt_tokens_details") or {}).get("cached_tokens"),
+                          backend=self.base_url, policy_version=self.policy_version)
 
 
 class _HTTPBackend:
@@ -136,16 +226,19 @@ class _HTTPBackend:
         timeout = httpx.Timeout(total, connect=min(CONNECT_TIMEOUT_S, total))
         try:
             resp = await self._http().request(method, url, timeout=timeout, **kw)
-        except httpx.TimeoutException as exc:
-            raise BackendError(base_url, f"{self.kind} request timed out after {total:.1f}s ({type(exc).__name__})") from exc
         except httpx.HTTPError as exc:
-            raise BackendError(base_url, f"{self.kind} unreachable: {type(exc).__name__}: {exc}") from exc
+            raise self._transport_error(base_url, total, exc) from exc
         if resp.status_code >= 400:
             raise_for_error_status(self.kind, base_url, resp)
         try:
             return resp.json()
         except ValueError as exc:
             raise BackendError(base_url, f"{self.kind} returned non-JSON body: {resp.text[:200]!r}") from exc
+
+    def _transport_error(self, base_url: str, total: float, exc: Exception) -> BackendError:
+        if isinstance(exc, (httpx.TimeoutException, asyncio.TimeoutError)):
+            return BackendError(base_url, f"{self.kind} request timed out after {total:.1f}s ({type(exc).__name__})")
+        return BackendError(base_url, f"{self.kind} unreachable: {type(exc).__name__}: {exc}")
 
     async def health(self, base_url: str, timeout_s: float = 5.0) -> bool:
         """True when GET /health answers 200 within timeout_s (vLLM, SGLang and the
@@ -182,6 +275,20 @@ def _error_message(resp: httpx.Response) -> str:
     return str(body)[:500]
 
 
+async def feed_stream(assembly: StreamAssembly, chunks, on_tokens: TokensCallback) -> None:
+    """Feed a streamed answer's bytes (an async iterator) to ``assembly``, and each piece of
+    tokens to ``on_tokens`` as it completes, until [DONE]."""
+    buffer = bytearray()
+    async for data in chunks:
+        buffer += data
+        for event in sse_events(buffer):
+            ids, logprobs = assembly.add(event)
+            if ids:
+                await on_tokens(ids, logprobs)
+            if assembly.done:
+                return
+
+
 def _parse_token_id(token: str) -> int:
     # vLLM renders tokens as "token_id:123" when return_tokens_as_token_ids is set.
     if not token.startswith("token_id:"):
@@ -213,17 +320,19 @@ class VLLMClient(_HTTPBackend):
                 raise BackendError(base_url, f"/v1/models lists no model: {body!r:.200}", retryable=False) from exc
         return self._models[base_url]
 
-    def request_body(self, model: str, prompt_ids: list[int], params: SamplingParams) -> dict:
+    def request_body(self, model: str, prompt_ids: list[int], params: SamplingParams, stream: bool = False) -> dict:
         body = {
             "model": model,
             "prompt": list(prompt_ids),
-            "stream": False,
+            "stream": stream,
             "n": 1,
             # One top logprob is enough: the sampled token's own logprob is always included.
             "logprobs": 1,
             "return_tokens_as_token_ids": True,
             "return_token_ids": True,
         }
+        if stream:  # the last event then carries the prompt's token count and its cached part
+            body["stream_options"] = {"include_usage": True}
         body.update(params.model_dump(exclude_none=True, exclude=set(params.model_extra or {})))
         body.update(params.extra_fields())
         return body
@@ -273,6 +382,28 @@ class VLLMClient(_HTTPBackend):
         body = self.request_body(model, prompt_ids, params)
         data = await self._request("POST", f"{base_url}/v1/completions", base_url, timeout_s, json=body)
         return self.parse_response(base_url, data)
+
+    async def generate_stream(self, base_url: str, prompt_ids: list[int], params: SamplingParams,
+                              on_tokens: TokensCallback, timeout_s: float | None = None) -> Generation:
+        """``generate`` streamed (stream=true): ``on_tokens`` gets each chunk's ids and logprobs
+        as the backend sends them; the Generation returned is the whole turn, as ``generate``'s."""
+        base_url = base_url.rstrip("/")
+        model = await self._model_name(base_url, timeout_s)
+        body = self.request_body(model, prompt_ids, params, stream=True)
+        total = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
+        assembly = StreamAssembly(base_url)
+        try:
+            async with asyncio.timeout(total):
+                async with self._http().stream("POST", f"{base_url}/v1/completions", json=body,
+                                               timeout=httpx.Timeout(total, connect=min(CONNECT_TIMEOUT_S, total))
+                                               ) as resp:
+                    if resp.status_code >= 400:
+                        await resp.aread()
+                        raise_for_error_status(self.kind, base_url, resp)
+                    await feed_stream(assembly, resp.aiter_bytes(), on_tokens)
+        except (TimeoutError, httpx.HTTPError) as exc:
+            raise self._transport_error(base_url, total, exc) from exc
+        return assembly.generation()
 
 
 class SGLangClient(_HTTPBackend):

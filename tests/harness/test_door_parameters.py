@@ -15,7 +15,6 @@ from openai import AsyncOpenAI
 
 from rollstream.agent import AgentSettings, LLMSession
 from rollstream.agent.chat import ChatRenderer
-from rollstream.agent.gateway import Gateway
 from rollstream.agent.harnesses.openai_chat import SUBMIT
 from rollstream.llm.inference_client import Generation, SamplingParams, VLLMClient
 from rollstream.tasks import arith
@@ -24,20 +23,6 @@ from .test_gateway import RecordingClient
 
 TOOLS = [arith.BASH_SCHEMA, SUBMIT]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=48)
-
-
-@pytest.fixture
-async def gateway():
-    gw = await Gateway().start()
-    yield gw
-    await gw.aclose()
-
-
-@pytest.fixture(scope="module")
-def tokenizer(arith_model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(arith_model_dir)
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ from openai import AsyncOpenAI
 
 from rollstream.agent import AgentSettings, LLMSession
 from rollstream.agent.backend_link import PooledVLLMClient
-from rollstream.agent.gateway import Gateway
 from rollstream.agent.harnesses.openai_chat import SUBMIT
 from rollstream.llm.inference_client import SamplingParams, VLLMClient
 from rollstream.tasks import arith
@@ -31,12 +30,10 @@ class RecordingClient(PooledVLLMClient):
         self.calls.append((list(prompt_ids), gen))
         return gen
 
-
-@pytest.fixture
-async def gateway():
-    gw = await Gateway().start()
-    yield gw
-    await gw.aclose()
+    async def generate_stream(self, base_url, prompt_ids, params, on_tokens, timeout_s=None):
+        gen = await super().generate_stream(base_url, prompt_ids, params, on_tokens, timeout_s)
+        self.calls.append((list(prompt_ids), gen))
+        return gen
 
 
 def _tokenizer(model_dir):

@@ -267,5 +267,7 @@ async def stream_chunks(engine: Engine, body: CompletionRequest, request_id: str
         for task in tasks:
             task.cancel()  # a client that went away frees its batch slots
     if (body.stream_options or {}).get("include_usage"):
-        yield event([], usage=usage_of(body, samples, results).model_dump())
+        # As the whole body's: the weights version that produced every token (not in vLLM).
+        yield event([], usage=usage_of(body, samples, results).model_dump(),
+                    policy_version=min(r.policy_version for r in results if r is not None))
     yield "data: [DONE]\n\n"

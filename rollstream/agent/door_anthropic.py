@@ -1,0 +1,230 @@
+"""Anthropic Messages at the per-job door (POST /v1/messages, what Claude Code speaks, and
+/v1/messages/count_tokens): ``system`` (a string or text blocks) and messages of content blocks
+(text, tool_use, tool_result) become the chat messages the template renders (each tool_result a
+``tool`` message, in order); tools' ``input_schema`` becomes the template's parameters. The
+answer is a ``message`` of a text block and a tool_use block per parsed tool call or, streamed,
+Anthropic's events (message_start, content_block_start, content_block_delta with text_delta or
+input_json_delta, content_block_stop, message_delta, message_stop) sent while the tokens are
+generated; errors in Anthropic's form ``{"type": "error", "error": {...}}``. Thinking blocks in
+the history, which this door never emits (the model's own thinking stays in its text), and the
+request's ``thinking`` setting are another provider's: the job's chat_template_kwargs decide
+whether the served model thinks. ``cache_control`` marks are the client's caching hints."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from rollstream.agent.door_request import (
+    CallOptions,
+    DoorError,
+    check_job_sampling,
+    flag,
+    function_tools,
+    is_int,
+    refuse,
+    stop_strings,
+)
+from rollstream.agent.door_stream import Completed
+
+MODEL_NAME = "rollstream"
+_ACCEPTED = frozenset({"model", "messages", "system", "max_tokens", "stop_sequences", "stream", "tools", "tool_choice",
+                       "temperature", "top_p", "top_k", "metadata", "thinking", "service_tier", "cache_control"})
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                404: "not_found_error", 408: "timeout_error", 413: "request_too_large", 429: "rate_limit_error",
+                503: "overloaded_error"}
+
+
+def error_body(status: int, message: str) -> dict:
+    kind = _ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def _blocks(content: Any, where: str) -> list[dict]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
+        raise DoorError(400, f"{where} must be a string or a list of content blocks", "invalid_request",
+                        param=where)
+    return content
+
+
+def _text_blocks(content: Any, where: str) -> str:
+    """Text blocks (a tool_result's content, the system prompt) as text; other blocks refused."""
+    out = []
+    for block in _blocks(content, where):
+        if block.get("type") != "text" or not isinstance(block.get("text"), str):
+            raise DoorError(400, f"{where} holds a {block.get('type')!r} block; this door serves a text model: "
+                            "send text blocks only", "unsupported_content", param=where)
+        out.append(block["text"])
+    return "\n".join(out) if where == "system" else "".join(out)
+
+
+def _messages(request: dict) -> list[dict]:
+    messages: list[dict] = []
+    if request.get("system") is not None:
+        messages.append({"role": "system", "content": _text_blocks(request["system"], "system")})
+    raw = request.get("messages")
+    if not isinstance(raw, list) or not raw or not all(isinstance(m, dict) for m in raw):
+        raise DoorError(400, "messages must be a non-empty list of message objects", "invalid_request",
+                        param="messages")
+    for i, message in enumerate(raw):
+        role, where = message.get("role"), f"messages[{i}]"
+        if role not in ("user", "assistant"):
+            raise DoorError(400, f"{where}.role must be user or assistant", "invalid_request", param=f"{where}.role")
+        texts, calls = [], []
+        for j, block in enumerate(_blocks(message.get("content"), f"{where}.content")):
+            kind, at = block.get("type"), f"{where}.content[{j}]"
+            if kind == "text" and isinstance(block.get("text"), str):
+                texts.append(block["text"])
+            elif kind == "tool_use" and role == "assistant" and isinstance(block.get("name"), str):
+                calls.append({"id": block.get("id"), "type": "function",
+                              "function": {"name": block["name"], "arguments": block.get("input") or {}}})
+            elif kind == "tool_result" and role == "user":
+                result = block.get("content", "")
+                text = _text_blocks(result, f"{at}.content") if result else ""
+                messages.append({"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": text})
+            elif kind in ("thinking", "redacted_thinking") and role == "assistant":
+                continue  # see the module docstring
+            else:
+                raise DoorError(400, f"{at} is a {kind!r} block in a {role} message; this door serves text, "
+                                "tool_use (assistant), tool_result (user) and thinking blocks", "unsupported_content",
+                                param=at)
+        if texts or calls or not messages or messages[-1]["role"] != "tool":
+            entry: dict = {"role": role, "content": "".join(texts)}
+            if calls:
+                entry["tool_calls"] = calls
+            messages.append(entry)
+    return messages
+
+
+def _tool_choice(choice: Any) -> tuple[bool, bool]:
+    """Whether calls are parsed, and whether several may be (disable_parallel_tool_use)."""
+    if choice is None:
+        return True, True
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind in ("any", "tool"):
+        raise refuse("tool_choice", f"tool_choice {kind!r} needs decoding constrained to a tool call, which this door "
+                     "does not do: the model would be free to answer without one. Send {\"type\": \"auto\"} (or leave "
+                     "it unset) and handle a reply without tool_use", "unsupported_tool_choice")
+    if kind not in ("auto", "none"):
+        raise refuse("tool_choice", "tool_choice must be {\"type\": \"auto\"} or {\"type\": \"none\"}", "invalid_value")
+    return kind == "auto", not flag(choice, "disable_parallel_tool_use", False)
+
+
+def parse(request: dict, count_only: bool = False) -> CallOptions:
+    """A Messages request (or a count_tokens one) as the door's CallOptions, or a DoorError."""
+    unknown = sorted(set(request) - _ACCEPTED)
+    if unknown:
+        raise refuse(unknown[0], f"parameter {unknown[0]!r} is not supported by this door; it serves "
+                     f"{', '.join(sorted(_ACCEPTED))}")
+    max_tokens = request.get("max_tokens")
+    if not count_only and (not is_int(max_tokens) or max_tokens < 1):
+        raise refuse("max_tokens", "max_tokens is required: a positive integer", "invalid_value")
+    check_job_sampling(request, ("temperature", "top_p", "top_k"))
+    thinking = request.get("thinking")
+    if thinking is not None and (not isinstance(thinking, dict)
+                                 or thinking.get("type") not in ("enabled", "disabled", "adaptive")):
+        raise refuse("thinking", "thinking must be {\"type\": \"enabled\" | \"disabled\" | \"adaptive\", ...}",
+                     "invalid_value")
+    tools = function_tools(request.get("tools"), "custom", "custom", "input_schema",
+                           'client tools only ({"name": ..., "input_schema": ...}): server tools (web search, code '
+                           "execution, computer use) have no backend here")
+    parse_calls, parallel = _tool_choice(request.get("tool_choice"))
+    stream = flag(request, "stream", False)
+    if count_only and stream:
+        raise refuse("stream", "count_tokens does not stream", "invalid_value")
+    return CallOptions(messages=_messages(request), tools=tools if parse_calls else None,
+                       parse_tool_calls=parse_calls, parallel_tool_calls=parallel,
+                       stop=stop_strings(request.get("stop_sequences"), "stop_sequences"),
+                       max_tokens=max_tokens, logprobs=False, seed=None, stream=stream, include_usage=True)
+
+
+def _stop_reason(done: Completed) -> str:
+    if done.finish == "tool_calls":
+        return "tool_use"
+    if done.finish == "length":
+        return "max_tokens"
+    return "stop_sequence" if done.stop_sequence else "end_turn"
+
+
+def _usage(done: Completed) -> dict:
+    # Anthropic counts tokens read from the cache apart from input_tokens.
+    return {"input_tokens": done.prompt_tokens - done.cached_tokens, "cache_read_input_tokens": done.cached_tokens,
+            "cache_creation_input_tokens": 0, "output_tokens": done.completion_tokens}
+
+
+def _tool_use(call: Any) -> dict:
+    return {"type": "tool_use", "id": f"toolu_{uuid.uuid4().hex[:24]}", "name": call.name, "input": call.arguments}
+
+
+class AnthropicApi:
+    """What gateway.py needs of an API (see door_chat.ChatApi)."""
+
+    name = "anthropic"
+
+    def parse(self, request: dict, count_only: bool = False) -> CallOptions:
+        return parse(request, count_only)
+
+    def error(self, exc: DoorError) -> dict:
+        return error_body(exc.status, str(exc))
+
+    def body(self, done: Completed, request: dict, options: CallOptions, tokenizer: Any) -> dict:
+        content = [{"type": "text", "text": done.content}] if done.content or not done.calls else []
+        content += [_tool_use(c) for c in done.calls]
+        return {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant",
+                "model": request.get("model") or MODEL_NAME, "content": content, "stop_reason": _stop_reason(done),
+                "stop_sequence": done.stop_sequence, "usage": _usage(done)}
+
+    def emitter(self, request: dict, options: CallOptions, tokenizer: Any) -> AnthropicEvents:
+        return AnthropicEvents(request.get("model") or MODEL_NAME)
+
+
+def _event(kind: str, **fields: Any) -> bytes:
+    return f"event: {kind}\ndata: ".encode() + json.dumps({"type": kind, **fields}).encode() + b"\n\n"
+
+
+class AnthropicEvents:
+    """A streamed message's events (door_stream.Emitter)."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.blocks = 0  # content blocks started so far
+        self.text_open = False
+
+    def start(self, prompt_tokens: int) -> bytes:
+        message = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "content": [],
+                   "model": self.model, "stop_reason": None, "stop_sequence": None,
+                   "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}
+        return _event("message_start", message=message)
+
+    def _open_text(self) -> bytes:
+        self.text_open = True
+        self.blocks += 1
+        return _event("content_block_start", index=0, content_block={"type": "text", "text": ""})
+
+    def text(self, delta: str, tokens: list[tuple[int, float]]) -> bytes:
+        out = b"" if self.text_open else self._open_text()
+        return out + _event("content_block_delta", index=0, delta={"type": "text_delta", "text": delta})
+
+    def finish(self, done: Completed) -> bytes:
+        out = []
+        if not self.text_open and (done.content or not done.calls):
+            out.append(self._open_text())
+        if self.text_open:
+            out.append(_event("content_block_stop", index=0))
+        for call in done.calls:
+            index, block = self.blocks, _tool_use(call)
+            self.blocks += 1
+            out += [_event("content_block_start", index=index, content_block={**block, "input": {}}),
+                    _event("content_block_delta", index=index,
+                           delta={"type": "input_json_delta", "partial_json": json.dumps(call.arguments)}),
+                    _event("content_block_stop", index=index)]
+        out.append(_event("message_delta", delta={"stop_reason": _stop_reason(done), "stop_sequence": done.stop_sequence},
+                          usage={"output_tokens": done.completion_tokens}))
+        out.append(_event("message_stop"))
+        return b"".join(out)
+
+    def error(self, status: int, message: str, code: str) -> bytes:
+        return _event("error", error=error_body(status, message)["error"])

@@ -1,0 +1,251 @@
+"""The door's OpenAI Responses and Anthropic Messages APIs and its real streaming, through the
+official client libraries (``openai``'s responses.create / responses.stream, ``anthropic``'s
+messages.create / messages.stream) against a real built-in server: the recorded ids are the
+backend's own, tool calls round-trip in each API's own form and extend the same exact sequence,
+the first streamed text reaches the harness while the backend is still generating, and a bad
+request is a 400 in the API's own error format."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import anthropic
+import httpx
+import openai
+import pytest
+from openai import AsyncOpenAI
+
+from rollstream.agent import AgentSettings, LLMSession
+from rollstream.agent.door_stream import ReplyText
+from rollstream.agent.harnesses.openai_chat import SUBMIT
+from rollstream.llm.inference_client import SamplingParams
+from rollstream.tasks import arith
+
+from .test_gateway import RecordingClient
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=40)
+CHAT_TOOLS = [arith.BASH_SCHEMA, SUBMIT]
+RESPONSES_TOOLS = [{"type": "function", **t["function"]} for t in CHAT_TOOLS]
+ANTHROPIC_TOOLS = [{"name": t["function"]["name"], "description": t["function"]["description"],
+                    "input_schema": t["function"]["parameters"]} for t in CHAT_TOOLS]
+
+
+@pytest.fixture
+async def door(gateway, arith_server, tokenizer):
+    """A door on the arith server that samples greedily; its backend link records each call."""
+    backend = RecordingClient()
+    door = gateway.open("job-a", LLMSession(backend, "job-a", backend_url=arith_server), tokenizer,
+                        AgentSettings(max_tokens_per_turn=40, max_context_tokens=1024, sampling=GREEDY))
+    door.backend = backend
+    door.openai = AsyncOpenAI(base_url=gateway.base_url, api_key=door.key, max_retries=0)
+    # Anthropic's SDK adds /v1/messages itself, and sends the key as x-api-key.
+    door.anthropic = anthropic.AsyncAnthropic(base_url=gateway.base_url.removesuffix("/v1"), api_key=door.key,
+                                              max_retries=0)
+    yield door
+    await door.openai.close()
+    await door.anthropic.close()
+    await backend.aclose()
+
+
+def _system_and_user() -> tuple[str, str]:
+    system, user = arith.prompt({"a": 12, "op": "+", "b": 30})
+    return system["content"], user["content"]
+
+
+def _assert_exact(door) -> None:
+    """Every call's prompt is its segment up to the call, and its completion follows unchanged."""
+    traj = door.recorder.trajectory()
+    for index, (call, (sent, gen)) in enumerate(zip(traj.extra["calls"], door.backend.calls, strict=True)):
+        seg = traj.segments[call["segment"]]
+        assert index in seg.call_indices
+        sequence, offset = seg.prompt_ids + seg.response_ids, call["prompt_tokens"]
+        assert sequence[:offset] == sent
+        assert sequence[offset:offset + len(gen.token_ids)] == gen.token_ids
+        start = offset - len(seg.prompt_ids)
+        assert seg.logprobs[start:start + len(gen.token_ids)] == gen.logprobs
+        assert seg.loss_mask[start:start + len(gen.token_ids)] == [1] * len(gen.token_ids)
+
+
+async def test_responses_round_trip_a_function_call_and_the_streamed_follow_up_extends_the_same_sequence(door):
+    system, user = _system_and_user()
+    first = await door.openai.responses.create(model="m", instructions=system, input=user, tools=RESPONSES_TOOLS,
+                                               store=False)
+    calls = [item for item in first.output if item.type == "function_call"]
+    assert calls and calls[0].name == "bash" and "command" in json.loads(calls[0].arguments)
+    assert first.usage.input_tokens == len(door.backend.calls[0][0])
+    # Codex's loop: the whole input again, the response's items, each call's output; streamed.
+    follow_up = [{"role": "user", "content": user}, *[item.model_dump(exclude_none=True) for item in first.output],
+                 *[{"type": "function_call_output", "call_id": c.call_id, "output": "42\n"} for c in calls]]
+    async with door.openai.responses.stream(model="m", instructions=system, input=follow_up, tools=RESPONSES_TOOLS,
+                                            store=False) as stream:
+        kinds = [event.type async for event in stream]
+        final = await stream.get_final_response()
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    assert "response.output_item.added" in kinds and "response.output_item.done" in kinds
+    assert final.status == "completed" and final.output
+    assert [c["segment"] for c in door.recorder.trajectory().extra["calls"]] == [0, 0]
+    _assert_exact(door)
+
+
+async def test_anthropic_round_trips_tool_use_and_the_streamed_follow_up_extends_the_same_sequence(door):
+    system, user = _system_and_user()
+    first = await door.anthropic.messages.create(model="m", max_tokens=40, system=system, tools=ANTHROPIC_TOOLS,
+                                                 messages=[{"role": "user", "content": user}])
+    uses = [block for block in first.content if block.type == "tool_use"]
+    assert first.stop_reason == "tool_use" and uses[0].name == "bash" and "command" in uses[0].input
+    counted = await door.anthropic.messages.count_tokens(model="m", system=system, tools=ANTHROPIC_TOOLS,
+                                                         messages=[{"role": "user", "content": user}])
+    assert counted.input_tokens == len(door.backend.calls[0][0])
+    # Claude Code's loop: the assistant's blocks back, then a user turn of tool_result blocks.
+    history = [{"role": "user", "content": user},
+               {"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in first.content]},
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": u.id, "content": "42\n"}
+                                            for u in uses]}]
+    async with door.anthropic.messages.stream(model="m", max_tokens=40, system=system, tools=ANTHROPIC_TOOLS,
+                                              messages=history) as stream:
+        kinds = [event.type async for event in stream]
+        final = await stream.get_final_message()
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop" and "content_block_start" in kinds
+    assert final.stop_reason in ("end_turn", "tool_use", "max_tokens") and final.content
+    assert [c["segment"] for c in door.recorder.trajectory().extra["calls"]] == [0, 0]
+    _assert_exact(door)
+
+
+class HeldBackend(RecordingClient):
+    """The real link, paused after the first tokens it passes on until the test releases it: what
+    the harness has received by then was sent while the backend was still generating."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+        self.finished = False
+
+    async def generate_stream(self, base_url, prompt_ids, params, on_tokens, timeout_s=None):
+        async def held(ids, logprobs):
+            await on_tokens(ids, logprobs)
+            await self.release.wait()
+
+        gen = await super().generate_stream(base_url, prompt_ids, params, held, timeout_s)
+        self.finished = True
+        return gen
+
+
+async def _first_text(api: str, client, system: str, user: str):
+    """The streamed call of ``api`` (no tool calls parsed: all its text is text); yields each text
+    delta as the harness's SDK delivers it."""
+    if api == "chat":
+        stream = await client.chat.completions.create(model="m", stream=True, tool_choice="none", messages=[
+            {"role": "system", "content": system}, {"role": "user", "content": user}])
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                yield chunk.choices[0].delta.content
+    elif api == "responses":
+        async with client.responses.stream(model="m", instructions=system, input=user, store=False,
+                                           tool_choice="none") as stream:
+            async for event in stream:
+                if event.type == "response.output_text.delta":
+                    yield event.delta
+    else:
+        async with client.messages.stream(model="m", max_tokens=40, system=system, tool_choice={"type": "none"},
+                                          messages=[{"role": "user", "content": user}]) as stream:
+            async for event in stream:
+                if event.type == "content_block_delta" and event.delta.type == "text_delta":
+                    yield event.delta.text
+
+
+@pytest.mark.parametrize("api", ["chat", "responses", "anthropic"])
+async def test_the_first_text_reaches_the_harness_while_the_backend_is_still_generating(
+        api, gateway, arith_server, tokenizer):
+    backend = HeldBackend()
+    door = gateway.open(f"job-{api}", LLMSession(backend, "job", backend_url=arith_server), tokenizer,
+                        AgentSettings(max_tokens_per_turn=40, sampling=GREEDY))
+    client = anthropic.AsyncAnthropic(base_url=gateway.base_url.removesuffix("/v1"), api_key=door.key) \
+        if api == "anthropic" else AsyncOpenAI(base_url=gateway.base_url, api_key=door.key, max_retries=0)
+    system, user = _system_and_user()
+    pieces = []
+
+    async def read() -> None:
+        async for piece in _first_text(api, client, system, user):
+            if not pieces:
+                # the backend is paused after its first tokens: it has not finished generating
+                assert not backend.finished and len(backend.calls) == 0
+                backend.release.set()
+            pieces.append(piece)
+
+    try:
+        await asyncio.wait_for(read(), 120)
+    finally:
+        backend.release.set()
+        await client.close()
+        await backend.aclose()
+    gen = backend.calls[0][1]
+    assert backend.finished and len(gen.token_ids) > 1
+    # what was streamed is the reply the trajectory's next call must echo
+    assert "".join(pieces) == door.recorder.chains[0].messages[-1]["content"]
+    assert door.recorder.segments[0].response_ids == gen.token_ids
+
+
+async def test_a_streamed_reply_never_shows_text_past_a_stop_string(door, tokenizer):
+    system, user = _system_and_user()
+    # The greedy reply is '<tool_call>\n{"name": "bash", ...': "as" ends inside the token "bash".
+    stream = await door.openai.chat.completions.create(model="m", stream=True, stop=["as"], tools=CHAT_TOOLS,
+                                                       messages=[{"role": "system", "content": system},
+                                                                 {"role": "user", "content": user}])
+    text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    gen = door.backend.calls[0][1]
+    whole = tokenizer.decode(gen.token_ids, skip_special_tokens=False)
+    assert "as" in whole and text == whole[:whole.find("as")]
+    assert door.recorder.segments[0].response_ids == gen.token_ids
+    # Token by token, the text shown never reaches into a stop string before it is known to be one.
+    reply = "Let me compute: 12 + 30 = 42, as asked."
+    held = ReplyText(tokenizer, None, ["= 4"], tool_calls=True)
+    shown = "".join(held.feed([i], [0.0])[0] for i in tokenizer.encode(reply, add_special_tokens=False))
+    assert shown == "Let me compute: 12 + 30"  # the space before "= 4" waits too: it may precede a call
+
+
+def test_streamed_text_never_splits_a_character_whose_bytes_span_tokens(tokenizer):
+    text = "crab 🦀 naïve 中文"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert any("\ufffd" in tokenizer.decode([i]) for i in ids)  # some character is split over tokens
+    stream = ReplyText(tokenizer, None, [], tool_calls=False)
+    pieces = [stream.feed([i], [0.0])[0] for i in ids]
+    assert not any("\ufffd" in p for p in pieces) and "".join(pieces) == text
+
+
+@pytest.mark.parametrize(("api", "body", "param"), [
+    ("responses", {"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0]"),
+    ("responses", {"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
+    ("responses", {"input": [{"type": "message", "role": "user", "content": [
+        {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}]}, "input[0].content"),
+    ("responses", {"input": "hi", "tool_choice": "required", "tools": RESPONSES_TOOLS}, "tool_choice"),
+    ("anthropic", {"messages": [{"role": "user", "content": "hi"}], "tool_choice": {"type": "any"},
+                   "tools": ANTHROPIC_TOOLS}, "tool_choice"),
+    ("anthropic", {"messages": [{"role": "user", "content": "hi"}],
+                   "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0]"),
+    ("anthropic", {"messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]},
+     "messages[0].content[0]"),
+])
+async def test_a_bad_request_is_a_400_in_the_apis_own_error_format(door, api, body, param):
+    with pytest.raises((openai.BadRequestError, anthropic.BadRequestError)) as refused:
+        if api == "responses":
+            await door.openai.responses.create(model="m", **body)
+        else:
+            await door.anthropic.messages.create(model="m", max_tokens=8, **body)
+    error = refused.value.body
+    if api == "responses":
+        assert error["param"] == param and error["type"] == "invalid_request_error"
+    else:
+        assert error["type"] == "error" and error["error"]["type"] == "invalid_request_error"
+        assert param in error["error"]["message"]
+    assert not door.backend.calls and not door.recorder.calls
+
+
+async def test_errors_on_the_anthropic_path_are_anthropic_errors_and_x_api_key_opens_the_door(door, gateway):
+    async with httpx.AsyncClient(base_url=gateway.base_url) as http:
+        wrong = await http.post("/messages", headers={"x-api-key": "rs-not-a-job"}, content=b"{}")
+        bad_json = await http.post("/messages", headers={"x-api-key": door.key}, content=b"{not json")
+    assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
+    assert bad_json.status_code == 400 and bad_json.json()["type"] == "error"
+    assert bad_json.json()["error"]["type"] == "invalid_request_error"

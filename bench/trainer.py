@@ -10,9 +10,11 @@
    vocabulary and a small body, so that the vocabulary matters as it does in a real model.
 1. Update step throughput on the tiny model: tokens/s of one DAPO update against a plain SFT
    step (cross-entropy on the same response tokens, same micro-batching, same optimizer).
-2. Weight sync: time from a finished update to weights served again = save (safetensors)
-   + the built-in server loading them (POST /v1/load_weights); `--sync-model qwen3-0.6b`
-   measures it on a Qwen3-0.6B-shaped model.
+2. Weight sync: time from a finished update to weights served again = save + the built-in
+   server loading them (POST /v1/load_weights), on a Qwen3-0.6B-shaped model in bf16 (RESULT
+   sync_s; `--sync-model tiny` for the tiny one, whose figure is tiny_sync_s either way), by the
+   transfer the trainer picks on one host (shared memory) and by disk in the same run
+   (sync_disk_s); `--only-sync` runs this section alone.
 3. End to end on this machine (bench/arith_rl.py): DAPO on the arith tool-use task through
    the whole pipeline (worker pools, bwrap sandboxes, built-in server, weight sync after each
    step), reward per step; `--e2e digits` runs the older toy instead (share of digit tokens
@@ -127,14 +129,33 @@ def measure_update(model, batch: PaddedBatch, device, micro_batch_size: int, rep
 
 
 async def measure_sync(model, tokenizer, base_url: str, root: Path, reps: int) -> dict:
-    publisher = WeightPublisher(root, [BuiltinServerBackend(base_url)], keep_versions=1)
-    await publisher.publish(model, tokenizer, 0)
-    reports = [await publisher.publish(model, tokenizer, v) for v in range(1, reps + 1)]
-    return {
-        "sync_s": statistics.median(r.total_s for r in reports),
-        "save_s": statistics.median(r.save_s for r in reports),
-        "load_s": statistics.median(r.load_s for r in reports),
-    }
+    """Syncs by `auto` (on one host: shared memory; CUDA IPC where both are on one GPU) and by
+    `disk` (the path to a server on another host), alternating, each after every weight has
+    changed (negated: cheap and exact in any dtype), so no sync can skip a tensor; medians."""
+    publishers = {transfer: WeightPublisher(root / transfer, [BuiltinServerBackend(base_url)], keep_versions=1,
+                                            transfer=transfer) for transfer in ("auto", "disk")}
+    reports: dict[str, list] = {transfer: [] for transfer in publishers}
+    version = 0
+    try:
+        for rep in range(reps + 1):  # the first round warms both up (allocation, first mapping)
+            for transfer, publisher in publishers.items():
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.neg_()
+                version += 1
+                report = await publisher.publish(model, tokenizer, version)
+                if rep:
+                    reports[transfer].append(report)
+    finally:
+        for publisher in publishers.values():
+            publisher.close()
+    out = {"transfer": reports["auto"][0].transfer}
+    for transfer, found in reports.items():
+        key = "" if transfer == "auto" else "disk_"
+        out.update({f"{key}sync_s": statistics.median(r.total_s for r in found),
+                    f"{key}save_s": statistics.median(r.save_s for r in found),
+                    f"{key}load_s": statistics.median(r.load_s for r in found)})
+    return out
 
 
 async def e2e(model_dir: Path, base_url: str, steps: int, out: Path) -> list[dict]:
@@ -220,9 +241,8 @@ def accelerator_section(device, model_dir: Path, tokenizer, batch: PaddedBatch, 
         finally:
             proc.terminate()
             proc.wait(30)
-    result.update(gpu_big_sync_s=gsync["sync_s"], gpu_big_batch_to_served_s=big_upd["update_s"] + gsync["sync_s"])
-    rows.append((f"sync, Qwen2 {params / 1e6:.0f}M, {device.type} server", f"{gsync['sync_s'] * 1000:.0f} ms",
-                 f"save {gsync['save_s'] * 1000:.0f} ms + load {gsync['load_s'] * 1000:.0f} ms"))
+    result["gpu_big_batch_to_served_s"] = big_upd["update_s"] + gsync["sync_s"]
+    sync_rows(f"Qwen2 {params / 1e6:.0f}M, {device.type} server", gsync, "gpu_big_", rows, result)
 
 
 # ---- 0. DAPO update vs a plain transformers training step -------------------------------
@@ -401,12 +421,20 @@ def sync_row(preset: str, device: torch.device, tokenizer, reps: int, rows: list
         finally:
             proc.terminate()
             proc.wait(30)
-    result.update({f"{prefix}sync_s": sync["sync_s"], f"{prefix}sync_save_s": sync["save_s"],
-                   f"{prefix}sync_load_s": sync["load_s"], f"{prefix}sync_params": params,
-                   f"{prefix}sync_load_1m": load})
+    result.update({f"{prefix}sync_params": params, f"{prefix}sync_load_1m": load})
     served = "fp32 CPU server" if device.type == "cpu" else f"{device.type} server"
-    rows.append((f"sync, Qwen3 {params / 1e6:.0f}M bf16 -> {served}", f"{sync['sync_s'] * 1000:.0f} ms",
-                 f"save {sync['save_s'] * 1000:.0f} ms + load {sync['load_s'] * 1000:.0f} ms; load avg {load:.1f}"))
+    sync_rows(f"Qwen3 {params / 1e6:.0f}M bf16 -> {served}", sync, prefix, rows, result, f"load avg {load:.1f}")
+
+
+def sync_rows(what: str, sync: dict, prefix: str, rows: list, result: dict, note: str = "") -> None:
+    """RESULT keys {prefix}sync_s (the transfer `auto` chose) and {prefix}sync_disk_s, two table rows."""
+    result.update({f"{prefix}sync_s": sync["sync_s"], f"{prefix}sync_save_s": sync["save_s"],
+                   f"{prefix}sync_load_s": sync["load_s"], f"{prefix}sync_transfer": sync["transfer"],
+                   f"{prefix}sync_disk_s": sync["disk_sync_s"], f"{prefix}sync_disk_save_s": sync["disk_save_s"],
+                   f"{prefix}sync_disk_load_s": sync["disk_load_s"]})
+    for label, key in ((sync["transfer"], ""), ("disk", "disk_")):
+        rows.append((f"sync by {label}, {what}", f"{sync[key + 'sync_s'] * 1000:.0f} ms",
+                     f"save {sync[key + 'save_s'] * 1000:.0f} ms + load {sync[key + 'load_s'] * 1000:.0f} ms; {note}"))
 
 
 def main() -> None:
@@ -425,8 +453,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="DAPO/plain process pairs, in alternation")
     parser.add_argument("--only-dapo-vs-plain", action="store_true",
                         help="section 0 alone (CPU, and CUDA where there is one)")
-    parser.add_argument("--sync-model", choices=("tiny", "qwen3-0.6b"), default="tiny",
-                        help="model of the CPU weight-sync row (qwen3-0.6b: bf16 saved, served by a CPU server)")
+    parser.add_argument("--sync-model", choices=("tiny", "qwen3-0.6b"), default="qwen3-0.6b",
+                        help="model of the CPU weight-sync row, RESULT sync_s (qwen3-0.6b: bf16 trainer, fp32 CPU "
+                             "server); the tiny model's is tiny_sync_s either way")
+    parser.add_argument("--only-sync", action="store_true", help="the weight-sync section alone")
     parser.add_argument("--variant", choices=("dapo", "plain"), help=argparse.SUPPRESS)  # one child process
     parser.add_argument("--device", default="cpu", help=argparse.SUPPRESS)
     parser.add_argument("--reps", type=int, default=None, help=argparse.SUPPRESS)
@@ -447,6 +477,12 @@ def main() -> None:
     rows: list[tuple[str, str, str]] = []
     result: dict = {}
 
+    if args.only_sync:
+        result["sync_model"] = args.sync_model
+        sync_row(args.sync_model if args.sync_model != "tiny" else "cpu-small", torch.device("cpu"), tokenizer,
+                 reps, rows, result, prefix="")
+        print_table(rows, result)
+        return
     dapo_vs_plain(args.preset, "cpu", 2 if args.quick else 3, args.rounds, rows, result)
     if args.only_dapo_vs_plain:
         if torch.cuda.is_available():
@@ -468,11 +504,9 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory(dir=OUT) as tmp:
             sync = asyncio.run(measure_sync(model, tokenizer, base_url, Path(tmp), reps))
-        result.update(sync_s=sync["sync_s"], sync_save_s=sync["save_s"], sync_load_s=sync["load_s"],
-                      batch_to_served_s=upd["update_s"] + sync["sync_s"])
-        rows.append(("sync, tiny model, cpu", f"{sync['sync_s'] * 1000:.0f} ms",
-                     f"save {sync['save_s'] * 1000:.0f} ms + load {sync['load_s'] * 1000:.0f} ms; "
-                     f"full batch -> served {result['batch_to_served_s']:.2f} s"))
+        result["batch_to_served_s"] = upd["update_s"] + sync["sync_s"]
+        sync_rows("tiny model, cpu", sync, "tiny_", rows, result,
+                  f"full batch -> served {result['batch_to_served_s']:.2f} s")
         metrics: list[dict] = []
         if not args.skip_e2e and args.e2e == "digits":
             with tempfile.TemporaryDirectory(dir=OUT) as tmp:
@@ -482,8 +516,11 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(30)
-    if args.sync_model != "tiny":
-        sync_row(args.sync_model, cpu, tokenizer, reps, rows, result, prefix="big_")
+    result["sync_model"] = args.sync_model
+    if args.sync_model == "tiny":  # the headline keys sync_s, ... are the tiny model's
+        result.update({k.removeprefix("tiny_"): v for k, v in list(result.items()) if k.startswith("tiny_sync")})
+    else:
+        sync_row(args.sync_model, cpu, tokenizer, reps, rows, result, prefix="")
     if not args.skip_e2e and args.e2e == "arith":
         arith_e2e(steps, rows, result)
     if metrics:

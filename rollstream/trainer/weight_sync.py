@@ -22,6 +22,7 @@ Two strategies, one per kind of backend:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -29,8 +30,8 @@ import shutil
 import stat
 import tempfile
 import time
+import weakref
 from collections.abc import Iterator
-import contextlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,16 @@ from typing import Any, AsyncContextManager, Literal, Protocol
 
 import httpx
 from pydantic import BaseModel, Field
+
+from rollstream.llm.weights_transfer import (
+    SHM_ROOT,
+    Placement,
+    Transfer,
+    choose_transfer,
+    export_cuda_ipc,
+    placement,
+    write_safetensors,
+)
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +76,22 @@ class BuiltinServerBackend:
     url: str
 
     async def load(self, client: httpx.AsyncClient, weights_dir: Path, policy_version: int) -> None:
-        response = await client.post(
-            f"{self.url.rstrip('/')}/v1/load_weights",
-            json={"path": str(weights_dir), "policy_version": policy_version},
-        )
+        await self._load(client, {"path": str(weights_dir), "policy_version": policy_version}, policy_version)
+
+    async def load_cuda_ipc(self, client: httpx.AsyncClient, handles: dict[str, Any], policy_version: int) -> None:
+        """Make the server copy the trainer's GPU tensors through their CUDA IPC handles."""
+        await self._load(client, {"cuda_ipc": handles, "policy_version": policy_version}, policy_version)
+
+    async def placement(self, client: httpx.AsyncClient) -> Placement | None:
+        """Where the server runs (host, /dev/shm, GPU); None from a server too old to say."""
+        response = await client.get(f"{self.url.rstrip('/')}/v1/weights_placement")
+        if response.status_code == 404:
+            return None
+        _check(response, f"{self.url}/v1/weights_placement")
+        return Placement(**response.json())
+
+    async def _load(self, client: httpx.AsyncClient, body: dict[str, Any], policy_version: int) -> None:
+        response = await client.post(f"{self.url.rstrip('/')}/v1/load_weights", json=body)
         _check(response, f"{self.url}/v1/load_weights")
         served = response.json().get("policy_version")
         if served != policy_version:
@@ -220,11 +243,12 @@ class BackendSpec(BaseModel):
 @dataclass
 class SyncReport:
     policy_version: int
-    weights_dir: Path
+    weights_dir: Path | None  # None where the weights went by CUDA IPC
     save_s: float
     load_s: float
     # backend URL -> the policy version it serves after this sync
     served: dict[str, int] = field(default_factory=dict)
+    transfer: str = "disk"
 
     @property
     def total_s(self) -> float:
@@ -248,12 +272,6 @@ def atomic_folder(final: Path) -> Iterator[Path]:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-_SAFETENSORS_DTYPES = {  # torch dtype name -> safetensors dtype (torch is imported only when saving)
-    "float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64", "int64": "I64", "int32": "I32",
-    "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
-}
-
-
 def _tensors_to_save(model) -> dict[str, Any]:
     """The model's tensors under the names save_pretrained would write: tied aliases dropped,
     transformers' load-time renamings reverted (transformers 5); no tensor copied."""
@@ -273,52 +291,53 @@ def _tensors_to_save(model) -> dict[str, Any]:
     return revert_weight_conversion(model, remove_tied_weights_from_state_dict(state, model))
 
 
-def write_safetensors(tensors: dict[str, Any], path: Path, metadata: dict[str, str] | None = None) -> None:
-    """A .safetensors file written tensor by tensor straight from each tensor's memory (one
-    device-to-host copy for a GPU tensor, none for a contiguous CPU one) - safetensors' own
-    save_file first turns every tensor into a bytes object, a second copy of the model."""
-    import torch
-
-    header: dict[str, Any] = {"__metadata__": metadata or {"format": "pt"}}
-    offset = 0
-    for name, tensor in tensors.items():
-        dtype = str(tensor.dtype).removeprefix("torch.")
-        if dtype not in _SAFETENSORS_DTYPES:
-            raise WeightSyncError(f"tensor {name} has dtype {dtype}, which safetensors cannot store")
-        size = tensor.numel() * tensor.element_size()
-        header[name] = {"dtype": _SAFETENSORS_DTYPES[dtype], "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + size]}
-        offset += size
-    encoded = json.dumps(header, separators=(",", ":")).encode()
-    encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned
-    with open(path, "wb") as out:
-        out.write(len(encoded).to_bytes(8, "little"))
-        out.write(encoded)
-        for tensor in tensors.values():
-            host = tensor.detach().to("cpu").contiguous()
-            if host.numel():
-                out.write(memoryview(host.view(-1).view(torch.uint8).numpy()))
-
-
-def save_weights(model, tokenizer, out_dir: Path) -> Path:
+def save_weights(model, tokenizer, out_dir: Path, *, weights_only: bool = False, reuse: Path | None = None) -> Path:
     """The model's weights (model.safetensors, in the model's own dtype) and config into out_dir,
-    atomically; a folder from_pretrained, the built-in server and vLLM all read."""
+    atomically; a folder from_pretrained, the built-in server and vLLM all read. `weights_only`
+    (a transient shared-memory folder) leaves out config and tokenizer; `reuse` is an older
+    model.safetensors whose pages the new one takes over (write_safetensors)."""
     with atomic_folder(out_dir) as tmp:
-        write_safetensors(_tensors_to_save(model), tmp / "model.safetensors")
-        model.config.save_pretrained(tmp)
-        generation = getattr(model, "generation_config", None)
-        if generation is not None:
-            generation.save_pretrained(tmp)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
+        write_safetensors(_tensors_to_save(model), tmp / "model.safetensors", reuse=reuse)
+        if not weights_only:
+            model.config.save_pretrained(tmp)
+            generation = getattr(model, "generation_config", None)
+            if generation is not None:
+                generation.save_pretrained(tmp)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
     return Path(out_dir)
 
 
+SHM_PREFIX = "rollstream-weights-"
+
+
+def remove_stale_shm_folders(shm_root: Path = SHM_ROOT) -> list[Path]:
+    """Delete the shared-memory weight folders of publishers whose process is gone (a trainer
+    that was killed cannot clean up; its weights would hold RAM until reboot)."""
+    removed = []
+    for folder in Path(shm_root).glob(f"{SHM_PREFIX}*"):
+        try:
+            pid = int(folder.name.removeprefix(SHM_PREFIX).split("-")[0])
+            if folder.stat().st_uid != os.getuid():
+                continue
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+        except (ValueError, OSError):
+            continue
+    return removed
+
+
 class WeightPublisher:
-    """Saves versioned weights under `root` and makes every backend load them. With `redis`,
-    each sync notes in the backends' balancer records which version each one serves
-    (`policy_version`, or `policy_sync_error` when it kept the old one): `rollstream backends
-    list` and `GET /v1/backends` show them."""
+    """Saves versioned weights and makes every backend load them. How the weights travel is
+    `transfer` (see rollstream/llm/weights_transfer.py): `disk` writes `root`/policy-vNNNNNN
+    (kept, `keep_versions` of them), `shm` the same file in a tmpfs folder of this process
+    under /dev/shm (only the newest kept, its pages reused by the next sync, removed at exit),
+    `cuda_ipc` sends the GPU tensors' IPC handles; `auto` asks each built-in server where it
+    runs and picks per sync. With `redis`, each sync notes in the backends' balancer records
+    which version each one serves (`policy_version`, or `policy_sync_error` when it kept the old
+    one): `rollstream backends list` and `GET /v1/backends` show them."""
 
     def __init__(
         self,
@@ -329,6 +348,8 @@ class WeightPublisher:
         redis: Any = None,
         namespace: str = "rs",
         pause_generation: bool = True,
+        transfer: Transfer = "auto",
+        shm_root: Path | str = SHM_ROOT,
     ) -> None:
         self.root = Path(root)
         self.pause_generation = pause_generation
@@ -338,18 +359,116 @@ class WeightPublisher:
         self.redis = redis
         self.namespace = namespace
         self.served: dict[str, int] = {}
+        self.transfer = transfer
+        self.shm_root = Path(shm_root)
+        self._shm_dir: Path | None = None
+        self._ipc_failed: str | None = None  # why CUDA IPC failed once; auto then stages through memory
 
-    def version_dir(self, policy_version: int) -> Path:
-        return self.root / f"policy-v{policy_version:06d}"
+    def version_dir(self, policy_version: int, root: Path | None = None) -> Path:
+        return (root or self.root) / f"policy-v{policy_version:06d}"
+
+    async def choose(self, client: httpx.AsyncClient, model) -> str:
+        """The transfer of the next sync (choose_transfer on every server's placement)."""
+        device = next(model.parameters()).device
+        if self.transfer != "auto":
+            if self.transfer == "cuda_ipc" and device.type != "cuda":
+                raise WeightSyncError(f"transfer 'cuda_ipc' needs the model on a GPU; it is on {device}")
+            return self.transfer
+        servers = list(await asyncio.gather(*(self._placement_of(b, client) for b in self.backends)))
+        chosen = choose_transfer("auto", placement(device), servers)
+        if chosen == "cuda_ipc" and self._ipc_failed:
+            chosen = choose_transfer("auto", placement("cpu"), servers)
+        if chosen == "shm" and not self._shm_has_room(model):
+            log.warning("%s has no room for the weights: syncing through %s instead", self.shm_root, self.root)
+            chosen = "disk"
+        return chosen
+
+    @staticmethod
+    async def _placement_of(backend: WeightSyncBackend, client: httpx.AsyncClient) -> Placement | None:
+        ask = getattr(backend, "placement", None)
+        if ask is None:
+            return None  # not a built-in server: assumed elsewhere
+        try:
+            return await ask(client)
+        except (httpx.HTTPError, WeightSyncError, TypeError) as exc:
+            log.info("%s did not say where it runs (%s): assumed on another host", backend.url, exc)
+            return None
+
+    def _shm_has_room(self, model) -> bool:
+        needed = sum(p.numel() * p.element_size() for p in model.parameters())
+        reusable = self._previous_shm_file()
+        if reusable is not None:
+            needed -= reusable.stat().st_size
+        stats = os.statvfs(self.shm_root)
+        return stats.f_bavail * stats.f_frsize > needed + (64 << 20)
+
+    def _previous_shm_file(self) -> Path | None:
+        if self._shm_dir is None:
+            return None
+        files = sorted(self._shm_dir.glob("policy-v*/model.safetensors"))
+        return files[-1] if files else None
+
+    def _shm_folder(self) -> Path:
+        if self._shm_dir is None:
+            remove_stale_shm_folders(self.shm_root)
+            self._shm_dir = Path(tempfile.mkdtemp(prefix=f"{SHM_PREFIX}{os.getpid()}-", dir=self.shm_root))
+            weakref.finalize(self, shutil.rmtree, self._shm_dir, True)  # at exit too
+        return self._shm_dir
+
+    def close(self) -> None:
+        """Free the shared-memory copy (also done at exit)."""
+        if self._shm_dir is not None:
+            shutil.rmtree(self._shm_dir, ignore_errors=True)
+            self._shm_dir = None
+
+    async def _save(self, model, tokenizer, policy_version: int, transfer: str) -> Path:
+        if transfer == "disk":
+            return await asyncio.to_thread(save_weights, model, tokenizer, self.version_dir(policy_version))
+        folder = self._shm_folder()
+        previous = self._previous_shm_file()
+        recycled = None
+        if previous is not None:  # out of sight whole (no version folder without its file), pages kept
+            recycled = folder / f".recycled-{previous.parent.name}"
+            os.rename(previous.parent, recycled)
+        try:
+            return await asyncio.to_thread(save_weights, model, None, self.version_dir(policy_version, folder),
+                                           weights_only=True, reuse=recycled / previous.name if recycled else None)
+        finally:
+            for old in [*folder.glob(".recycled-*"), *folder.glob("policy-v*")]:
+                if old.name != f"policy-v{policy_version:06d}":
+                    shutil.rmtree(old, ignore_errors=True)
+
+    async def _load_all(self, client: httpx.AsyncClient, model, weights_dir: Path | None, policy_version: int,
+                        handles: dict[str, Any] | None) -> list[BaseException | None]:
+        if handles is not None:
+            calls = [b.load_cuda_ipc(client, handles, policy_version) for b in self.backends]  # type: ignore[attr-defined]
+        else:
+            assert weights_dir is not None
+            calls = [b.load(client, weights_dir, policy_version) for b in self.backends]
+        return list(await asyncio.gather(*calls, return_exceptions=True))
 
     async def publish(self, model, tokenizer, policy_version: int) -> SyncReport:
         started = time.monotonic()
-        weights_dir = await asyncio.to_thread(save_weights, model, tokenizer, self.version_dir(policy_version))
-        saved = time.monotonic()
-        async with self._generation_paused(policy_version), httpx.AsyncClient(timeout=self.timeout_s) as client:
-            outcomes = await asyncio.gather(
-                *(b.load(client, weights_dir, policy_version) for b in self.backends), return_exceptions=True
-            )
+        async with httpx.AsyncClient(timeout=self.timeout_s) as client:
+            transfer = await self.choose(client, model)
+            weights_dir, handles = None, None
+            if transfer == "cuda_ipc":
+                handles = export_cuda_ipc(_tensors_to_save(model))  # the model's own tensors: nothing saved
+            else:
+                weights_dir = await self._save(model, tokenizer, policy_version, transfer)
+            saved = time.monotonic()
+            async with self._generation_paused(policy_version):
+                outcomes = await self._load_all(client, model, weights_dir, policy_version, handles)
+                if handles is not None and self.transfer == "auto" and any(isinstance(o, BaseException) for o in outcomes):
+                    # Most likely a server that cannot open another process's GPU memory (a
+                    # container without IPC, another driver): stage through memory from now on.
+                    self._ipc_failed = "; ".join(repr(o) for o in outcomes if isinstance(o, BaseException))
+                    log.warning("CUDA IPC weight sync failed (%s); staging through shared memory or disk instead",
+                                self._ipc_failed)
+                    transfer = await self.choose(client, model)
+                    weights_dir = await self._save(model, tokenizer, policy_version, transfer)
+                    saved = time.monotonic()
+                    outcomes = await self._load_all(client, model, weights_dir, policy_version, None)
         for backend, outcome in zip(self.backends, outcomes):
             if not isinstance(outcome, BaseException):
                 self.served[backend.url] = policy_version
@@ -361,14 +480,17 @@ class WeightPublisher:
             details = "; ".join(f"{url}: {err!r}" for url, err in failed)
             raise WeightSyncError(
                 f"{len(failed)} of {len(self.backends)} backends did not load policy v{policy_version} "
-                f"from {weights_dir}: {details}. A backend that keeps the old weights produces stale "
-                "trajectories; fix or deregister it ('rollstream backends remove URL')"
+                f"by {transfer} ({weights_dir or 'CUDA IPC handles'}): {details}. A backend that keeps the old "
+                "weights produces stale trajectories; fix or deregister it ('rollstream backends remove URL')"
+                + (". A server on another host cannot read this machine's /dev/shm: set the transfer to 'disk' "
+                   "on storage both see" if transfer == "shm" else "")
             )
         loaded = time.monotonic()
-        self._prune(policy_version)
-        log.info("published policy v%d to %d backends", policy_version, len(self.backends))
+        if transfer == "disk":
+            self._prune(policy_version)
+        log.info("published policy v%d to %d backends by %s", policy_version, len(self.backends), transfer)
         return SyncReport(policy_version, weights_dir, save_s=saved - started, load_s=loaded - saved,
-                          served={b.url: policy_version for b in self.backends})
+                          served={b.url: policy_version for b in self.backends}, transfer=transfer)
 
     def _generation_paused(self, policy_version: int) -> AsyncContextManager:
         """With Redis, generation is paused on every backend while they load (turns in flight

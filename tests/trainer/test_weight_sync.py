@@ -16,6 +16,7 @@ from rollstream.trainer.weight_sync import (
     WeightPublisher,
     WeightSyncError,
 )
+from rollstream.llm.weights_transfer import SHM_ROOT
 
 PROMPT = [5, 17, 42, 99, 7]
 
@@ -28,16 +29,20 @@ def _served_logprobs(base_url: str, n: int = 4) -> tuple[list[int], list[float],
     return choice["token_ids"], choice["logprobs"]["token_logprobs"], out["policy_version"]
 
 
-async def test_builtin_server_serves_the_new_weights_after_each_sync(tiny_model_dir, model_server, tmp_path):
+@pytest.mark.parametrize("transfer", ["disk", "auto"])
+async def test_builtin_server_serves_the_new_weights_after_each_sync(tiny_model_dir, model_server, tmp_path, transfer):
     _, base_url = model_server
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    publisher = WeightPublisher(tmp_path / "weights", [BuiltinServerBackend(base_url)], keep_versions=1)
+    publisher = WeightPublisher(tmp_path / "weights", [BuiltinServerBackend(base_url)], keep_versions=1,
+                                transfer=transfer)
     for version in (1, 2):
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(torch.randn_like(p) * 0.05)
         report = await publisher.publish(model, tokenizer, version)
+        # a server on this host, seeing this /dev/shm: auto goes through shared memory
+        assert report.transfer == ("disk" if transfer == "disk" else "shm")
         assert report.policy_version == version and report.total_s > 0
         ids, served, served_version = _served_logprobs(base_url)
         assert served_version == version
@@ -47,8 +52,14 @@ async def test_builtin_server_serves_the_new_weights_after_each_sync(tiny_model_
         with torch.no_grad():
             ours = token_logprobs(model.eval(), seq, torch.ones_like(seq))[0, len(PROMPT):]
         assert torch.allclose(ours, torch.tensor(served), atol=1e-3)
-    # only the newest version folder is kept
-    assert [p.name for p in (tmp_path / "weights").iterdir()] == ["policy-v000002"]
+    if transfer == "disk":  # only the newest version folder is kept
+        assert [p.name for p in (tmp_path / "weights").iterdir()] == ["policy-v000002"]
+    else:  # nothing on disk; in /dev/shm only the newest version, and nothing once closed
+        assert not (tmp_path / "weights").exists()
+        shm = report.weights_dir.parent
+        assert shm.parent == SHM_ROOT and [p.name for p in shm.iterdir()] == ["policy-v000002"]
+        publisher.close()
+        assert not shm.exists()
 
 
 async def test_a_backend_that_refuses_the_weights_fails_the_sync_with_its_url(tiny_model_dir, tmp_path):

@@ -1,5 +1,5 @@
 """HTTP face of the built-in server (FastAPI): vLLM's /v1/completions, /v1/models and /health,
-plus /v1/load_weights and /v1/policy_version for the trainer's weight sync. Also the helpers
+plus /v1/load_weights, /v1/weights_placement and /v1/policy_version for the trainer's weight sync. Also the helpers
 that run it: `serve_model` (blocking) and `start_server_process` (a child process, for tests)."""
 
 from __future__ import annotations
@@ -30,8 +30,10 @@ from rollstream.llm.server.protocol import (
     ModelCard,
     ModelList,
     PolicyVersion,
+    WeightsPlacement,
 )
 from rollstream.llm.server.registration import Registration, advertise_url_for
+from rollstream.llm.weights_transfer import placement
 
 logger = logging.getLogger(__name__)
 
@@ -102,8 +104,13 @@ def create_app(engine: Engine, registration: Registration | None = None) -> Fast
 
     @app.post("/v1/load_weights", response_model=PolicyVersion, responses={400: {"model": ErrorResponse}})
     async def load_weights(body: LoadWeightsRequest) -> PolicyVersion:
-        version = await engine.load_weights(body.path, body.policy_version)
+        source: str | dict = body.path if body.path is not None else (body.cuda_ipc or {})
+        version = await engine.load_weights(source, body.policy_version)
         return PolicyVersion(policy_version=version)
+
+    @app.get("/v1/weights_placement", response_model=WeightsPlacement)
+    async def weights_placement() -> WeightsPlacement:
+        return WeightsPlacement(**placement(engine.device).as_dict())
 
     @app.get("/v1/policy_version", response_model=PolicyVersion)
     async def policy_version() -> PolicyVersion:

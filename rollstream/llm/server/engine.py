@@ -5,7 +5,6 @@ active sequence advances one token per step in one padded batch; weights swap be
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import queue
@@ -98,7 +97,7 @@ class _Sequence:
 
 @dataclass
 class _WeightSwap:
-    path: Path
+    source: Path | dict  # a folder of *.safetensors, or CUDA IPC handles
     policy_version: int
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
@@ -220,16 +219,20 @@ class Engine:
         self._wake.set()
         return await fut
 
-    async def load_weights(self, path: Path | str, policy_version: int | None = None) -> int:
-        """Swap in the weights saved under `path` once the sequences in flight have finished
-        (new requests wait), so that no generation mixes two policies."""
-        path = Path(path)
-        if not path.is_dir() or not any(path.glob("*.safetensors")):
-            raise EngineError(f"no *.safetensors files in {path}; save the policy with model.save_pretrained({str(path)!r})")
+    async def load_weights(self, source: Path | str | dict, policy_version: int | None = None) -> int:
+        """Swap in new weights once the sequences in flight have finished (new requests wait),
+        so that no generation mixes two policies. `source`: a folder of *.safetensors (mapped,
+        each tensor copied straight into its parameter), or CUDA IPC handles of the trainer's
+        tensors on this GPU (weights_transfer.export_cuda_ipc)."""
+        if not isinstance(source, dict):
+            source = Path(source)
+            if not source.is_dir() or not any(source.glob("*.safetensors")):
+                raise EngineError(f"no *.safetensors files in {source}; save the policy with "
+                                  f"model.save_pretrained({str(source)!r}) (a /dev/shm folder is only seen on its host)")
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         version = self.policy_version + 1 if policy_version is None else int(policy_version)
-        self._inbox.put(_WeightSwap(path=path, policy_version=version, future=fut, loop=loop))
+        self._inbox.put(_WeightSwap(source=source, policy_version=version, future=fut, loop=loop))
         self._wake.set()
         return await fut
 
@@ -433,42 +436,46 @@ class Engine:
     def _apply_swaps(self) -> None:
         swaps, self._swaps = self._swaps, []
         for swap in swaps:
+            where = swap.source if isinstance(swap.source, Path) else "CUDA IPC handles"
             try:
-                count = self._load_state(swap.path)
+                count = self._load_state(swap.source)
             except Exception as exc:
-                logger.warning("weight load from %s failed: %s", swap.path, exc)
+                logger.warning("weight load from %s failed: %s", where, exc)
                 _resolve(swap.future, swap.loop, error=exc if isinstance(exc, EngineError) else EngineError(str(exc)))
                 continue
             self.prefix_cache.clear()
             self.policy_version = swap.policy_version
-            logger.info("loaded %d tensors from %s; policy version %d", count, swap.path, swap.policy_version)
+            logger.info("loaded %d tensors from %s; policy version %d", count, where, swap.policy_version)
             _resolve(swap.future, swap.loop, result=swap.policy_version)
 
-    def _load_state(self, path: Path) -> int:
-        """Copy the tensors saved under `path` into the served model's own parameters, one
-        tensor at a time straight from the file (cast and moved by copy_), after checking every
-        name and shape, so that a wrong folder changes nothing."""
-        from safetensors import safe_open
+    def _load_state(self, source: Path | dict) -> int:
+        """Copy the new tensors into the served model's own parameters (copy_ casts and moves),
+        each straight from the mapped file or the trainer's GPU memory, after checking every
+        name and shape, so that a wrong or truncated folder changes nothing."""
+        from rollstream.llm.weights_transfer import WeightsFileError, cuda_ipc_tensors, mapped_safetensors
 
         started = time.monotonic()
         own = self.model.state_dict()
-        with contextlib.ExitStack() as files:
-            where = {}
-            for file in sorted(path.glob("*.safetensors")):
-                handle = files.enter_context(safe_open(str(file), framework="pt", device="cpu"))
-                where.update((key, handle) for key in handle.keys())  # noqa: SIM118 (not a dict)
-            unknown = [k for k in where if k not in own]
-            if unknown:
-                raise EngineError(
-                    f"{path} has tensors this model does not: {unknown[:3]}; is it the same architecture?"
-                )
-            wrong = [k for k, h in where.items() if tuple(h.get_slice(k).get_shape()) != tuple(own[k].shape)]
-            if wrong:
-                raise EngineError(f"{path} has tensors of the wrong shape: {wrong[:3]}")
-            for key, handle in where.items():
-                own[key].copy_(handle.get_tensor(key))
+        label = source if isinstance(source, Path) else "the CUDA IPC handles"
+        try:
+            with mapped_safetensors(source) if isinstance(source, Path) else cuda_ipc_tensors(source) as tensors:
+                unknown = [k for k in tensors if k not in own]
+                if unknown:
+                    raise EngineError(f"{label} has tensors this model does not: {unknown[:3]}; "
+                                      "is it the same architecture?")
+                wrong = [k for k, t in tensors.items() if tuple(t.shape) != tuple(own[k].shape)]
+                if wrong:
+                    raise EngineError(f"{label} has tensors of the wrong shape: {wrong[:3]}")
+                with torch.no_grad():
+                    for key, tensor in tensors.items():
+                        own[key].copy_(tensor)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)  # the trainer may reuse its memory once we answer
+                count = len(tensors)
+        except WeightsFileError as exc:
+            raise EngineError(str(exc)) from exc
         logger.debug("weight copy took %.3fs", time.monotonic() - started)
-        return len(where)
+        return count
 
 
 _request_counter = itertools.count()

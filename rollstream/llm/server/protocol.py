@@ -5,8 +5,9 @@ unchanged), plus the weight-sync endpoints the trainer calls."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class CompletionRequest(BaseModel):
@@ -91,8 +92,26 @@ class ModelList(BaseModel):
 
 
 class LoadWeightsRequest(BaseModel):
-    path: str = Field(..., description="folder with *.safetensors (as written by save_pretrained)")
+    path: str | None = Field(None, description="folder with *.safetensors (as written by save_pretrained)")
+    cuda_ipc: dict[str, dict[str, Any]] | None = Field(
+        None, description="instead of path: CUDA IPC handles of the trainer's tensors on this server's GPU "
+                          "(rollstream.llm.weights_transfer.export_cuda_ipc)")
     policy_version: int | None = Field(None, description="version to report from now on; default: current + 1")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> LoadWeightsRequest:
+        if (self.path is None) == (self.cuda_ipc is None):
+            raise ValueError("give exactly one of 'path' (a folder of *.safetensors) and 'cuda_ipc'")
+        return self
+
+
+class WeightsPlacement(BaseModel):
+    """Where the server runs, for the trainer's choice of weight transfer (weights_transfer.Placement)."""
+
+    boot_id: str
+    shm: str | None
+    device: str
+    gpu_uuid: str | None = None
 
 
 class PolicyVersion(BaseModel):

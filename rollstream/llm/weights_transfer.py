@@ -1,0 +1,239 @@
+"""How new weights travel from the trainer's process to the built-in server's: a safetensors
+file written straight from each tensor's memory into a mapping (tmpfs `/dev/shm` when both
+share a host, a disk folder otherwise) and read back by the server as views of its own mapping,
+or, where both run on one GPU, CUDA IPC handles through which the server copies device to device.
+Nothing here knows about HTTP; the trainer (trainer/weight_sync.py) chooses, the server loads."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import mmap
+import os
+import warnings
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+SHM_ROOT = Path("/dev/shm")
+# the ways a sync can carry weights; "auto" picks one per sync (see choose_transfer)
+Transfer = Literal["auto", "cuda_ipc", "shm", "disk"]
+
+_DTYPES = {  # torch dtype <-> safetensors dtype
+    torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+_BY_NAME = {name: dtype for dtype, name in _DTYPES.items()}
+_TORCH_NAMES = {str(dtype).removeprefix("torch."): dtype for dtype in _DTYPES}
+
+
+class WeightsFileError(ValueError):
+    """A weights file or handle set that cannot be loaded (truncated, unknown dtype, ...)."""
+
+
+# ---- the file ------------------------------------------------------------------------------
+def _layout(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None) -> tuple[bytes, list[tuple[int, int]]]:
+    header: dict[str, Any] = {"__metadata__": metadata or {"format": "pt"}}
+    spans, offset = [], 0
+    for name, tensor in tensors.items():
+        if tensor.dtype not in _DTYPES:
+            raise WeightsFileError(f"tensor {name} has dtype {tensor.dtype}, which safetensors cannot store")
+        size = tensor.numel() * tensor.element_size()
+        header[name] = {"dtype": _DTYPES[tensor.dtype], "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + size]}
+        spans.append((offset, offset + size))
+        offset += size
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned
+    return encoded, spans
+
+
+def write_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None,
+                      reuse: Path | None = None) -> None:
+    """A .safetensors file filled by copying each tensor's bytes into a shared mapping of it:
+    one copy per tensor (device to host straight into the file for a GPU tensor), spread over
+    torch's threads. `reuse`, an older file of the same writer, is renamed to `path` and
+    overwritten, so that a tmpfs keeps its pages instead of freeing and zeroing them again. The
+    space is reserved first: a full tmpfs fails here with ENOSPC, not with SIGBUS mid-copy."""
+    header, spans = _layout(tensors, metadata)
+    data_start = 8 + len(header)
+    total = data_start + (spans[-1][1] if spans else 0)
+    if reuse is not None and Path(reuse).is_file():
+        os.replace(reuse, path)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.ftruncate(fd, total)
+        os.posix_fallocate(fd, 0, total)
+        # populated up front: one kernel pass instead of a page fault per 4 KiB while copying
+        with mmap.mmap(fd, total, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)) as mapped:
+            mapped[:data_start] = len(header).to_bytes(8, "little") + header
+            whole = torch.frombuffer(mapped, dtype=torch.uint8)
+            with torch.no_grad():
+                for tensor, (start, end) in zip(tensors.values(), spans):
+                    if end > start:
+                        source = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+                        whole[data_start + start:data_start + end].copy_(source)
+            if any(t.device.type == "cuda" for t in tensors.values()):
+                torch.cuda.synchronize()
+            del whole  # the mapping may close only once no tensor views it
+    finally:
+        os.close(fd)
+
+
+def _read_header(fd: int, size: int, path: Path) -> tuple[dict[str, Any], int]:
+    if size < 8:
+        raise WeightsFileError(f"{path} is {size} bytes, shorter than a safetensors header")
+    length = int.from_bytes(os.pread(fd, 8, 0), "little")
+    if 8 + length > size:
+        raise WeightsFileError(f"{path} is truncated: its header claims {length} bytes, the file has {size}")
+    header = json.loads(os.pread(fd, length, 8))
+    header.pop("__metadata__", None)
+    data_size = size - 8 - length
+    for name, entry in header.items():
+        start, end = entry["data_offsets"]
+        if entry["dtype"] not in _BY_NAME:
+            raise WeightsFileError(f"{path}: tensor {name} has dtype {entry['dtype']}, which this server cannot load")
+        if not 0 <= start <= end <= data_size:
+            raise WeightsFileError(f"{path} is truncated: tensor {name} ends at byte {end} of {data_size}")
+    return header, 8 + length
+
+
+@contextlib.contextmanager
+def mapped_safetensors(folder: Path) -> Iterator[dict[str, torch.Tensor]]:
+    """Every tensor of the folder's *.safetensors as a read-only view of a mapping of its file
+    (no copy; the pages are faulted in by the kernel up front). Every file is checked against
+    its header before anything is yielded: a file cut short is refused, not half-read."""
+    tensors: dict[str, torch.Tensor] = {}
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            header, data_start = _read_header(fd, size, file)
+            if not header:
+                continue
+            mapped = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)  # the mapping keeps the file
+        with warnings.catch_warnings():  # read-only on purpose: the copy_ reads, nothing writes
+            warnings.filterwarnings("ignore", message="The given buffer is not writable")
+            whole = torch.frombuffer(mapped, dtype=torch.uint8)
+        for name, entry in header.items():
+            start, end = entry["data_offsets"]
+            dtype, shape = _BY_NAME[entry["dtype"]], entry["shape"]
+            raw = whole[data_start + start:data_start + end]
+            if (data_start + start) % dtype.itemsize:
+                raw = raw.clone()  # a tensor after an odd-sized one: align it (rare, small)
+            tensors[name] = raw.view(dtype).reshape(shape)
+        del whole
+    try:
+        yield tensors
+    finally:
+        tensors.clear()  # the last view gone, the mapping is unmapped (and a deleted tmpfs file freed)
+
+
+# ---- where the two processes are -------------------------------------------------------------
+@dataclass(frozen=True)
+class Placement:
+    """Where a process runs, as far as a weight transfer cares: the host's boot (same kernel),
+    the identity of the tmpfs it sees at /dev/shm (a container has its own), its device."""
+
+    boot_id: str
+    shm: str | None  # "st_dev:st_ino" of /dev/shm, None where there is none to write
+    device: str  # "cpu", "cuda:0", ...
+    gpu_uuid: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def placement(device: torch.device | str = "cpu") -> Placement:
+    device = torch.device(device)
+    try:
+        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot_id = ""
+    shm = None
+    if SHM_ROOT.is_dir() and os.access(SHM_ROOT, os.W_OK):
+        st = SHM_ROOT.stat()
+        shm = f"{st.st_dev}:{st.st_ino}"
+    gpu_uuid = None
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        gpu_uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", "")) or None
+        device = torch.device("cuda", index)
+    return Placement(boot_id=boot_id, shm=shm, device=str(device), gpu_uuid=gpu_uuid)
+
+
+def choose_transfer(requested: Transfer, trainer: Placement, servers: list[Placement | None]) -> str:
+    """The transfer one sync uses. `auto`: CUDA IPC where the weights are on a GPU that every
+    server uses too (same host, same GPU); else shared memory where every server sees the
+    trainer's /dev/shm (same host and mount namespace; a server that did not say is assumed
+    remote); else a disk folder, which must be one every server can read (shared storage)."""
+    if requested != "auto":
+        return requested
+    known = [s for s in servers if s is not None]
+    if not servers or len(known) < len(servers) or not trainer.boot_id:
+        return "disk"
+    same_host = all(s.boot_id == trainer.boot_id for s in known)
+    if (same_host and trainer.gpu_uuid is not None
+            and all(s.gpu_uuid == trainer.gpu_uuid for s in known)):
+        return "cuda_ipc"
+    if same_host and trainer.shm is not None and all(s.shm == trainer.shm for s in known):
+        return "shm"
+    return "disk"
+
+
+# ---- CUDA IPC ------------------------------------------------------------------------------
+def export_cuda_ipc(tensors: dict[str, torch.Tensor]) -> dict[str, dict[str, Any]]:
+    """JSON-able CUDA IPC handles of GPU tensors (the fields torch.multiprocessing pickles, with
+    classes and dtypes by name, so that the server never unpickles anything). The tensors must
+    stay alive and unchanged until the server has copied them."""
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    def b64(value: bytes | None) -> str | None:
+        return None if value is None else base64.b64encode(value).decode()
+
+    out = {}
+    for name, tensor in tensors.items():
+        if tensor.device.type != "cuda":
+            raise WeightsFileError(f"tensor {name} is on {tensor.device}; CUDA IPC carries GPU tensors only")
+        (_, (_, size, stride, offset, _, dtype, device, handle, storage_bytes, storage_offset_bytes, _,
+             ref_handle, ref_offset, event_handle, event_sync)) = reduce_tensor(tensor.detach())
+        out[name] = {"size": list(size), "stride": list(stride), "offset": offset,
+                     "dtype": str(dtype).removeprefix("torch."), "device": device, "handle": b64(handle),
+                     "storage_bytes": storage_bytes, "storage_offset_bytes": storage_offset_bytes,
+                     "ref_handle": b64(ref_handle), "ref_offset": ref_offset, "event_handle": b64(event_handle),
+                     "event_sync": bool(event_sync)}
+    return out
+
+
+@contextlib.contextmanager
+def cuda_ipc_tensors(handles: dict[str, dict[str, Any]]) -> Iterator[dict[str, torch.Tensor]]:
+    """The exporting process's GPU tensors, opened in this process (same host, same GPU); closed
+    again on leaving, so that the exporter may free or change them once told we are done."""
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    if not torch.cuda.is_available():
+        raise WeightsFileError("CUDA IPC handles sent to a server without CUDA; use the 'shm' or 'disk' transfer")
+
+    def raw(value: str | None) -> bytes | None:
+        return None if value is None else base64.b64decode(value)
+
+    tensors = {}
+    for name, h in handles.items():
+        if h["dtype"] not in _TORCH_NAMES:
+            raise WeightsFileError(f"tensor {name}: dtype {h['dtype']!r} cannot be carried")
+        tensors[name] = rebuild_cuda_tensor(
+            torch.Tensor, torch.Size(h["size"]), tuple(h["stride"]), int(h["offset"]), torch.UntypedStorage,
+            _TORCH_NAMES[h["dtype"]], int(h["device"]), raw(h["handle"]), int(h["storage_bytes"]),
+            int(h["storage_offset_bytes"]), False, raw(h["ref_handle"]), int(h["ref_offset"]),
+            raw(h["event_handle"]), bool(h["event_sync"]))
+    try:
+        yield tensors
+    finally:
+        tensors.clear()

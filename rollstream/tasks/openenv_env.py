@@ -19,9 +19,8 @@ import asyncio
 import json
 import os
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rollstream.agent.tools import ToolBox
 from rollstream.config import load_settings
 from rollstream.errors import InvalidJob, JobFailed
 from rollstream.messages import Envelope
@@ -30,7 +29,6 @@ from rollstream.sandboxes.backends.bwrap import BwrapBackend
 from rollstream.sandboxes.env_images import EnvBuildFailed
 from rollstream.sandboxes.errors import BackendUnavailable
 from rollstream.tasks import eval_report, openenv_runtime
-from rollstream.tasks.agent_task import run_builtin_loop
 from rollstream.tasks.base import Task, TaskContext
 from rollstream.tasks.harbor_folder import (
     FolderFiles,
@@ -38,8 +36,10 @@ from rollstream.tasks.harbor_folder import (
     TaskRoots,
     read_folder,
 )
-from rollstream.tasks.openenv_session import Session, SessionTools
 from rollstream.trajectory import Trajectory
+
+if TYPE_CHECKING:  # the CLI imports this module (task_set): the run stage's clients load in rollout only
+    from rollstream.agent.tools import ToolBox
 
 INSTANCE_FIELDS = ("path", "app", "instruction", "reset", "reward")
 DEFAULT_APP = "server.app:app"
@@ -120,6 +120,8 @@ class OpenEnvTask(Task):
         if job.agent.get("harness"):
             raise JobFailed("an openenv job's agent acts through the environment's step tool in rollstream's own "
                             "loop; leave agent.harness unset", retryable=False, failure="job")
+        from rollstream.tasks.openenv_session import Session, SessionTools
+
         name = os.path.basename(str(instance["path"]).rstrip("/"))
         session = Session(ctx.sandbox, name)
         try:
@@ -150,6 +152,8 @@ class OpenEnvTask(Task):
 
     async def act(self, env: Envelope, ctx: TaskContext, messages: list[dict], tools: ToolBox) -> Trajectory:
         """The agent's episode: rollstream's loop with the environment's action as its tool."""
+        from rollstream.tasks.agent_task import run_builtin_loop
+
         return await run_builtin_loop(env, ctx, messages, tools)
 
     def prompt_messages(self, instance: dict, name: str, first: dict) -> list[dict]:
@@ -170,3 +174,33 @@ class OpenEnvTask(Task):
 def _clipped(value: Any, max_chars: int = 4000) -> Any:
     text = json.dumps(value, default=str)
     return value if len(text) <= max_chars else {"clipped": text[:max_chars]}
+
+
+TASK_SET_PREFIX = "openenv:"
+
+
+def task_set(spec: str) -> list[dict] | None:
+    """The jobs of ``openenv:PATH`` or ``openenv:PATH:{"field": ...}`` (a task-set name for
+    ``rollstream submit``): one job of the environment folder at PATH with the instance fields
+    given, or one per reset seed of ``"seeds": [...]``; None for any other spec."""
+    if not spec.startswith(TASK_SET_PREFIX):
+        return None
+    path, _, raw = spec[len(TASK_SET_PREFIX):].partition(":")
+    try:
+        fields = json.loads(raw) if raw else {}
+    except json.JSONDecodeError as exc:
+        raise InvalidJob(f"{spec}: the instance fields after the path's ':' must be a JSON object ({exc})") from None
+    if not isinstance(fields, dict):
+        raise InvalidJob(f"{spec}: the instance fields after the path's ':' must be a JSON object")
+    seeds = fields.pop("seeds", None)
+    if seeds is not None and not (isinstance(seeds, list) and seeds
+                                  and all(isinstance(x, int) and not isinstance(x, bool) for x in seeds)):
+        raise InvalidJob(f"{spec}: seeds must be a non-empty list of integers (one job per reset seed)")
+    instances = [{"path": path, **fields}] if seeds is None else \
+        [{"path": path, **fields, "reset": {**fields.get("reset", {}), "seed": seed}} for seed in seeds]
+    task = OpenEnvTask()
+    for instance in instances:
+        task.validate(instance)
+    name = os.path.basename(path.rstrip("/"))
+    return [{"task": OpenEnvTask.name, "instance": instance, "metadata": {"openenv_environment": name}}
+            for instance in instances]

@@ -45,6 +45,9 @@ NOT_RUN: dict[str, str] = {
     r"^rollstream submit 'verifiers:": "needs the verifiers environments of tests/tasks/verifiers_envs on the "
                                        "workers' path and the operator's allow-list; "
                                        "tests/tasks/test_verifiers_submit.py and test_verifiers_pipeline.py run it",
+    r"^rollstream submit 'openenv:": "needs OpenEnv environment folders under the operator's roots and the "
+                                     "runtime image; tests/tasks/test_openenv.py submits folders and seeds and "
+                                     "runs them through the pipeline",
     r"^scripts/build-compose-images\b": "builds images (minutes the first time); scripts/test runs it "
                                         "before the suite",
     r"^export DOCKER_HOST=|^mkdir -p ~/\.docker/cli-plugins\b": "set up the engine and the compose plugin "

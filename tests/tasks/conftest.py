@@ -4,6 +4,11 @@ for eval, destroyed when the job leaves), standing in for the run stage with a g
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
+import shutil
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,6 +21,7 @@ from rollstream.tasks.base import Task, TaskContext
 from rollstream.trajectory import Trajectory
 from rollstream.workers.init import set_up
 from rollstream.workers.node_sandboxes import NodeSandboxes
+from rollstream.workers.process import serve_stage
 
 needs_bwrap = pytest.mark.skipif(not BwrapBackend().available(), reason="bubblewrap (bwrap) is not usable here")
 
@@ -41,7 +47,7 @@ class Episode:
         self.sandboxes = sandboxes
         self.env = Envelope(job=job or Job(task=task.name, instance=instance))
 
-    async def setup(self) -> "Episode":
+    async def setup(self) -> Episode:
         self.task.validate(self.env.job.instance)
         await set_up(self.task, self.env, self.ctx, self.sandboxes)
         return self
@@ -86,3 +92,25 @@ def data_file(name: str) -> Path:
     import rollstream
 
     return Path(rollstream.__file__).parent / "data" / "tasks" / name
+
+
+@pytest.fixture
+def pipeline_settings(settings):
+    """The test's settings with a sandbox root of its own, short (Unix socket paths) and
+    reachable by the sandboxes' own uids."""
+    root = tempfile.mkdtemp(prefix="rs-p-", dir="/tmp")
+    os.chmod(root, 0o711)
+    yield settings.model_copy(update={"sandbox_root": root})
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def workers(settings):
+    """An init, a run and an eval worker in this process, for the block's duration."""
+    tasks = [asyncio.create_task(serve_stage(stage, settings, 8)) for stage in ("init", "run", "eval")]
+    try:
+        yield
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

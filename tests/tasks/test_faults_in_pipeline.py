@@ -5,22 +5,14 @@ test-only task returns the trajectory an agent would have produced."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import shutil
-import tempfile
-
-import pytest
-
 from rollstream.client import AsyncClient
 from rollstream.messages import Envelope
 from rollstream.tasks.base import TaskContext
 from rollstream.tasks.code import CodeTask
 from rollstream.tasks.registry import register_task
 from rollstream.trajectory import Trajectory
-from rollstream.workers.process import serve_stage
 
-from .conftest import needs_bwrap
+from .conftest import needs_bwrap, workers
 
 pytestmark = needs_bwrap
 
@@ -46,24 +38,6 @@ class CrashingEvalTask(ScriptedCodeTask):
 ADD = {"prompt": "Write add(a, b).", "entry_point": "add", "tests": ["assert add(1, 2) == 3"],
        "eval_timeout_s": 3, "per_test_timeout_s": 1}
 GOOD = "def add(a, b):\n    return a + b\n"
-
-
-@pytest.fixture
-def pipeline_settings(settings):
-    root = tempfile.mkdtemp(prefix="rs-p-", dir="/tmp")  # short: Unix socket paths
-    yield settings.model_copy(update={"sandbox_root": root})
-    shutil.rmtree(root, ignore_errors=True)
-
-
-@contextlib.asynccontextmanager
-async def workers(settings):
-    tasks = [asyncio.create_task(serve_stage(stage, settings, 8)) for stage in ("init", "run", "eval")]
-    try:
-        yield
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def job(task: str, answer: str, name: str, **instance) -> dict:

@@ -5,11 +5,6 @@ rewards test.sh gave in a fresh sandbox, and broken folders end as failed result
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import shutil
-import tempfile
-
 import pytest
 
 from rollstream.client import AsyncClient
@@ -19,10 +14,9 @@ from rollstream.tasks.base import TaskContext
 from rollstream.tasks.harbor import HarborTask
 from rollstream.tasks.registry import register_task
 from rollstream.trajectory import Trajectory
-from rollstream.workers.process import serve_stage
 
 from . import harbor_fixtures
-from .conftest import needs_bwrap
+from .conftest import needs_bwrap, workers
 from .harbor_fixtures import SOLVE, TASKS, copy_task
 
 pytestmark = needs_bwrap
@@ -49,24 +43,6 @@ class OracleHarborTask(HarborTask):
 @pytest.fixture(scope="session")
 def harbor_environment(tmp_path_factory):
     yield from harbor_fixtures.harbor_environment(tmp_path_factory)
-
-
-@pytest.fixture
-def pipeline_settings(settings):
-    root = tempfile.mkdtemp(prefix="rs-p-", dir="/tmp")  # short: Unix socket paths
-    yield settings.model_copy(update={"sandbox_root": root})
-    shutil.rmtree(root, ignore_errors=True)
-
-
-@contextlib.asynccontextmanager
-async def workers(settings):
-    tasks = [asyncio.create_task(serve_stage(stage, settings, 8)) for stage in ("init", "run", "eval")]
-    try:
-        yield
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def job(path, solve: bool, name: str) -> dict:

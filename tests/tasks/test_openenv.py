@@ -8,13 +8,11 @@ not retried, with the server's own words, and leaves no sandbox or process behin
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import os
 import shutil
 import subprocess
-import tempfile
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,9 +28,8 @@ from rollstream.tasks.openenv_env import OpenEnvTask
 from rollstream.tasks.openenv_session import SOCKET_NAME, STEP_TOOL
 from rollstream.tasks.registry import register_task
 from rollstream.trajectory import Trajectory
-from rollstream.workers.process import serve_stage
 
-from .conftest import needs_bwrap
+from .conftest import needs_bwrap, workers
 
 pytestmark = needs_bwrap
 ENVS_DIR = Path(__file__).resolve().parent / "openenv_envs"
@@ -80,25 +77,6 @@ def openenv_envs(tmp_path_factory):
         os.environ.pop("ROLLSTREAM_OPENENV_ROOTS", None)
     else:
         os.environ["ROLLSTREAM_OPENENV_ROOTS"] = before
-
-
-@pytest.fixture
-def pipeline_settings(settings):
-    root = tempfile.mkdtemp(prefix="rs-o-", dir="/tmp")  # short: Unix socket paths
-    os.chmod(root, 0o711)
-    yield settings.model_copy(update={"sandbox_root": root})
-    shutil.rmtree(root, ignore_errors=True)
-
-
-@contextlib.asynccontextmanager
-async def workers(settings):
-    tasks = [asyncio.create_task(serve_stage(stage, settings, 8)) for stage in ("init", "run", "eval")]
-    try:
-        yield
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def job(folder: Path, name: str, actions: list[dict], **instance) -> dict:
@@ -181,3 +159,22 @@ def test_instances_are_checked_at_submit(openenv_envs, tmp_path):
         task.validate({"path": str(openenv_envs / "word_guess"), "app": "server/app.py"})
     with pytest.raises(InvalidJob, match="reward must be one of"):
         task.validate({"path": str(openenv_envs / "word_guess"), "reward": "max"})
+
+
+def _submit(cli_env, spec: str):
+    env = {**os.environ, **cli_env, "ROLLSTREAM_OPENENV_ROOTS": json.dumps([str(ENVS_DIR)])}
+    return subprocess.run([sys.executable, "-m", "rollstream", "submit", spec], env=env, capture_output=True,
+                          text=True, timeout=180, check=False)
+
+
+def test_submit_takes_an_environment_folder_once_or_once_per_reset_seed(cli_env, tmp_path):
+    one = _submit(cli_env, f"openenv:{ENVS_DIR / 'word_guess'}")
+    assert one.returncode == 0 and "submitted 1 jobs" in one.stderr, one.stderr
+    seeded = _submit(cli_env, f'openenv:{ENVS_DIR / "word_guess"}:{{"seeds": [0, 1, 2], "reward": "sum"}}')
+    assert seeded.returncode == 0 and "submitted 3 jobs" in seeded.stderr, seeded.stderr
+    for spec, says in [(f"openenv:{tmp_path}", "not beneath a folder the operator allows"),
+                       (f"openenv:{ENVS_DIR / 'word_guess'}:[1]", "must be a JSON object"),
+                       (f'openenv:{ENVS_DIR / "word_guess"}:{{"seeds": []}}', "seeds must be a non-empty list")]:
+        refused = _submit(cli_env, spec)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr and says in refused.stderr, \
+            refused.stderr

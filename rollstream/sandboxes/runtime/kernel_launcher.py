@@ -3,10 +3,9 @@
 Never imported: backends/common.py sends this file's text as `python -c` (so the image needs
 no file of ours) with the kernel's arguments. Each kernel is its own interpreter, so every
 module it imports at start is private memory of every sandbox (bench/density.py); it leaves
-out at start what no sandbox client uses, and keeps all of it importable by cells.
+out at start what no sandbox client uses, and keeps all of it importable by cells. It runs on
+the image's Python, which may be far older than ours: no annotations, f-strings or walrus.
 """
-
-from __future__ import annotations  # the image's Python may be older than ours
 
 import importlib
 import importlib.util
@@ -17,7 +16,7 @@ if sys.path and sys.path[0] == "":
     del sys.path[0]
 
 
-def lazy_package(name: str, eager: list[str]) -> None:
+def lazy_package(name, eager):
     """Import package `name` without running its __init__ until it is asked for a name it lacks.
 
     The public names of its `eager` submodules are there at once. `import jupyter_client` in
@@ -31,9 +30,9 @@ def lazy_package(name: str, eager: list[str]) -> None:
     loader = spec.loader
 
     class LazyPackage(types.ModuleType):
-        def __getattr__(self, attribute: str):
+        def __getattr__(self, attribute):
             self.__class__ = types.ModuleType  # once: a name the package lacks then fails as usual
-            exec(loader.get_code(name), self.__dict__)  # type: ignore[attr-defined]  # noqa: S102
+            exec(loader.get_code(name), self.__dict__)  # noqa: S102
             return getattr(self, attribute)
 
     module = LazyPackage(name)
@@ -42,7 +41,7 @@ def lazy_package(name: str, eager: list[str]) -> None:
     sys.modules[name] = module
     try:
         for submodule in eager:
-            source = importlib.import_module(f"{name}.{submodule}")
+            source = importlib.import_module(name + "." + submodule)
             public = getattr(source, "__all__", [key for key in vars(source) if not key.startswith("_")])
             for key in public:
                 module.__dict__[key] = getattr(source, key)
@@ -58,7 +57,7 @@ lazy_package("jupyter_client", ["connect", "blocking"])
 # speaks: ~110 modules and 8 MB of a kernel's 35 MB. Hidden while ipykernel decides that it
 # has no debugger, then given back: a cell that imports debugpy still gets it.
 if "debugpy" not in sys.modules:
-    sys.modules["debugpy"] = None  # type: ignore[assignment]
+    sys.modules["debugpy"] = None
     try:
         import ipykernel.debugger  # noqa: F401
     except ImportError:  # an ipykernel before 6 has no debugger to skip

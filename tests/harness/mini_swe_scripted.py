@@ -29,7 +29,6 @@ ARITH_REPLIES = ["THOUGHT: compute it.\n\n```mswea_bash_command\necho $((12+30))
                  "THOUGHT: submit it.\n\n```mswea_bash_command\necho COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && echo 42\n```"]
 # One of the shipped SWE instances: mini-SWE-agent edits the checkout with one command, then submits;
 # eval runs the instance's hidden tests on the diff it left in the sandbox.
-SWE_ID = "rollstream__inventory-1"
 SWE_REPLIES = [
     ("THOUGHT: make remove refuse more than the stock.\n\n```mswea_bash_command\ncd /workspace/inventory && "
      "python3 - <<'EOF'\np = \"inventory/store.py\"\ns = open(p).read().replace(\"self._stock[item] = "
@@ -111,9 +110,11 @@ def train_episode_model(out: Path, base_folder: Path, conversations: list[list[d
 def _episodes() -> dict[str, tuple[str, list[str], list[str] | None]]:
     """Each model's episode: the task's instruction, the replies, the commands' outputs (None: run)."""
     from rollstream.agent.sandbox_harness import instruction_of
-    from rollstream.tasks.swe import SweTask, load_instances
+    from rollstream.tasks.swe import SweTask
 
-    swe = next(i for i in load_instances() if i["instance_id"] == SWE_ID)
+    from .sandbox_presets import swe_instance
+
+    swe = swe_instance()
     return {"arith": (arith.question(**ARITH_INSTANCE), ARITH_REPLIES, None),
             "swe": (instruction_of(SweTask().prompt_messages(swe)), SWE_REPLIES, SWE_OUTPUTS)}
 

@@ -54,3 +54,38 @@ def write_presets(folder: Path) -> Path:
     for name, text in PRESETS.items():
         (folder / f"{name}.toml").write_text(text)
     return folder
+
+
+def installed_preset(name: str):
+    """The shipped preset ``name``, installed on this host before the tests (scripts/install-harnesses,
+    which scripts/test runs; its models are tests/model_cache.py's): never installed in a test."""
+    from rollstream.agent.presets import find_preset
+
+    preset = find_preset(name)
+    assert preset is not None and preset.installed_on_host(), f"run scripts/install-harnesses {name}"
+    return preset
+
+
+SWE_ID = "rollstream__inventory-1"  # the shipped SWE instance the harness tests fix (one edit of store.py)
+
+
+def swe_instance() -> dict:
+    from rollstream.tasks.swe import load_instances
+
+    return next(i for i in load_instances() if i["instance_id"] == SWE_ID)
+
+
+def swe_job(mirror: str, agent: dict) -> dict:
+    """A job on the shipped SWE instance, greedy, its repository mirrored into ``mirror``."""
+    instance = {**swe_instance(), "repo_mirror": mirror}
+    return {"task": "swe", "instance": instance, "sampling": {"temperature": 0.0, "max_tokens": 384},
+            "agent": {**agent, "max_tokens_per_turn": 384}}
+
+
+def assert_fixed_and_scored(result) -> None:
+    """The harness's two calls (an edit, then done) left a diff the instance's hidden tests pass."""
+    assert result.status == "completed", result.error
+    traj = result.trajectory
+    assert traj.finish_reason == "stop" and traj.extra["harness_run"]["exit_code"] == 0, traj.extra["harness_run"]
+    assert len(traj.extra["calls"]) == 2 and "InsufficientStock" in traj.response_text
+    assert result.reward == 1.0, traj.extra["eval"]  # the hidden tests pass on the diff it left

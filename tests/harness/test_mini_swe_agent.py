@@ -11,14 +11,13 @@ from __future__ import annotations
 import model_cache
 import pytest
 
-from rollstream.agent.presets import build_image, find_preset
+from rollstream.agent.presets import build_image
 from rollstream.sandboxes.backends.docker import DockerBackend
 from rollstream.sandboxes.env_images import DEFAULT_BASE_IMAGE
 from rollstream.tasks import arith
-from rollstream.tasks.swe import load_instances
 
 from .mini_swe_scripted import ARITH_INSTANCE as INSTANCE
-from .mini_swe_scripted import SWE_ID
+from .sandbox_presets import assert_fixed_and_scored, installed_preset, swe_job
 from .node_clis import run_job as _run
 
 GREEDY = {"temperature": 0.0, "max_tokens": 128}
@@ -26,16 +25,13 @@ AGENT = {"harness": "mini-swe-agent", "max_turns": 4, "max_tokens_per_turn": 128
          "max_wall_time_s": 240}
 
 
-# The preset and its image are installed (scripts/install-harnesses) and the models trained
-# (tests/model_cache.py) before the tests: what is left is the jobs, on a busy 2-core machine.
+# Installs and models come before the tests: what is left is the jobs, on a busy 2-core machine.
 pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")
 def preset():
-    preset = find_preset("mini-swe-agent")
-    assert preset is not None and preset.installed_on_host(), "run scripts/install-harnesses (scripts/test does)"
-    return preset
+    return installed_preset("mini-swe-agent")
 
 
 @pytest.fixture(scope="module")
@@ -51,11 +47,6 @@ def mini_swe_arith_model_dir():
 @pytest.fixture(scope="module")
 def mini_swe_swe_model_dir():
     return model_cache.load("mini_swe_swe_model_dir")
-
-
-@pytest.fixture(scope="module")
-def swe_instance():
-    return next(i for i in load_instances() if i["instance_id"] == SWE_ID)
 
 
 @pytest.fixture(scope="module")
@@ -109,17 +100,10 @@ async def test_mini_swe_agent_on_a_model_that_emits_garbage_is_the_agents_failur
 
 
 async def test_mini_swe_agent_fixes_a_shipped_swe_instance_in_bwrap_and_its_diff_is_scored(
-        settings, worker_pool, sandbox_root, mini_swe_swe_model_dir, swe_instance, tmp_path):
+        settings, worker_pool, sandbox_root, mini_swe_swe_model_dir, tmp_path):
     from rollstream.llm.server import served_model
 
     worker_pool(model_dir=mini_swe_swe_model_dir, sandbox_root=sandbox_root).start_all(concurrency=2)
-    instance = {**swe_instance, "repo_mirror": str(tmp_path / "swe-mirror")}
     with served_model(mini_swe_swe_model_dir, device="cpu") as server:
-        result = await _run(settings, server, {"task": "swe", "instance": instance,
-                                               "sampling": {"temperature": 0.0, "max_tokens": 384},
-                                               "agent": {**AGENT, "max_tokens_per_turn": 384}})
-    assert result.status == "completed", result.error
-    traj = result.trajectory
-    assert traj.finish_reason == "stop" and traj.extra["harness_run"]["exit_code"] == 0, traj.extra["harness_run"]
-    assert len(traj.extra["calls"]) == 2 and "InsufficientStock" in traj.response_text
-    assert result.reward == 1.0, traj.extra["eval"]  # the hidden tests pass on the diff it left
+        result = await _run(settings, server, swe_job(str(tmp_path / "swe-mirror"), AGENT))
+    assert_fixed_and_scored(result)

@@ -43,7 +43,7 @@ class JobDoor:
     requests: int = 0  # model calls (any API) that reached this door with its key
     refused: int = 0  # of those, answered with an error
     in_flight: int = 0  # requests being served (the gateway caps them per door)
-    calling: int = 0  # model calls being generated (they count against max_turns already)
+    calling: int = 0  # model calls being served (they count against max_turns already)
 
     def __post_init__(self) -> None:
         self.recorder = CallRecorder(self.tokenizer, self.settings.end_of_turn_token,
@@ -75,6 +75,14 @@ class JobDoor:
             # can succeed. The harness's giving up on it is scored as the agent's end.
             raise DoorError(400, f"this job's budget of {s.max_turns} model calls is used up; no further call "
                             "will be served", "max_turns_exceeded")
+        self.calling += 1  # counted from here: concurrent calls cannot pass the budget together
+        try:
+            return await self._serve(options, emitter, send)
+        finally:
+            self.calling -= 1
+
+    async def _serve(self, options: CallOptions, emitter: Emitter | None, send: Send | None) -> Completed:
+        s = self.settings
         tools = options.tools
         try:
             claim = self.recorder.prompt(options.messages, tools)
@@ -110,7 +118,6 @@ class JobDoor:
                     if delta:
                         await send(emitter.text(delta, tokens))
 
-            self.calling += 1
             t0 = time.monotonic()
             try:
                 gen = await self.session.generate(prompt_ids, params, on_tokens)
@@ -122,7 +129,6 @@ class JobDoor:
                 raise DoorError(502, f"no backend could serve this call: {exc}", "backend_unavailable",
                                 "server_error") from None
             finally:
-                self.calling -= 1
                 self.llm_s += time.monotonic() - t0
             if len(gen.token_ids) != len(gen.logprobs):
                 self._end("error", f"backend returned {len(gen.token_ids)} ids but {len(gen.logprobs)} logprobs")

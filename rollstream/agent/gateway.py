@@ -117,7 +117,7 @@ class Gateway:
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
-    async def start(self) -> "Gateway":
+    async def start(self) -> Gateway:
         if self._server is None:
             self._server = await asyncio.start_server(self._serve, self.host, self.port, limit=MAX_HEAD_BYTES)
             self.port = self._server.sockets[0].getsockname()[1]
@@ -283,7 +283,7 @@ class Gateway:
             return False
         if door.in_flight >= self.max_requests_per_door:
             await self._send(writer, 503, DoorError(503, f"this job's door is serving {door.in_flight} requests "
-                                                    "already; one call at a time is served", "too_many_requests",
+                                                    "already, its most at once", "too_many_requests",
                                                     "server_error").body(), close=True)
             return False
         door.in_flight += 1

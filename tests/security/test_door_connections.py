@@ -66,6 +66,23 @@ async def test_a_head_without_the_key_announcing_a_huge_body_is_refused_401_befo
     assert b"connection: close" in answer.lower()
 
 
+@pytest.mark.parametrize("header", ["", "x-api-key: rs-not-a-jobs-key\r\n", "x-api-key: \r\n"])
+async def test_the_anthropic_endpoint_refuses_a_missing_or_wrong_x_api_key_401_before_any_body_is_sent(
+        tokenizer, header):
+    gateway = await Gateway().start()
+    _open_door(gateway, tokenizer)
+    try:
+        reader, writer = await _connect(gateway)
+        writer.write((f"POST /v1/messages HTTP/1.1\r\nhost: door\r\n{header}content-length: {32 * 1024 * 1024}"
+                      "\r\n\r\n").encode())
+        await writer.drain()
+        answer = await _answer(reader)
+        writer.close()
+    finally:
+        await gateway.aclose()
+    assert answer.startswith(b"HTTP/1.1 401 ") and b'"authentication_error"' in answer  # in Anthropic's form
+
+
 async def test_a_body_sent_too_slowly_is_cut_and_its_connection_closed(tokenizer):
     gateway = await Gateway(read_timeout_s=0.5).start()
     door = _open_door(gateway, tokenizer)

@@ -55,7 +55,7 @@ class Preset:
     source: Path
     description: str
     api: str
-    package: str | None  # "name==version" (PyPI); None: nothing to install (the command is in the image)
+    package: str | None  # "name==version" (PyPI), pins apart by spaces; None: nothing to install (in the image)
     prefix: str  # the venv the package is installed into, inside the image (and on a bwrap host)
     argv: list[str]
     env: dict[str, str]
@@ -63,6 +63,7 @@ class Preset:
     answer_file: str | None = None  # where the harness leaves its answer; else its output's last line
     answer_json_key: str | None = None  # dotted key of the answer in that file when it is JSON
     python: str = "python3"  # the interpreter the venv is made from (in the image)
+    driver: str | None = None  # a runner shipped in rollstream (driver_source) copied in as {driver}
     npm: str | None = None  # "name@version" (npm), installed with its own node into prefix
     node: str = NODE_VERSION  # that node's version (npm presets)
 
@@ -70,7 +71,7 @@ class Preset:
     def version(self) -> str:
         if self.npm:
             return self.npm.rsplit("@", 1)[1]
-        return self.package.split("==", 1)[1] if self.package else "-"
+        return self.package.split()[0].split("==", 1)[1] if self.package else "-"
 
     @property
     def installs(self) -> str | None:
@@ -90,8 +91,9 @@ class Preset:
             return npm_install_commands(self.npm, self.node, self.prefix)
         if self.package is None:
             return []
+        pins = " ".join(q(pin) for pin in self.package.split())
         return [f"{q(self.python)} -m venv {q(self.prefix)}",
-                f"{q(self.prefix)}/bin/pip install --no-cache-dir --disable-pip-version-check -q {q(self.package)}"]
+                f"{q(self.prefix)}/bin/pip install --no-cache-dir --disable-pip-version-check -q {pins}"]
 
     def containerfile(self, base_image: str) -> str:
         if self.installs is None:
@@ -169,9 +171,13 @@ def load_preset(path: Path) -> Preset:
     if api not in APIS:
         raise PresetError(f"{path}: api {api!r} is not served by the door; use one of {', '.join(APIS)}")
     install, run = data.get("install") or {}, data.get("run") or {}
-    package = _text(install, "pypi", path, required=False)
-    if package is not None and not _PIN.match(package):
-        raise PresetError(f"{path}: install.pypi {package!r} must pin one version, e.g. 'mini-swe-agent==2.4.6'")
+    pins = install.get("pypi")
+    pins = [pins] if isinstance(pins, str) else pins
+    if pins is not None and (not isinstance(pins, list) or not pins
+                             or not all(isinstance(pin, str) and _PIN.match(pin) for pin in pins)):
+        raise PresetError(f"{path}: install.pypi {pins!r} must pin one version, e.g. 'mini-swe-agent==2.4.6' (or be a "
+                          "list of such pins, installed together into one venv)")
+    package = " ".join(pins) if pins else None
     npm = _text(install, "npm", path, required=False)
     if npm is not None and (package is not None or not _NPM_PIN.match(npm)):
         raise PresetError(f"{path}: install.npm {npm!r} must pin one version, e.g. '@openai/codex@0.169.0' (and "
@@ -194,13 +200,27 @@ def load_preset(path: Path) -> Preset:
                 or not isinstance(entry.get("content"), str):
             raise PresetError(f"{path}: each [[files]] needs 'path' and 'content' strings")
         files.append(PresetFile(entry["path"], entry["content"], int(entry.get("mode", 0o644))))
+    driver = _text(run, "driver", path, required=False)
+    if driver is not None and not driver_source(driver).is_file():
+        raise PresetError(f"{path}: run.driver {driver!r} is none of rollstream's runners "
+                          f"({', '.join(sorted(p.name[:-len('_runner.py')] for p in DRIVER_DIR.glob('*_runner.py')))})")
     answer = data.get("answer") or {}
     return Preset(name=name, source=path, description=str(data.get("description", "")), api=api, package=package,
                   prefix=prefix, argv=[a.replace("{prefix}", prefix) for a in argv],
                   env={k: v.replace("{prefix}", prefix) for k, v in env.items()}, files=files,
                   answer_file=_text(answer, "file", path, required=False),
                   answer_json_key=_text(answer, "json_key", path, required=False),
-                  python=_text(install, "python", path, required=False) or "python3", npm=npm, node=node)
+                  python=_text(install, "python", path, required=False) or "python3", npm=npm, node=node,
+                  driver=driver)
+
+
+# Runners for harnesses that are libraries without a command line of their own (the OpenHands SDK):
+# a preset names one (run.driver) rather than holding code; the run stage copies it into the sandbox.
+DRIVER_DIR = Path(__file__).resolve().parent / "harnesses"
+
+
+def driver_source(name: str) -> Path:
+    return DRIVER_DIR / f"{name if re.fullmatch(r'[a-z0-9_]+', name) else '-'}_runner.py"
 
 
 def preset_dirs(extra: list[Path] | None = None) -> list[Path]:

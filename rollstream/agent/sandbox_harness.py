@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from rollstream.agent.door_service import open_harness_door
 from rollstream.agent.gateway import DOOR_SOCKET_NAME, MODEL_NAME
-from rollstream.agent.presets import Preset
+from rollstream.agent.presets import Preset, driver_source
 from rollstream.errors import InvalidJob, JobFailed
 from rollstream.messages import Envelope
 from rollstream.sandboxes.backends.common import DOOR_DIR_INNER
@@ -82,9 +82,7 @@ async def run_sandbox_harness(preset: Preset, messages: list[dict], env: Envelop
     opened = await open_harness_door(env, services)
     gateway, door, settings = opened.gateway, opened.door, opened.settings
     result = None
-    harness_dir = f"/tmp/.rollstream-harness-{secrets.token_hex(6)}"
-    values = {"door_url": "http://127.0.0.1:{door_port}/v1", "door_key": PLACEHOLDER_KEY, "model": MODEL_NAME,
-              "harness_dir": harness_dir, "instruction": instruction_of(messages)}
+    values = launch_values(preset, instruction_of(messages))
     try:
         try:
             await gateway.open_in_sandbox(door, os.path.join(os.path.dirname(sandbox.socket_path), "door"))
@@ -93,16 +91,9 @@ async def run_sandbox_harness(preset: Preset, messages: list[dict], env: Envelop
                             "is tried again in a new sandbox", retryable=True) from None
         # A run of an earlier delivery of this job (its run worker died) may still hold the session.
         await sandbox.close_session(HARNESS_SESSION)
-        for extra in preset.files:
-            await sandbox.write_file(_fill(extra.path, values), _fill(extra.content, values), mode=extra.mode)
-        await sandbox.write_file(f"{harness_dir}/door_relay.py", RELAY_SOURCE.read_bytes(), mode=0o644)
-        launch = {"key": door.key, "socket": f"{DOOR_DIR_INNER}/{DOOR_SOCKET_NAME}",
-                  "argv": [_fill(a, values) for a in preset.argv],
-                  "env": {k: _fill(v, values) for k, v in preset.env.items()}}
-        await sandbox.write_file(f"{harness_dir}/launch.json", json.dumps(launch), mode=0o600)
+        command = await stage_launch(sandbox, preset, door.key, values)
         # No output for a while is no sign of a hang (the model may be thinking): wall time alone.
-        result = await sandbox.bash(f"python3 -S {harness_dir}/door_relay.py {harness_dir}/launch.json",
-                                    timeout_s=settings.max_wall_time_s, no_output_timeout_s=0,
+        result = await sandbox.bash(command, timeout_s=settings.max_wall_time_s, no_output_timeout_s=0,
                                     session=HARNESS_SESSION)
     except (SandboxGone, ToolError) as exc:
         raise JobFailed(f"the sandbox failed under harness {preset.name}: {exc}") from exc
@@ -127,6 +118,32 @@ async def run_sandbox_harness(preset: Preset, messages: list[dict], env: Envelop
                                  "output_bytes": result.total_bytes, "output_tail": output[-OUTPUT_KEPT_CHARS:],
                                  "note": result.note}
     return traj
+
+
+def launch_values(preset: Preset, instruction: str) -> dict[str, str]:
+    """What a preset's ``{name}`` placeholders stand for in one run ({door_port}: the relay's own)."""
+    harness_dir = f"/tmp/.rollstream-harness-{secrets.token_hex(6)}"
+    values = {"door_url": "http://127.0.0.1:{door_port}/v1", "door_key": PLACEHOLDER_KEY, "model": MODEL_NAME,
+              "harness_dir": harness_dir, "instruction": instruction}
+    if preset.driver is not None:
+        values["driver"] = f"{harness_dir}/{driver_source(preset.driver).name}"
+    return values
+
+
+async def stage_launch(sandbox: SandboxClient, preset: Preset, key: str, values: dict[str, str]) -> str:
+    """Write what a run of ``preset`` needs into the sandbox (its files, the relay, its driver, the
+    launch file with the door's ``key``); returns the command that starts it behind the relay."""
+    harness_dir = values["harness_dir"]
+    for extra in preset.files:
+        await sandbox.write_file(_fill(extra.path, values), _fill(extra.content, values), mode=extra.mode)
+    await sandbox.write_file(f"{harness_dir}/door_relay.py", RELAY_SOURCE.read_bytes(), mode=0o644)
+    if preset.driver is not None:
+        await sandbox.write_file(values["driver"], driver_source(preset.driver).read_bytes(), mode=0o644)
+    launch = {"key": key, "socket": f"{DOOR_DIR_INNER}/{DOOR_SOCKET_NAME}",
+              "argv": [_fill(a, values) for a in preset.argv],
+              "env": {k: _fill(v, values) for k, v in preset.env.items()}}
+    await sandbox.write_file(f"{harness_dir}/launch.json", json.dumps(launch), mode=0o600)
+    return f"python3 -S {harness_dir}/door_relay.py {harness_dir}/launch.json"
 
 
 async def _answer(preset: Preset, sandbox: SandboxClient, values: dict[str, str], output: str) -> object:

@@ -1,0 +1,125 @@
+"""The OpenHands SDK preset in the tests: its "lean" variant, and the tiny models that have learnt one
+episode of it by heart (built by tests/model_cache.py, never in a test).
+
+The SDK's own system prompt and five tools come to ~9k tokens, past a tiny CPU model's 4096
+positions. The tests run the shipped preset with options its runner offers added (as an operator
+writes a preset of their own): a short system prompt, the terminal tool alone with the finish tool,
+so that its prompt fits. The model learns the calls the door renders for it (door_capture.py: the
+runner, on this host, against a door answering the script): a terminal call, then finish with the
+answer (arith); an edit of the checkout by one command, then finish (a shipped SWE instance). The
+command of each episode prints nothing on this host and in the sandbox alike, so the observation
+the model learns is the one it will see but for the folder names, which it learns to pass over
+(two captures from folders of different names, with different PATHs)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from pathlib import Path
+
+from rollstream.agent.gateway import MODEL_NAME
+from rollstream.agent.presets import driver_source, find_preset, install_on_host, load_preset
+from rollstream.tasks import arith
+
+PRESET = "openhands-sdk"
+LEAN = "openhands-sdk-lean"
+SYSTEM = "You are a coding agent in a sandbox. Use the terminal tool, then call finish with the result alone."
+LEAN_ARGS = ["--tools", "terminal", "--no-think-tool", "--system-prompt-file", "{harness_dir}/system.j2"]
+ARITH_INSTANCE = {"a": 12, "op": "+", "b": 30}
+# The fix of the SWE instance, as one command that is silent wherever it runs (here it finds no checkout).
+SWE_FIX = ("cd /workspace/inventory 2>/dev/null && python3 -c 'p = \"inventory/store.py\"; s = open(p).read(); "
+           "open(p, \"w\").write(s.replace(\"self._stock[item] = self._stock.get(item, 0) - qty\", "
+           "\"have = self._stock.get(item, 0)\\n        if qty > have:\\n            raise InsufficientStock(item)"
+           "\\n        self._stock[item] = have - qty\"))'; true")
+
+
+def tool_call(name: str, arguments: dict) -> str:
+    """A tool call as the served model writes it (the template's Hermes form, agent/parsing.py)."""
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(arguments)}}}\n</tool_call>'
+
+
+REPLIES = {"arith": [tool_call("terminal", {"command": "echo $((12+30)) >/dev/null"}),
+                     tool_call("finish", {"message": "42"})],
+           "swe": [tool_call("terminal", {"command": SWE_FIX}), tool_call("finish", {"message": "Fixed."})]}
+
+
+def lean_preset_text() -> str:
+    """The shipped preset's file with the lean options before its task, under its own name, and the
+    short system prompt as a file it writes into the sandbox."""
+    text = find_preset(PRESET).source.read_text()
+    text = text.replace(f'name = "{PRESET}"', f'name = "{LEAN}"', 1)
+    task = '"--task", "{instruction}"]'
+    assert task in text, "the shipped preset's argv ends with its task"
+    text = text.replace(task, ", ".join(json.dumps(a) for a in LEAN_ARGS) + ", " + task, 1)
+    return text + f'\n[[files]]\npath = "{{harness_dir}}/system.j2"\ncontent = {json.dumps(SYSTEM)}\n'
+
+
+def write_lean_preset(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{LEAN}.toml").write_text(lean_preset_text())
+    return folder
+
+
+def _instructions() -> dict[str, str]:
+    from rollstream.agent.sandbox_harness import instruction_of
+    from rollstream.tasks.swe import SweTask
+
+    from .sandbox_presets import swe_instance
+
+    swe = swe_instance()
+    return {"arith": arith.question(**ARITH_INSTANCE), "swe": instruction_of(SweTask().prompt_messages(swe))}
+
+
+def trained_folder(parent: Path, which: str) -> Path:
+    """Where the model of episode ``which`` ('arith', 'swe') is kept: named by the preset, the
+    episode, the runner and these files, so a change to any trains anew."""
+    parts = [lean_preset_text(), json.dumps([_instructions()[which], REPLIES[which]]),
+             driver_source("openhands").read_text(), Path(__file__).read_text(),
+             Path(__file__).with_name("door_capture.py").read_text()]
+    return parent / f"openhands-{which}-{hashlib.sha1(chr(10).join(parts).encode()).hexdigest()[:12]}"
+
+
+def build(parent: Path, which: str, steps: int = 300) -> Path:
+    """Install the preset (once), capture the episode through a scripted door twice (from two
+    folders), and train the tiny model on the door's renderings of each call (prompt, then reply)."""
+    import torch
+    from agent.scripted_model import train_and_save
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rollstream.llm.tiny_model import build_tiny_model
+
+    from .door_capture import capture
+
+    out = trained_folder(parent, which)
+    if (out / "trained.json").exists():
+        return out
+    install_on_host(find_preset(PRESET))
+    base = build_tiny_model(parent / "base")
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    examples = []
+    for folder_name, path in (("work", None), ("workspace-of-a-sandbox", "/usr/local/bin:/usr/bin:/bin")):
+        with tempfile.TemporaryDirectory(prefix="rs-capture-") as scratch:
+            lean = load_preset(write_lean_preset(Path(scratch, "presets")) / f"{LEAN}.toml")
+            harness_dir, workdir = Path(scratch, "harness"), Path(scratch, folder_name)
+            workdir.mkdir()
+            harness_dir.mkdir()
+            values = {"model": MODEL_NAME, "harness_dir": str(harness_dir), "instruction": _instructions()[which],
+                      "driver": str(driver_source("openhands"))}
+
+            def fill(text: str, values: dict = values) -> str:
+                for name, value in values.items():
+                    text = text.replace("{" + name + "}", value)
+                return text
+
+            for extra in lean.files:
+                Path(fill(extra.path)).write_text(fill(extra.content))
+            captured = capture(tokenizer, REPLIES[which], [fill(a) for a in lean.argv],
+                               {k: fill(v) for k, v in lean.env.items()} | ({"PATH": path} if path else {}), workdir)
+        if len(captured.prompts) != len(REPLIES[which]) or captured.exit_code != 0:
+            raise RuntimeError(f"{PRESET} made {len(captured.prompts)} calls (the episode has {len(REPLIES[which])}) "
+                               f"and exited {captured.exit_code}:\n{captured.output[-3000:]}")
+        examples += [(prompt + reply, [0] * len(prompt) + [1] * len(reply))
+                     for prompt, reply in zip(captured.prompts, captured.replies)]
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    return train_and_save(model, tokenizer, examples, out, steps)

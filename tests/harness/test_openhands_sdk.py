@@ -1,0 +1,103 @@
+"""The OpenHands SDK preset, unmodified at its pinned version (1.58.2, with openhands-tools), through
+the whole pipeline in bubblewrap (its venv on the host's own root, made from a Python 3.12:
+scripts/install-harnesses), against the built-in server. Its lean variant (the shipped preset with
+its runner's options for a short system prompt and the terminal tool alone: openhands_scripted.py)
+is driven by tiny models that learnt one episode each by heart: a terminal call, then finish with
+the answer, scored by eval; on a shipped SWE instance, an edit of the checkout by one command, then
+finish, and eval scores the diff it left by the instance's hidden tests. The arith model, which knows
+nothing of OpenHands' tools, shows a harness that fails is the agent's failure, scored, once."""
+
+from __future__ import annotations
+
+import json
+
+import model_cache
+import pytest
+
+from rollstream.agent.presets import PresetError, driver_source, find_preset, load_preset
+
+from rollstream.tasks import arith
+
+from .node_clis import assert_answered_and_scored, run_job
+from .openhands_scripted import ARITH_INSTANCE, LEAN, write_lean_preset
+from .sandbox_presets import assert_fixed_and_scored, installed_preset, swe_job
+
+AGENT = {"harness": LEAN, "max_turns": 4, "max_tokens_per_turn": 128, "max_context_tokens": 4000,
+         "max_wall_time_s": 300}
+GREEDY = {"temperature": 0.0, "max_tokens": 128}
+
+# Installs and models come before the tests: what is left is the jobs, on a busy 2-core machine.
+pytestmark = pytest.mark.timeout(900)
+
+
+@pytest.fixture(scope="module")
+def preset():
+    return installed_preset("openhands-sdk")
+
+
+@pytest.fixture(scope="module")
+def openhands_arith_model_dir():
+    return model_cache.load("openhands_arith_model_dir")
+
+
+@pytest.fixture(scope="module")
+def openhands_swe_model_dir():
+    return model_cache.load("openhands_swe_model_dir")
+
+
+@pytest.fixture
+def pool(worker_pool, sandbox_root, tmp_path, preset):
+    """Workers told of the lean preset (an operator's folder); the model is the test's."""
+    folder = write_lean_preset(tmp_path / "presets")
+
+    def start(model_dir):
+        pool = worker_pool(model_dir=model_dir, sandbox_root=sandbox_root)
+        pool.env["ROLLSTREAM_HARNESS_PRESET_DIRS"] = json.dumps([str(folder)])
+        pool.start_all(concurrency=2)
+        return pool
+
+    return start
+
+
+def test_the_preset_pins_the_sdk_and_its_tools_and_runs_rollstreams_runner_of_them(tmp_path):
+    preset = find_preset("openhands-sdk")
+    assert preset.package.split() == ["openhands-sdk==1.58.2", "openhands-tools==1.58.2"]
+    assert preset.install_commands()[1].endswith(" openhands-sdk==1.58.2 openhands-tools==1.58.2")
+    assert preset.driver == "openhands" and driver_source("openhands").name == "openhands_runner.py"
+    broken = tmp_path / "broken.toml"
+    broken.write_text(find_preset("openhands-sdk").source.read_text().replace('name = "openhands-sdk"',
+                                                                              'name = "broken"')
+                      .replace('driver = "openhands"', 'driver = "../../gateway"'))
+    with pytest.raises(PresetError, match="none of rollstream's runners"):
+        load_preset(broken)
+
+
+async def test_openhands_in_bwrap_completes_its_tool_loop_and_its_answer_is_scored(
+        settings, pool, openhands_arith_model_dir):
+    from rollstream.llm.server import served_model
+
+    pool(openhands_arith_model_dir)
+    with served_model(openhands_arith_model_dir, device="cpu") as server:
+        result = await run_job(settings, server, arith.job(ARITH_INSTANCE, sampling=GREEDY, agent=AGENT))
+    assert_answered_and_scored(result, "terminal", calls=2)
+    assert '"name": "finish"' in result.trajectory.response_text
+
+
+async def test_openhands_on_a_model_that_emits_garbage_is_the_agents_failure_scored_once(
+        settings, pool, arith_model_dir, arith_server):
+    pool(arith_model_dir)
+    result = await run_job(settings, arith_server, arith.job(ARITH_INSTANCE, agent={**AGENT, "max_turns": 2}))
+    assert result.status == "completed" and result.failure == "agent", (result.status, result.failure, result.error)
+    traj = result.trajectory
+    assert traj.finish_reason != "stop" or traj.extra["answer"] != "42", traj.extra
+    assert result.reward == 0.0 and result.attempts == 1
+
+
+async def test_openhands_fixes_a_shipped_swe_instance_in_bwrap_and_its_diff_is_scored(
+        settings, pool, openhands_swe_model_dir, tmp_path):
+    from rollstream.llm.server import served_model
+
+    pool(openhands_swe_model_dir)
+    with served_model(openhands_swe_model_dir, device="cpu") as server:
+        result = await run_job(settings, server, swe_job(str(tmp_path / "swe-mirror"), AGENT))
+    assert_fixed_and_scored(result)

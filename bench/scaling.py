@@ -36,8 +36,15 @@ import time
 import uuid
 from pathlib import Path
 
-import psutil
-import redis
+from machine import describe, require, say
+
+if __name__ == "__main__" and not {"--worker", "--serve-http"} & set(sys.argv):
+    # what rollstream's pools import, and a Redis: said before anything starts, not as a silent exit
+    require("bench/scaling.py", ["psutil", "redis", "msgpack", "ormsgpack", "pydantic", "pydantic_settings", "httpx",
+                                 "typer", "rich"], ("redis-server",))
+
+import psutil  # noqa: E402
+import redis  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -181,11 +188,6 @@ def saturated(rows: list[dict], base: float) -> bool:
     return row["own_cpu_percent"] >= 85 or row["jobs_per_s"] / (row["workers"] * base) < 0.85
 
 
-def say(line: str) -> None:
-    """Progress on stderr, flushed: a run that stalls shows where."""
-    print(line, file=sys.stderr, flush=True)
-
-
 async def collect_watching(client: AsyncClient, pool: WorkerPool | list[WorkerPool], n: int,
                            timeout_s: float) -> list:
     """All ``n`` results, checking between batches that no worker died (whose jobs would
@@ -258,8 +260,7 @@ async def main(args) -> None:
     server = subprocess.Popen([sys.executable, __file__, "--serve-http", str(port), "--latency-ms", str(args.latency_ms)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     data_dir = Path(tempfile.mkdtemp(prefix="rs-bench-scaling-"))
-    say(f"bench/scaling.py: {sys.executable} (Python {sys.version.split()[0]}), {psutil.cpu_count()} CPUs, "
-        f"run workers {counts}; work folder {data_dir}")
+    say(f"bench/scaling.py on {describe()}; run workers {counts}; work folder {data_dir}")
     rows = []
     failed = True
     import socket
@@ -339,6 +340,7 @@ async def main(args) -> None:
         "redis_benchmark_xadd_per_s": streams.get("redis_benchmark_xadd_per_s"),
         "redis_cmds_per_job": round(cmds_per_job, 1),
         "redis_jobs_per_s_capacity": round(capacity),
+        "machine": describe(),
     }
     print("RESULT " + json.dumps(result))
 

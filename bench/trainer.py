@@ -42,6 +42,15 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # rollstream from this checkout
+from machine import describe, require, say
+
+# The model stack and what rollstream imports, checked before anything is imported or measured
+MODULES = ["torch", "transformers", "safetensors", "numpy", "fastapi", "uvicorn", "httpx", "pydantic",
+           "pydantic_settings", "redis", "msgpack", "ormsgpack", "psutil"]
+if __name__ == "__main__" and "--variant" not in sys.argv:
+    require("bench/trainer.py", MODULES, cpu_only="--cpu-only" in sys.argv)
+
 import torch
 
 from rollstream.llm.server import start_server_process
@@ -132,6 +141,24 @@ async def measure_sync(model, tokenizer, base_url: str, root: Path, reps: int) -
     """Syncs by `auto` (on one host: shared memory; CUDA IPC where both are on one GPU) and by
     `disk` (the path to a server on another host), alternating, each after every weight has
     changed (negated: cheap and exact in any dtype), so no sync can skip a tensor; medians."""
+    largest = max(p.numel() for p in model.parameters())
+    first = next(model.parameters())
+    staging = torch.empty(largest, dtype=first.dtype, device=first.device)
+    served = torch.empty(largest, dtype=torch.float32, device=first.device)
+    floors = []
+
+    def copy_floor() -> float:
+        """What any sync of this model must do at least, timed on the same machine: each tensor's
+        bytes copied once (the trainer's write) and cast once into float32 (the server's load)."""
+        started = time.perf_counter()
+        with torch.no_grad():
+            for p in model.parameters():
+                n = p.numel()
+                staging[:n].copy_(p.view(-1))
+                served[:n].copy_(staging[:n])
+        sync_device(first.device)
+        return time.perf_counter() - started
+
     publishers = {transfer: WeightPublisher(root / transfer, [BuiltinServerBackend(base_url)], keep_versions=1,
                                             transfer=transfer) for transfer in ("auto", "disk")}
     reports: dict[str, list] = {transfer: [] for transfer in publishers}
@@ -146,10 +173,13 @@ async def measure_sync(model, tokenizer, base_url: str, root: Path, reps: int) -
                 report = await publisher.publish(model, tokenizer, version)
                 if rep:
                     reports[transfer].append(report)
+            floor = copy_floor()
+            if rep:
+                floors.append(floor)
     finally:
         for publisher in publishers.values():
             publisher.close()
-    out = {"transfer": reports["auto"][0].transfer}
+    out = {"transfer": reports["auto"][0].transfer, "floor_s": statistics.median(floors)}
     for transfer, found in reports.items():
         key = "" if transfer == "auto" else "disk_"
         out.update({f"{key}sync_s": statistics.median(r.total_s for r in found),
@@ -431,7 +461,10 @@ def sync_rows(what: str, sync: dict, prefix: str, rows: list, result: dict, note
     result.update({f"{prefix}sync_s": sync["sync_s"], f"{prefix}sync_save_s": sync["save_s"],
                    f"{prefix}sync_load_s": sync["load_s"], f"{prefix}sync_transfer": sync["transfer"],
                    f"{prefix}sync_disk_s": sync["disk_sync_s"], f"{prefix}sync_disk_save_s": sync["disk_save_s"],
-                   f"{prefix}sync_disk_load_s": sync["disk_load_s"]})
+                   f"{prefix}sync_disk_load_s": sync["disk_load_s"], f"{prefix}sync_copy_floor_s": sync["floor_s"],
+                   f"{prefix}sync_over_copy_floor": sync["sync_s"] / sync["floor_s"]})
+    rows.append((f"copy floor, {what}", f"{sync['floor_s'] * 1000:.0f} ms",
+                 "each tensor copied once + cast once to fp32 in this process: the least any sync does"))
     for label, key in ((sync["transfer"], ""), ("disk", "disk_")):
         rows.append((f"sync by {label}, {what}", f"{sync[key + 'sync_s'] * 1000:.0f} ms",
                      f"save {sync[key + 'save_s'] * 1000:.0f} ms + load {sync[key + 'load_s'] * 1000:.0f} ms; {note}"))
@@ -457,6 +490,8 @@ def main() -> None:
                         help="model of the CPU weight-sync row, RESULT sync_s (qwen3-0.6b: bf16 trainer, fp32 CPU "
                              "server); the tiny model's is tiny_sync_s either way")
     parser.add_argument("--only-sync", action="store_true", help="the weight-sync section alone")
+    parser.add_argument("--cpu-only", action="store_true",
+                        help="CPU sections only, even where CUDA is (or the driver sees GPUs torch cannot use)")
     parser.add_argument("--variant", choices=("dapo", "plain"), help=argparse.SUPPRESS)  # one child process
     parser.add_argument("--device", default="cpu", help=argparse.SUPPRESS)
     parser.add_argument("--reps", type=int, default=None, help=argparse.SUPPRESS)
@@ -465,6 +500,13 @@ def main() -> None:
     if args.variant:
         print("VARIANT " + json.dumps(run_variant(args.variant, args.preset, args.device, args.reps or 3)), flush=True)
         return
+    cuda = torch.cuda.is_available() and not args.cpu_only
+    e2e_arith = not (args.skip_e2e or args.only_sync or args.only_dapo_vs_plain) and args.e2e == "arith"
+    if e2e_arith:  # bwrap sandboxes and a Redis: say now, not after the other sections' minutes
+        require("bench/trainer.py (the end-to-end run; --skip-e2e leaves it out)", [], ("redis-server", "bwrap"))
+    say(f"bench/trainer.py on {describe()}")
+    say("  CUDA sections: " + (f"on {torch.cuda.get_device_name(0)}" if cuda else
+                               "none (no CUDA)" if not args.cpu_only else "none (--cpu-only)"))
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -477,19 +519,24 @@ def main() -> None:
     rows: list[tuple[str, str, str]] = []
     result: dict = {}
 
+    result["machine"] = describe()
     if args.only_sync:
+        say(f"  weight sync, {args.sync_model}")
         result["sync_model"] = args.sync_model
         sync_row(args.sync_model if args.sync_model != "tiny" else "cpu-small", torch.device("cpu"), tokenizer,
                  reps, rows, result, prefix="")
         print_table(rows, result)
         return
+    say(f"  0. DAPO update vs a plain training step, cpu, preset {args.preset}")
     dapo_vs_plain(args.preset, "cpu", 2 if args.quick else 3, args.rounds, rows, result)
     if args.only_dapo_vs_plain:
-        if torch.cuda.is_available():
+        if cuda:
+            say(f"  0. DAPO update vs a plain training step, cuda, preset {args.gpu_preset}")
             dapo_vs_plain(args.gpu_preset, "cuda", 3, args.rounds, rows, result, prefix="gpu_")
         print_table(rows, result)
         return
 
+    say("  1. update throughput, tiny model; 2. weight sync, tiny model")
     cpu = torch.device("cpu")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     batch = synthetic_batch(model, len(tokenizer), 32, 64, 192, cpu)
@@ -520,8 +567,10 @@ def main() -> None:
     if args.sync_model == "tiny":  # the headline keys sync_s, ... are the tiny model's
         result.update({k.removeprefix("tiny_"): v for k, v in list(result.items()) if k.startswith("tiny_sync")})
     else:
+        say(f"  2. weight sync, {args.sync_model}")
         sync_row(args.sync_model, cpu, tokenizer, reps, rows, result, prefix="")
-    if not args.skip_e2e and args.e2e == "arith":
+    if e2e_arith:
+        say(f"  3. end to end, arith task, {steps} steps")
         arith_e2e(steps, rows, result)
     if metrics:
         curve = [round(r["reward_mean_all"], 3) for r in metrics]
@@ -533,8 +582,9 @@ def main() -> None:
                      f"{result['reward_first']:.3f} -> {result['reward_last']:.3f}",
                      f"{steps} steps in {e2e_s:.0f} s; curve {curve}"))
 
-    if torch.cuda.is_available() or args.accelerator_section_on_cpu:
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if cuda or args.accelerator_section_on_cpu:
+        device = torch.device("cuda" if cuda else "cpu")
+        say(f"  accelerator sections on {device.type}: DAPO vs plain, update, weight sync")
         dapo_vs_plain("cpu-small" if args.accelerator_section_on_cpu else args.gpu_preset, device.type, 3, args.rounds,
                       rows, result, prefix="gpu_")
         accelerator_section(device, model_dir, tokenizer, batch, reps, rows, result,

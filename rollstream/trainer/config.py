@@ -90,6 +90,9 @@ class TrainConfig(BaseModel):
     )
     sync_every_steps: int = Field(1, ge=1, description="publish weights every N steps")
     keep_weight_versions: int = Field(2, ge=1)
+    weights_transfer: Literal["auto", "cuda_ipc", "shm", "disk"] = Field(
+        "auto", description="how weights reach the built-in servers: auto picks per sync from where each one runs "
+                            "(same GPU: cuda_ipc; same host: shm, a /dev/shm folder; else disk, OUTPUT/weights)")
     checkpoint_every_steps: int = Field(10, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
     resume: bool = Field(True, description="continue from the newest checkpoint in output_dir if there is one")

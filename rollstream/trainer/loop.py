@@ -143,7 +143,7 @@ class Trainer:
         # With Redis, each sync notes in the balancer which version every backend serves.
         return WeightPublisher(self.output_dir / "weights", backends, keep_versions=self.config.keep_weight_versions,
                                redis=self._client.r if self._client is not None else None,
-                               namespace=self.config.namespace)
+                               namespace=self.config.namespace, transfer=self.config.weights_transfer)
 
     async def _publish(self, policy_version: int) -> float:
         report = await self.publisher.publish(self.model, self.tokenizer, policy_version)

@@ -426,13 +426,14 @@ class WeightPublisher:
             return await asyncio.to_thread(save_weights, model, tokenizer, self.version_dir(policy_version))
         folder = self._shm_folder()
         previous = self._previous_shm_file()
-        recycled = None
+        reuse = None
         if previous is not None:  # out of sight whole (no version folder without its file), pages kept
             recycled = folder / f".recycled-{previous.parent.name}"
             os.rename(previous.parent, recycled)
+            reuse = recycled / previous.name
         try:
             return await asyncio.to_thread(save_weights, model, None, self.version_dir(policy_version, folder),
-                                           weights_only=True, reuse=recycled / previous.name if recycled else None)
+                                           weights_only=True, reuse=reuse)
         finally:
             for old in [*folder.glob(".recycled-*"), *folder.glob("policy-v*")]:
                 if old.name != f"policy-v{policy_version:06d}":
@@ -451,9 +452,14 @@ class WeightPublisher:
         started = time.monotonic()
         async with httpx.AsyncClient(timeout=self.timeout_s) as client:
             transfer = await self.choose(client, model)
-            weights_dir, handles = None, None
+            weights_dir: Path | None = None
+            handles: dict[str, Any] | None = None
+            shared: dict[str, Any] | None = None
             if transfer == "cuda_ipc":
-                handles = export_cuda_ipc(_tensors_to_save(model))  # the model's own tensors: nothing saved
+                # the model's own tensors, nothing saved; held here (a renamed one may be a new
+                # tensor) until every server has copied them
+                shared = _tensors_to_save(model)
+                handles = export_cuda_ipc(shared)
             else:
                 weights_dir = await self._save(model, tokenizer, policy_version, transfer)
             saved = time.monotonic()
@@ -469,6 +475,7 @@ class WeightPublisher:
                     weights_dir = await self._save(model, tokenizer, policy_version, transfer)
                     saved = time.monotonic()
                     outcomes = await self._load_all(client, model, weights_dir, policy_version, None)
+                shared = None  # every server has copied (or failed to): the trainer may change its tensors
         for backend, outcome in zip(self.backends, outcomes):
             if not isinstance(outcome, BaseException):
                 self.served[backend.url] = policy_version

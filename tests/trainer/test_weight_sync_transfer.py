@@ -145,7 +145,7 @@ def test_a_trainer_that_exits_leaves_nothing_in_shared_memory(tiny_model_dir, tm
         folder = report.weights_dir.parent
         print(sorted(p.name for p in folder.iterdir()), flush=True)
     """)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "['policy-v000003']"  # one version at a time
     assert list(tmp_path.glob(f"{SHM_PREFIX}*")) == []  # and none after exit

@@ -5,10 +5,13 @@
 answer is a ``message`` of a text block and a tool_use block per parsed tool call or, streamed,
 Anthropic's events (message_start, content_block_start, content_block_delta with text_delta or
 input_json_delta, content_block_stop, message_delta, message_stop) sent while the tokens are
-generated; errors in Anthropic's form ``{"type": "error", "error": {...}}``. Thinking blocks in
-the history, which this door never emits (the model's own thinking stays in its text), and the
-request's ``thinking`` setting are another provider's: the job's chat_template_kwargs decide
-whether the served model thinks. ``cache_control`` marks are the client's caching hints."""
+generated; errors in Anthropic's form ``{"type": "error", "error": {...}}``. A reply that opens
+with the model's ``<think>...</think>`` is answered as a thinking block (streamed as
+thinking_delta) and the text after it; a thinking block sent back is joined to its text again
+exactly as the model wrote it, so the harness's next call extends the recorded sequence (the
+signature is empty: nothing is signed here). The request's ``thinking`` setting is the client's
+hint: the job's chat_template_kwargs decide whether the served model thinks. ``cache_control``
+marks are the client's caching hints."""
 
 from __future__ import annotations
 
@@ -26,11 +29,12 @@ from rollstream.agent.door_request import (
     refuse,
     stop_strings,
 )
-from rollstream.agent.door_stream import Completed
+from rollstream.agent.door_stream import Completed, held_prefix
 
 MODEL_NAME = "rollstream"
 _ACCEPTED = frozenset({"model", "messages", "system", "max_tokens", "stop_sequences", "stream", "tools", "tool_choice",
                        "temperature", "top_p", "top_k", "metadata", "thinking", "service_tier", "cache_control"})
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 408: "timeout_error", 413: "request_too_large", 429: "rate_limit_error",
                 503: "overloaded_error"}
@@ -39,6 +43,14 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: 
 def error_body(status: int, message: str) -> dict:
     kind = _ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
     return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def split_thinking(content: str) -> tuple[str | None, str]:
+    """The model's thinking at the start of ``content`` (between <think> and </think>), and the rest."""
+    end = content.find(THINK_CLOSE)
+    if not content.startswith(THINK_OPEN) or end < 0:
+        return None, content
+    return content[len(THINK_OPEN):end], content[end + len(THINK_CLOSE):]
 
 
 def _blocks(content: Any, where: str) -> list[dict]:
@@ -76,7 +88,9 @@ def _messages(request: dict) -> list[dict]:
         texts, calls = [], []
         for j, block in enumerate(_blocks(message.get("content"), f"{where}.content")):
             kind, at = block.get("type"), f"{where}.content[{j}]"
-            if kind == "text" and isinstance(block.get("text"), str):
+            if kind == "thinking" and role == "assistant" and isinstance(block.get("thinking"), str):
+                texts.append(THINK_OPEN + block["thinking"] + THINK_CLOSE)  # as the model wrote it
+            elif kind == "text" and isinstance(block.get("text"), str):
                 texts.append(block["text"])
             elif kind == "tool_use" and role == "assistant" and isinstance(block.get("name"), str):
                 calls.append({"id": block.get("id"), "type": "function",
@@ -85,11 +99,11 @@ def _messages(request: dict) -> list[dict]:
                 result = block.get("content", "")
                 text = _text_blocks(result, f"{at}.content") if result else ""
                 messages.append({"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": text})
-            elif kind in ("thinking", "redacted_thinking") and role == "assistant":
-                continue  # see the module docstring
+            elif kind == "redacted_thinking" and role == "assistant":
+                continue  # another provider's encrypted thinking: nothing this model wrote
             else:
                 raise DoorError(400, f"{at} is a {kind!r} block in a {role} message; this door serves text, "
-                                "tool_use (assistant), tool_result (user) and thinking blocks", "unsupported_content",
+                                "thinking and tool_use (assistant), tool_result (user) blocks", "unsupported_content",
                                 param=at)
         if texts or calls or not messages or messages[-1]["role"] != "tool":
             entry: dict = {"role": role, "content": "".join(texts)}
@@ -171,7 +185,9 @@ class AnthropicApi:
         return error_body(exc.status, str(exc))
 
     def body(self, done: Completed, request: dict, options: CallOptions, tokenizer: Any) -> dict:
-        content = [{"type": "text", "text": done.content}] if done.content or not done.calls else []
+        thinking, text = split_thinking(done.content)
+        content = [{"type": "thinking", "thinking": thinking, "signature": ""}] if thinking is not None else []
+        content += [{"type": "text", "text": text}] if text or not (done.calls or content) else []
         content += [_tool_use(c) for c in done.calls]
         return {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant",
                 "model": request.get("model") or MODEL_NAME, "content": content, "stop_reason": _stop_reason(done),
@@ -186,12 +202,15 @@ def _event(kind: str, **fields: Any) -> bytes:
 
 
 class AnthropicEvents:
-    """A streamed message's events (door_stream.Emitter)."""
+    """A streamed message's events (door_stream.Emitter): a thinking block while the text is inside
+    the model's opening <think>...</think>, then a text block, then a tool_use block per call."""
 
     def __init__(self, model: str) -> None:
         self.model = model
         self.blocks = 0  # content blocks started so far
-        self.text_open = False
+        self.open: str | None = None  # the kind of the block now open
+        self.thought = False  # the thinking part is over (or there was none)
+        self.pending = ""  # text that may be the start of <think> or </think>
 
     def start(self, prompt_tokens: int) -> bytes:
         message = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "content": [],
@@ -199,21 +218,54 @@ class AnthropicEvents:
                    "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}
         return _event("message_start", message=message)
 
-    def _open_text(self) -> bytes:
-        self.text_open = True
-        self.blocks += 1
-        return _event("content_block_start", index=0, content_block={"type": "text", "text": ""})
+    def _switch(self, kind: str | None) -> bytes:
+        """Close the open block and open one of ``kind`` (None: none)."""
+        out = _event("content_block_stop", index=self.blocks - 1) if self.open else b""
+        self.open = kind
+        if kind is not None:
+            block = {"type": "thinking", "thinking": "", "signature": ""} if kind == "thinking" else \
+                {"type": "text", "text": ""}
+            out += _event("content_block_start", index=self.blocks, content_block=block)
+            self.blocks += 1
+        return out
 
-    def text(self, delta: str, tokens: list[tuple[int, float]]) -> bytes:
-        out = b"" if self.text_open else self._open_text()
-        return out + _event("content_block_delta", index=0, delta={"type": "text_delta", "text": delta})
+    def _delta(self, text: str) -> bytes:
+        if not text:
+            return b""
+        if self.open != ("thinking" if not self.thought else "text"):
+            return self._switch("thinking" if not self.thought else "text") + self._delta(text)
+        delta = {"type": "thinking_delta", "thinking": text} if self.open == "thinking" else \
+            {"type": "text_delta", "text": text}
+        return _event("content_block_delta", index=self.blocks - 1, delta=delta)
+
+    def text(self, delta: str, tokens: list[tuple[int, float]], final: bool = False) -> bytes:
+        text, self.pending = self.pending + delta, ""
+        if not self.thought and self.open is None:  # does the reply open with <think>?
+            if THINK_OPEN.startswith(text) and not final:
+                self.pending = text
+                return b""
+            if not text.startswith(THINK_OPEN):
+                self.thought = True
+                return self._delta(text)
+            text = text[len(THINK_OPEN):]
+            out = self._switch("thinking")
+            return out + self.text(text, tokens, final) if text else out
+        if self.thought:
+            return self._delta(text)
+        end = text.find(THINK_CLOSE)
+        if end >= 0:
+            out = self._delta(text[:end])
+            self.thought = True
+            return out + self._switch(None) + self._delta(text[end + len(THINK_CLOSE):])
+        keep = 0 if final else held_prefix(text, [THINK_CLOSE])
+        self.pending = text[len(text) - keep:] if keep else ""
+        return self._delta(text[:len(text) - keep])
 
     def finish(self, done: Completed) -> bytes:
-        out = []
-        if not self.text_open and (done.content or not done.calls):
-            out.append(self._open_text())
-        if self.text_open:
-            out.append(_event("content_block_stop", index=0))
+        out = [self.text("", [], final=True)]
+        if not self.blocks and not done.calls:
+            out.append(self._switch("text"))  # a reply of nothing still has its (empty) text block
+        out.append(self._switch(None))
         for call in done.calls:
             index, block = self.blocks, _tool_use(call)
             self.blocks += 1

@@ -55,7 +55,7 @@ class Emitter(Protocol):
     def error(self, status: int, message: str, code: str) -> bytes: ...
 
 
-def _held(text: str, needles: list[str]) -> int:
+def held_prefix(text: str, needles: list[str]) -> int:
     """How many characters at the end of ``text`` may be the start of one of ``needles``."""
     longest = 0
     for needle in needles:
@@ -101,7 +101,7 @@ class ReplyText:
         if self.in_call:
             limit = len(text[:limit].rstrip())  # the content of a reply with calls ends before them
         else:
-            limit -= _held(text[:limit], self.needles)
+            limit -= held_prefix(text[:limit], self.needles)
             if self.marker:  # whitespace before a call that may follow is not part of the content
                 limit = len(text[:limit].rstrip())
         if limit <= len(self.sent):

@@ -19,7 +19,7 @@ from openai import AsyncOpenAI
 from rollstream.agent import AgentSettings, LLMSession
 from rollstream.agent.door_stream import ReplyText
 from rollstream.agent.harnesses.openai_chat import SUBMIT
-from rollstream.llm.inference_client import SamplingParams
+from rollstream.llm.inference_client import Generation, SamplingParams
 from rollstream.tasks import arith
 
 from .test_gateway import RecordingClient
@@ -249,3 +249,50 @@ async def test_errors_on_the_anthropic_path_are_anthropic_errors_and_x_api_key_o
     assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
     assert bad_json.status_code == 400 and bad_json.json()["type"] == "error"
     assert bad_json.json()["error"]["type"] == "invalid_request_error"
+
+
+class ThinkingBackend:
+    """A backend whose every turn opens with the model's thinking (the tiny model has none to
+    give): the door's answer in Anthropic's thinking and text blocks is under test, not a model."""
+
+    def __init__(self, tokenizer) -> None:
+        self.text = "<think>\nLet me add 12 and 30.\n</think>\n\nThe answer is 42."
+        self.ids = tokenizer.encode(self.text, add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+        self.prompts: list[list[int]] = []
+
+    async def generate(self, base_url, prompt_ids, params, timeout_s=None) -> Generation:
+        self.prompts.append(list(prompt_ids))
+        return Generation(token_ids=self.ids, logprobs=[-0.5] * len(self.ids), finish_reason="stop", backend=base_url)
+
+    async def generate_stream(self, base_url, prompt_ids, params, on_tokens, timeout_s=None) -> Generation:
+        gen = await self.generate(base_url, prompt_ids, params, timeout_s)
+        for token_id in gen.token_ids:  # token by token: the tags arrive split from the text around them
+            await on_tokens([token_id], [-0.5])
+        return gen
+
+
+async def test_the_models_thinking_is_a_thinking_block_and_sent_back_it_extends_the_same_sequence(gateway, tokenizer):
+    backend = ThinkingBackend(tokenizer)
+    door = gateway.open("job-t", LLMSession(backend, "job-t", backend_url="http://backend"), tokenizer,
+                        AgentSettings())
+    client = anthropic.AsyncAnthropic(base_url=gateway.base_url.removesuffix("/v1"), api_key=door.key, max_retries=0)
+    system, user = _system_and_user()
+    try:
+        whole = await client.messages.create(model="m", max_tokens=64, system=system,
+                                             messages=[{"role": "user", "content": user}])
+        history = [{"role": "user", "content": user},
+                   {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in whole.content]},
+                   {"role": "user", "content": "Are you sure?"}]
+        async with client.messages.stream(model="m", max_tokens=64, system=system, messages=history) as stream:
+            deltas = [event.delta.type async for event in stream if event.type == "content_block_delta"]
+            streamed = await stream.get_final_message()
+    finally:
+        await client.close()
+    assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in whole.content] == [
+        ("thinking", "\nLet me add 12 and 30.\n"), ("text", "\n\nThe answer is 42.")]
+    assert [b.model_dump(exclude_none=True) for b in streamed.content] == \
+        [b.model_dump(exclude_none=True) for b in whole.content]
+    assert "thinking_delta" in deltas and "text_delta" in deltas
+    # the thinking block sent back is the model's text again: the second call extends the first
+    assert [c["segment"] for c in door.recorder.trajectory().extra["calls"]] == [0, 0]
+    assert backend.prompts[1][:len(backend.prompts[0]) + len(backend.ids)] == backend.prompts[0] + backend.ids

@@ -4,7 +4,7 @@ Run: python bench/density.py [--counts 64,128,256,512] [--harness python|node|no
 
 Sandboxes are added step by step up to each count. Each holds a bash session, a harness
 process started from it (default: a sleeping `python3 -c` inside the sandbox) and an IPython
-kernel, started by a first cell (eight at a time, as a warm pool would). At each count a cell
+kernel, started by a first cell (eight at a time, as a warm pool would; --kernels-at-once). At each count a cell
 runs in every sandbox at once, twice (the second round after all answered the first), and the
 sandboxes' memory is read: PSS summed over each sandbox's processes (rollstream/sandboxes/
 capacity.py, what the warm pool sizes itself by) and the node's used-memory delta
@@ -34,6 +34,7 @@ from tools import percentile  # bench/tools.py, beside this file
 
 from rollstream.sandboxes import (
     SandboxClient,
+    SandboxError,
     SandboxSpec,
     create_sandbox,
     destroy_sandbox,
@@ -62,7 +63,8 @@ def node_used_mb() -> float:
 class Fleet:
     """The live sandboxes, their supervisors' pids and the timings of their start."""
 
-    def __init__(self, root_dir: str, harness: str, floor_mb: float) -> None:
+    def __init__(self, root_dir: str, harness: str, floor_mb: float, kernels_at_once: int) -> None:
+        self.kernels_at_once = kernels_at_once
         self.root_dir = root_dir
         self.harness = harness
         self.floor_mb = floor_mb
@@ -71,6 +73,7 @@ class Fleet:
         self.create_ms: list[float] = []
         self.kernel_start_ms: list[float] = []
         self.stopped = ""  # why the fleet stopped growing
+        self.errors: list[str] = []  # what the cells that failed said
 
     def low_memory(self) -> bool:
         available = mem_available_mb()
@@ -103,17 +106,21 @@ class Fleet:
         bash_only = sandboxes_pss_mb([pid for _, pid in fresh])
         return fresh, list(bash_only.values())
 
-    async def start_kernels(self, fresh: list) -> int:
-        """The first cell of each new sandbox (it starts the kernel), eight at a time."""
-        semaphore = asyncio.Semaphore(8)
+    async def start_kernels(self, fresh: list, at_once: int) -> int:
+        """The first cell of each new sandbox (it starts the kernel), `at_once` at a time."""
+        semaphore = asyncio.Semaphore(at_once)
 
         async def first_cell(handle) -> bool:
             async with semaphore:
                 if self.stopped or self.low_memory():
                     return False
                 started = time.perf_counter()
-                async with SandboxClient(handle.socket_path) as sb:
-                    result = await sb.ipython("1+1", timeout_s=300)
+                try:
+                    async with SandboxClient(handle.socket_path) as sb:
+                        result = await sb.ipython("1+1", timeout_s=300)
+                except SandboxError as error:  # a kernel that did not start: counted, and said why
+                    self.errors.append(str(error))
+                    return False
                 self.kernel_start_ms.append((time.perf_counter() - started) * 1000)
                 return result.result == "2"
 
@@ -126,7 +133,11 @@ class Fleet:
         try:
             async def cell(index: int, client: SandboxClient) -> tuple[bool, float]:
                 started = time.perf_counter()
-                result = await client.ipython(f"{index} * 2", timeout_s=300)
+                try:
+                    result = await client.ipython(f"{index} * 2", timeout_s=300)
+                except SandboxError as error:
+                    self.errors.append(str(error))
+                    return False, (time.perf_counter() - started) * 1000
                 return result.result == str(index * 2), (time.perf_counter() - started) * 1000
 
             answers = await asyncio.gather(*(cell(i, c) for i, c in enumerate(clients)))
@@ -168,9 +179,9 @@ class Fleet:
         await asyncio.gather(*(one(handle) for handle in self.handles), return_exceptions=True)
 
 
-async def run(counts: list[int], harness: str, floor_mb: float) -> dict:
+async def run(counts: list[int], harness: str, floor_mb: float, kernels_at_once: int) -> dict:
     root_dir = tempfile.mkdtemp(prefix="rsd-", dir="/tmp")
-    fleet = Fleet(root_dir, HARNESSES[harness], floor_mb)
+    fleet = Fleet(root_dir, HARNESSES[harness], floor_mb, kernels_at_once)
     rows = []
     bash_only: list[float] = []
     used_before = node_used_mb()
@@ -188,7 +199,7 @@ async def run(counts: list[int], harness: str, floor_mb: float) -> dict:
             grow_started = time.perf_counter()
             fresh, fresh_bash_only = await fleet.grow(count)
             bash_only += fresh_bash_only
-            kernels_ok = await fleet.start_kernels(fresh)
+            kernels_ok = await fleet.start_kernels(fresh, fleet.kernels_at_once)
             up_s = time.perf_counter() - grow_started
             if fleet.stopped:
                 rows.append({"count": count, "skipped": fleet.stopped, "reached": len(fleet.handles)})
@@ -217,13 +228,13 @@ async def run(counts: list[int], harness: str, floor_mb: float) -> dict:
 
     print(f"bwrap sandboxes, each with bash, an IPython kernel and a harness ({harness}: "
           f"{HARNESSES[harness] or 'none'}); load average {os.getloadavg()[0]:.1f}")
-    print(f"{'sandboxes':>9} {'answering':>9} {'harness':>7} {'PSS MB/sb':>9} {'max':>6} {'node MB/sb':>10} "
+    print(f"{'sandboxes':>9} {'1st cell':>8} {'answering':>9} {'harness':>7} {'PSS MB/sb':>9} {'max':>6} {'node MB/sb':>10} "
           f"{'create p50':>10} {'kernel p50':>10} {'cell p50':>9} {'cell p99':>9} {'avail GiB':>9}")
     for row in rows:
         if "skipped" in row:
             print(f"{row['count']:9d} not run: {row['skipped']}")
             continue
-        print(f"{row['count']:9d} {row['answered']:9d} {row['harnesses']:7d} {row['pss_mb']:9.1f} {row['pss_max_mb']:6.1f} "
+        print(f"{row['count']:9d} {row['kernels_started']:8d} {row['answered']:9d} {row['harnesses']:7d} {row['pss_mb']:9.1f} {row['pss_max_mb']:6.1f} "
               f"{row['node_mb']:10.1f} {row['create_p50_ms']:8.0f}ms {row['kernel_p50_ms']:8.0f}ms "
               f"{row['cell_p50_ms']:7.1f}ms {row['cell_p99_ms']:7.1f}ms {row['available_gib']:9.1f}")
     done = [row for row in rows if "skipped" not in row]
@@ -232,6 +243,8 @@ async def run(counts: list[int], harness: str, floor_mb: float) -> dict:
         roles = done[-1]["by_role"]
         print(f"where a sandbox's PSS goes at {done[-1]['count']}: " + ", ".join(
             f"{role} {mb:.1f} MB" for role, mb in sorted(roles.items(), key=lambda item: -item[1])))
+    if fleet.errors:
+        print(f"{len(fleet.errors)} cells failed, e.g.: {fleet.errors[0][:300]}")
     if bash_only:
         print(f"before their kernels started (bash + harness): {statistics.mean(bash_only):.1f} MB PSS a sandbox; "
               f"fork server (shared): {fork_server_mb:.1f} MB")
@@ -247,6 +260,9 @@ async def run(counts: list[int], harness: str, floor_mb: float) -> dict:
         "bash_only_mb_per_sandbox": round(statistics.mean(bash_only), 1) if bash_only else None,
         "fork_server_mb": round(fork_server_mb, 1),
         "harness": harness,
+        "kernels_at_once": kernels_at_once,
+        "cell_errors": len(fleet.errors),
+        "first_cell_ok": {row["count"]: row["kernels_started"] for row in done},
         "not_run": [row["skipped"] for row in rows if "skipped" in row],
     }
 
@@ -257,9 +273,11 @@ def main() -> None:
     parser.add_argument("--harness", choices=sorted(HARNESSES), default="python")
     parser.add_argument("--floor-gib", type=float, default=3.0,
                         help="stop before MemAvailable would fall below this (the node is shared)")
+    parser.add_argument("--kernels-at-once", type=int, default=8,
+                        help="kernels started at the same time by first cells (a warm pool starts a few at once)")
     args = parser.parse_args()
     counts = sorted(int(value) for value in args.counts.split(","))
-    result = asyncio.run(run(counts, args.harness, args.floor_gib * 1024))
+    result = asyncio.run(run(counts, args.harness, args.floor_gib * 1024, args.kernels_at_once))
     print("RESULT " + json.dumps(result))
 
 

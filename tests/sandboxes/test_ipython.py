@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
+
+from rollstream.sandboxes.capacity import process_trees
+from rollstream.sandboxes.runtime.start_slots import StartSlots, default_slots
 
 from .conftest import needs_bwrap
 
@@ -59,3 +63,22 @@ async def test_the_kernel_starts_without_its_debugger_and_cells_still_get_all_th
     assert (await sb.ipython(f"{loaded}")).result == "[True, True, True]"
     error = await sb.ipython("def inner():\n    return {}['missing']\ndef outer():\n    return inner()\nouter()")
     assert "KeyError" in error.error and "outer()" in error.error and "return inner()" in error.error
+
+
+async def test_kernels_start_in_turn_when_the_node_is_starting_as_many_as_it_may(sb, sandbox, root_dir):
+    """Hundreds of first cells at once would share the cores so thinly that no kernel came up in
+    time (bench/density.py): a start waits for one of the node's start slots, and its cell's
+    timeout only begins once its kernel is ready."""
+    slots = StartSlots(root_dir)
+    held = [slots.acquire(5) for _ in range(default_slots())]
+    try:
+        cell = asyncio.create_task(sb.ipython("21 * 2", timeout_s=5))
+        await asyncio.sleep(1.0)
+        assert not cell.done()
+        assert not [pid for pid in process_trees([sandbox.supervisor_pid])[sandbox.supervisor_pid]
+                    if b"ipykernel" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    finally:
+        for fd in held:
+            slots.release(fd)
+    answer = await cell
+    assert answer.result == "42" and not answer.timed_out

@@ -25,9 +25,11 @@ from_package = bool(__package__)
 if from_package:
     from .bash_session import SessionBusy
     from .child_processes import OutputCollector, join_cgroups, kill_session_processes
+    from .start_slots import StartSlots, StartSlotsBusy
 else:  # run as a script by the supervisor (python -S supervisor.py)
     from bash_session import SessionBusy
     from child_processes import OutputCollector, join_cgroups, kill_session_processes
+    from start_slots import StartSlots, StartSlotsBusy
 
 def _loads(data: bytes) -> dict:
     """JSON of a kernel message; undecodable bytes (a print of a lone surrogate) become U+FFFD."""
@@ -142,6 +144,8 @@ class Kernel:
         interrupt_grace_s: float = 3.0,
         spawner=None,
         cgroup_procs: list[str] | None = None,
+        start_slots_dir: str | None = None,
+        start_queue_s: float = 300.0,
     ) -> None:
         self.exec_prefix = exec_prefix
         self.kernel_argv = kernel_argv
@@ -156,6 +160,10 @@ class Kernel:
         self.interrupt_grace_s = interrupt_grace_s
         self.spawner = spawner or (lambda function: function())
         self.cgroup_procs = cgroup_procs or []
+        # The node's kernels start a few at a time (start_slots.py); a start waits its turn at
+        # most start_queue_s, and its own start_timeout_s only begins with its turn.
+        self.start_slots = StartSlots(start_slots_dir) if start_slots_dir else None
+        self.start_queue_s = start_queue_s
         self.lock = threading.Lock()
         self.process: subprocess.Popen | None = None
         self.context = None
@@ -169,6 +177,22 @@ class Kernel:
             resource.setrlimit(getattr(resource, name), (value, value))
 
     def start(self) -> None:
+        if self.start_slots is None:
+            self._start()
+            return
+        try:
+            slot = self.start_slots.acquire(self.start_queue_s)
+        except StartSlotsBusy as error:
+            raise KernelStartError(str(error)) from None
+        except OSError:  # a root we cannot lock in (read-only, odd filesystem): start unpaced
+            self._start()
+            return
+        try:
+            self._start()
+        finally:
+            self.start_slots.release(slot)
+
+    def _start(self) -> None:
         if not os.path.isdir(self.host_dir):
             os.makedirs(self.host_dir)
         self.folder = ConnectionFolder(self.host_dir)
@@ -318,6 +342,11 @@ class Kernel:
                 notes.append("the kernel had died and was restarted; its state is lost")
             self.close()
             self.start()
+            # The cell's time runs from a kernel ready for it: a start that waited its turn on a
+            # busy node does not eat the cell's timeout.
+            cell_started = time.monotonic()
+        else:
+            cell_started = started
         request = self.session.msg(
             "execute_request",
             content={"code": code, "silent": False, "store_history": True, "user_expressions": {},
@@ -327,7 +356,7 @@ class Kernel:
         msg_id = request["header"]["msg_id"]
         out = {"stdout": OutputCollector(self.output_bytes), "stderr": OutputCollector(self.output_bytes)}
         result: dict = {"result": None, "error": None, "images_png_b64": [], "execution_count": None}
-        finished = self._collect(msg_id, started + timeout_s, out, result)
+        finished = self._collect(msg_id, cell_started + timeout_s, out, result)
         timed_out = not finished
         interrupted = False
         if timed_out:

@@ -422,6 +422,7 @@ class Supervisor:
                     os.path.join(self.dir, "kernel.log"),
                     spawner=self.spawner,
                     cgroup_procs=self._cgroup_procs(),
+                    start_slots_dir=os.path.dirname(self.dir),  # the node's sandbox root
                 )
         return self.kernel.execute(code, float(args.get("timeout_s") or self.plan["default_timeout_s"]))
 

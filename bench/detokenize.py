@@ -1,7 +1,7 @@
 """What the built-in server spends on text while a sequence grows: looking for stop strings
 and streaming need the text after every token. Baseline: decoding the whole output again per
 token (what the server did before; O(n²) over a sequence). Now: the incremental detokenizer
-(rollstream/llm/server/detokenizer.py, a window of the last tokens, as vLLM does).
+(rollstream/llm/detokenizer.py, a window of the last tokens, as vLLM does).
 
 Run: python bench/detokenize.py [--lengths 500,1000,2000,4000]. Uses the tiny model's real
 byte-level BPE tokenizer (built in a temporary folder). Prints a table, then
@@ -17,7 +17,7 @@ import time
 
 from transformers import AutoTokenizer
 
-from rollstream.llm.server.detokenizer import IncrementalText
+from rollstream.llm.detokenizer import IncrementalText
 from rollstream.llm.tiny_model import build_tiny_model
 
 TEXT = "héllo wörld — the quick brown fox jumps over the lazy dog, 12345 {} 東京 🙂 "

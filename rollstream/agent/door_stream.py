@@ -2,7 +2,7 @@
 generates its tokens, and the HTTP response that carries each API's events as they come.
 
 The text given while a reply streams is never more than the finished reply will be: a character
-whose bytes are not all generated yet waits (llm/server/detokenizer.py's IncrementalText), text
+whose bytes are not all generated yet waits (llm/detokenizer.py's IncrementalText), text
 that may be the start of a stop string waits until the next token says it is not, and once a
 ``<tool_call>`` block starts nothing more is given as text (its call is parsed at the end and sent
 in the API's own tool-call form). What was sent is what the reply's content is, so the harness's
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rollstream.agent.parsing import TOOL_CALL_OPEN, ToolCall
-from rollstream.llm.server.detokenizer import IncrementalText
+from rollstream.llm.detokenizer import IncrementalText
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from rollstream.llm.server.detokenizer import IncrementalText
+from rollstream.llm.detokenizer import IncrementalText
 
 TEXTS = [
     "plain words, then numbers 12345 and symbols {}[]()<>",

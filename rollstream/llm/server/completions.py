@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from rollstream.llm.server.detokenizer import IncrementalText
+from rollstream.llm.detokenizer import IncrementalText
 from rollstream.llm.server.engine import ContextTooLong, Engine, EngineError, GenerateRequest, GenerateResult
 from rollstream.llm.server.protocol import (
     CompletionChoice,

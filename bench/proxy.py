@@ -331,16 +331,21 @@ async def run(args) -> dict:
                         "door": door_path(True, run_episode, api)}
 
             per_api: dict[tuple[str, bool], dict[str, list[float]]] = {}
+            api_cpu: dict[tuple[str, bool], float] = {}  # CPU of this process the door adds per call
             for api in APIS:
                 for streamed in (False, True):
                     pair = measured(api, streamed)
                     for one in pair.values():
                         await one([])
                     got: dict[str, list[float]] = {name: [] for name in pair}
+                    spent = {name: 0.0 for name in pair}
                     for _ in range(args.api_episodes):
                         for name, one in pair.items():
+                            c0 = time.process_time()
                             await one(got[name])
+                            spent[name] += time.process_time() - c0
                     per_api[(api, streamed)] = got
+                    api_cpu[(api, streamed)] = (spent["door"] - spent["direct"]) / len(got["door"])
             await anthropic_http.aclose()
             await http.aclose()
             await r.aclose()
@@ -357,6 +362,7 @@ async def run(args) -> dict:
         apis[f"{prefix}added_p50_ms_{api}"] = round(pct(got["door"], 0.5) - pct(got["direct"], 0.5), 3)
         apis[f"{prefix}door_p50_ms_{api}"] = round(pct(got["door"], 0.5), 3)
         apis[f"{prefix}direct_p50_ms_{api}"] = round(pct(got["direct"], 0.5), 3)
+        apis[f"{prefix}added_cpu_ms_per_call_{api}"] = round(api_cpu[(api, streamed)] * 1000, 3)
     return {**apis, "api_calls_measured": len(per_api[("chat", False)]["door"]),
         "added_p50_ms": round(pct(door, 0.5) - pct(direct, 0.5), 3),
         "added_p90_ms": round(pct(door, 0.9) - pct(direct, 0.9), 3),
@@ -397,12 +403,13 @@ def main() -> None:
           f"CPU {res['added_cpu_ms_per_call']:.3f} ms per call ({res['calls_measured']} calls per path, "
           f"{args.turns}-turn episodes); "
           f"load average before {load_before[0]:.2f}, after {res['load_avg'][0]:.2f} on {res['cpus']} CPUs")
-    print(f"\n{'API':<11} {'whole: direct':>14} {'door':>8} {'added':>8}   {'to first text: direct':>22} "
-          f"{'door':>8} {'added':>8}   (p50 ms, {res['api_calls_measured']} calls each)")
+    print(f"\n{'API':<11} {'whole: direct':>14} {'door':>8} {'added':>8} {'CPU':>6}   {'to first text: direct':>22} "
+          f"{'door':>8} {'added':>8} {'CPU':>6}   (p50 ms; CPU ms added per call; {res['api_calls_measured']} calls each)")
     for api in APIS:
         print(f"{api:<11} {res['direct_p50_ms_' + api]:>14.3f} {res['door_p50_ms_' + api]:>8.3f} "
-              f"{res['added_p50_ms_' + api]:>8.3f}   {res['ttft_direct_p50_ms_' + api]:>22.3f} "
-              f"{res['ttft_door_p50_ms_' + api]:>8.3f} {res['ttft_added_p50_ms_' + api]:>8.3f}")
+              f"{res['added_p50_ms_' + api]:>8.3f} {res['added_cpu_ms_per_call_' + api]:>6.2f}   "
+              f"{res['ttft_direct_p50_ms_' + api]:>22.3f} {res['ttft_door_p50_ms_' + api]:>8.3f} "
+              f"{res['ttft_added_p50_ms_' + api]:>8.3f} {res['ttft_added_cpu_ms_per_call_' + api]:>6.2f}")
     run_result["load_avg_before"] = [round(x, 2) for x in load_before]
     print("RESULT " + json.dumps(run_result))
 

@@ -132,6 +132,10 @@ class Settings(BaseSettings):
         default_factory=list, description="Folders an openenv job's environment folder may lie beneath (JSON list; "
         "symlinks resolved). Empty (the default): no openenv job runs; each fails (failure 'job') naming this "
         "setting.")
+    nemo_gym_base_image: str = Field(
+        "localhost/rollstream/python:trixie", description="The image NeMo Gym's runtime (nemo-gym in a venv) is "
+        "built on: it needs Python 3.12+ (scripts/test builds Debian 13's with ROLLSTREAM_BASE_SUITE=trixie "
+        "scripts/install-podman).")
     harbor_base_images: dict[str, str] = Field(
         default_factory=_default_harbor_base_images, description="What a harbor task's Dockerfile FROM becomes "
         "when built here, where no registry answers (JSON object in the environment): glob of the image reference "

@@ -23,6 +23,7 @@ from rollstream.pipeline import cancel as cancel_flags
 from rollstream.pipeline.connection import async_redis
 from rollstream.pipeline.keys import Keys
 from rollstream.tasks.harbor_folder import task_folders
+from rollstream.tasks.nemo_gym_env import task_set as nemo_gym_task_set
 from rollstream.tasks.openenv_env import task_set as openenv_task_set
 from rollstream.tasks.registry import shipped_task_sets
 from rollstream.tasks.verifiers_env import task_set as verifiers_task_set
@@ -79,9 +80,10 @@ def harbor_jobs(spec: str) -> tuple[Path, list[tuple[int, dict]]] | None:
 
 def verifiers_jobs(spec: str) -> tuple[Path, list[tuple[int, dict]]] | None:
     """Jobs of the verifiers task when ``spec`` is ``verifiers:ENV_ID[:ARGS]``: one per dataset row;
-    of the openenv task when it is ``openenv:PATH[:FIELDS]``: one, or one per reset seed."""
+    of the openenv task when it is ``openenv:PATH[:FIELDS]``: one, or one per reset seed; of the nemo-gym
+    task when it is ``nemo-gym:SERVER:DATASET.jsonl``: one per row."""
     try:
-        found = verifiers_task_set(spec) or openenv_task_set(spec)
+        found = verifiers_task_set(spec) or openenv_task_set(spec) or nemo_gym_task_set(spec)
     except (InvalidJob, JobFailed) as exc:
         fail(str(exc))
     return None if found is None else (Path(spec), list(enumerate(found, 1)))
@@ -121,7 +123,8 @@ def submit(
                                 "(.txt, one path a line; or a Harbor registry .json with local paths), or "
                                 "verifiers:ENV_ID[:JSON-ARGS], one job per row of a verifiers environment's dataset, "
                                 "or openenv:PATH[:JSON-FIELDS], an OpenEnv environment folder (one job, or one per "
-                                "reset seed of \"seeds\": [...])."),
+                                "reset seed of \"seeds\": [...]), or nemo-gym:SERVER:DATASET.jsonl, one job per "
+                                "row of a NeMo Gym resources server's dataset."),
     redis: Optional[str] = redis_option(), namespace: Optional[str] = namespace_option(),
     group_size: int = typer.Option(1, "--group-size", "-n", min=1, help="Submit each line as a group of N jobs."),
     wait: bool = typer.Option(False, "--wait", help="Show progress, print each result as a JSON line as it "

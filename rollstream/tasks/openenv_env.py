@@ -1,7 +1,7 @@
 """The ``openenv`` task: an OpenEnv environment (Meta / Hugging Face's environment servers) run as
 it is, inside the job's sandbox. The environment is a folder in OpenEnv's layout (``models.py``,
 ``server/app.py`` making the FastAPI app with ``create_app``, the rest of the package beside it);
-init builds, once per node, the runtime image that holds ``openenv-core`` (openenv_runtime.py)
+init builds, once per node, the runtime image that holds ``openenv-core`` (runtime_image.py)
 and starts the sandbox from it with the folder's files in its workdir; run starts the server
 there with the command its Dockerfile runs (``uvicorn server.app:app``, on a Unix socket), opens
 one WebSocket session and lets the agent act through the environment's own action
@@ -15,7 +15,6 @@ episode id) and ``reward`` (``last``: the last step's reward, the default; ``sum
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -25,10 +24,7 @@ from rollstream.config import load_settings
 from rollstream.errors import InvalidJob, JobFailed
 from rollstream.messages import Envelope
 from rollstream.sandbox_spec import SandboxSpec
-from rollstream.sandboxes.backends.bwrap import BwrapBackend
-from rollstream.sandboxes.env_images import EnvBuildFailed
-from rollstream.sandboxes.errors import BackendUnavailable
-from rollstream.tasks import eval_report, openenv_runtime
+from rollstream.tasks import eval_report
 from rollstream.tasks.base import Task, TaskContext
 from rollstream.tasks.harbor_folder import (
     FolderFiles,
@@ -36,6 +32,7 @@ from rollstream.tasks.harbor_folder import (
     TaskRoots,
     read_folder,
 )
+from rollstream.tasks.runtime_image import OPENENV
 from rollstream.trajectory import Trajectory
 
 if TYPE_CHECKING:  # the CLI imports this module (task_set): the run stage's clients load in rollout only
@@ -98,19 +95,13 @@ class OpenEnvTask(Task):
     def sandbox_spec(self, instance: dict) -> SandboxSpec:
         files: dict[str, str | bytes] = {f"env/{path}": data for path, (data, _) in self.files(instance).files.items()
                                          if "__pycache__" not in path.split("/")}
-        return SandboxSpec(image=openenv_runtime.image_tag(openenv_runtime.base_image()), workdir=WORKDIR, files=files,
+        return SandboxSpec(image=OPENENV.tag(), workdir=WORKDIR, files=files,
                            env={"HOME": "/tmp"})
 
     # -- init --------------------------------------------------------------------------
     async def prepare_environment(self, env: Envelope, ctx: TaskContext) -> None:
         """Build the runtime image unless this node has it (its rootfs too where bwrap runs it)."""
-        backend = (env.job.sandbox or {}).get("backend") or (ctx.sandboxes.backend if ctx.sandboxes else "auto")
-        rootfs = backend == "bwrap" or (backend == "auto" and BwrapBackend().available())
-        try:
-            await asyncio.to_thread(openenv_runtime.ensure_image, openenv_runtime.base_image(), rootfs)
-        except (EnvBuildFailed, BackendUnavailable, RuntimeError, OSError) as error:
-            raise JobFailed(f"openenv: the runtime image ({openenv_runtime.PACKAGE} on {openenv_runtime.base_image()}) could not be "
-                            f"built ({error}); check DOCKER_HOST and the engine (scripts/install-podman)") from error
+        await OPENENV.prepare(env, ctx)
 
     # -- run ---------------------------------------------------------------------------
     async def rollout(self, env: Envelope, ctx: TaskContext) -> Trajectory:

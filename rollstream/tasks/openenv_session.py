@@ -5,20 +5,14 @@ step, state, close: OpenEnv's own protocol) plays the episode. The agent sees th
 ToolBox whose one tool is the environment's action, its JSON schema as the tool's parameters;
 each observation (its reward and done included) is the tool's answer.
 
-The socket lives where the sandbox can write, so the worker never follows a path to it: the
-folder and the socket are opened without following symlinks and connected through
-``/proc/self/fd``, so a link planted there cannot point the worker at a host socket. A server
-that dies or answers garbage is the environment's fault (failure 'task'), said with its log."""
+The server's socket is reached as sandbox_server.py reaches it (never through a link the sandbox
+planted). A server that dies or answers garbage is the environment's fault (failure 'task'),
+said with its log."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import os
-import shlex
-import stat
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,69 +21,15 @@ from websockets.asyncio.client import ClientConnection, unix_connect
 from websockets.exceptions import WebSocketException
 
 from rollstream.agent.tools import ToolOutput
-from rollstream.errors import JobFailed
-from rollstream.sandboxes.backends.base import SandboxLayout
-from rollstream.sandboxes.errors import SandboxError
 from rollstream.sandboxes.sandbox_client import SandboxClient
-from rollstream.tasks.openenv_runtime import PYTHON
+from rollstream.tasks.runtime_image import OPENENV
+from rollstream.tasks.sandbox_server import EnvironmentBroken, SandboxServer
 
 log = logging.getLogger(__name__)
 
-SERVER_DIR = "/tmp/rs-openenv"  # inside the sandbox; the sandbox's /tmp is a host folder
-SOCKET_NAME = "server.sock"
-LOG_NAME = "server.log"
+SERVER_FOLDER = "rs-openenv"  # /tmp/rs-openenv in the sandbox
 STEP_TOOL = "step"
 MAX_MESSAGE_BYTES = 16 << 20
-LOG_TAIL_BYTES = 3000
-
-
-class EnvironmentBroken(JobFailed):
-    """The environment's server failed (did not start, died, answered what OpenEnv never sends)."""
-
-    def __init__(self, message: str):
-        super().__init__(message, retryable=False, failure="task")
-
-
-def start_command(env_dir: str, app: str) -> str:
-    """The bash command that starts the server in the background (its CMD, on a socket)."""
-    q = shlex.quote
-    return (f"mkdir -p {SERVER_DIR} && cd {q(env_dir)} && (PYTHONPATH={q(env_dir)} setsid {PYTHON} -m uvicorn "
-            f"{q(app)} --uds {SERVER_DIR}/{SOCKET_NAME} --log-level warning > {SERVER_DIR}/{LOG_NAME} 2>&1 "
-            "< /dev/null &)")
-
-
-class _SocketPath:
-    """The server's socket as a path that names the very inode found, never a link."""
-
-    def __init__(self, sandbox_socket_path: str) -> None:
-        self.tmp = SandboxLayout(os.path.dirname(sandbox_socket_path)).tmp
-        self.fd: int | None = None
-
-    def open(self) -> str | None:
-        """``/proc/self/fd/N`` of the socket once it exists; None while it does not."""
-        if self.fd is not None:
-            return f"/proc/self/fd/{self.fd}"
-        flags = os.O_PATH | os.O_NOFOLLOW
-        try:
-            folder = os.open(os.path.join(self.tmp, os.path.basename(SERVER_DIR)), flags | os.O_DIRECTORY)
-        except FileNotFoundError:
-            return None
-        try:
-            fd = os.open(SOCKET_NAME, flags, dir_fd=folder)
-        except FileNotFoundError:
-            return None
-        finally:
-            os.close(folder)
-        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise EnvironmentBroken(f"the OpenEnv server's socket {SERVER_DIR}/{SOCKET_NAME} is not a socket")
-        self.fd = fd
-        return f"/proc/self/fd/{fd}"
-
-    def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
 
 
 @dataclass
@@ -103,30 +43,29 @@ class Session:
     done: bool = False
     last_observation: dict = field(default_factory=dict)
     broken: EnvironmentBroken | None = None  # set when the server failed under a step
-    _socket: _SocketPath | None = None
+    _server: SandboxServer | None = None
     _ws: ClientConnection | None = None
 
     async def start(self, env_dir: str, app: str, ready_timeout_s: float, reset: dict | None = None) -> dict:
         """Start the server, wait for /health, read /schema, open the session and reset it;
         returns the first observation."""
-        self._socket = _SocketPath(self.sandbox.socket_path)
-        await self.sandbox.bash(start_command(env_dir, app), timeout_s=60, session="rs-openenv")
-        deadline = time.monotonic() + ready_timeout_s
-        while True:
-            path = self._socket.open()
-            if path is not None:
-                try:
-                    async with httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=path), timeout=10) as http:
-                        health = await http.get("http://openenv/health")
-                        if health.status_code == 200:
-                            schema = (await http.get("http://openenv/schema")).json()
-                            break
-                except (httpx.HTTPError, ValueError):
-                    pass
-            if time.monotonic() > deadline:
-                raise EnvironmentBroken(f"OpenEnv environment {self.environment!r}: its server did not answer "
-                                        f"/health within {ready_timeout_s:.0f} s; its log: {await self.log_tail()}")
-            await asyncio.sleep(0.2)
+        what = f"OpenEnv environment {self.environment!r}"
+        self._server = server = SandboxServer(self.sandbox, SERVER_FOLDER, what)
+        await server.start(env_dir, [OPENENV.python, "-m", "uvicorn", app, "--uds", server.inner_socket,
+                                     "--log-level", "warning"], env={"PYTHONPATH": env_dir})
+        schema: dict = {}
+
+        async def ready(path: str) -> bool:
+            try:
+                async with httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=path), timeout=10) as http:
+                    if (await http.get("http://openenv/health")).status_code != 200:
+                        return False
+                    schema.update((await http.get("http://openenv/schema")).json())
+                    return True
+            except (httpx.HTTPError, ValueError):
+                return False
+
+        path = await server.wait_ready(ready, ready_timeout_s)
         action = schema.get("action") if isinstance(schema, dict) else None
         if not isinstance(action, dict):
             raise EnvironmentBroken(f"OpenEnv environment {self.environment!r}: /schema gave no action schema")
@@ -167,11 +106,7 @@ class Session:
         return data
 
     async def log_tail(self) -> str:
-        try:
-            text = (await self.sandbox.read_file(f"{SERVER_DIR}/{LOG_NAME}")).decode("utf-8", "replace")
-        except (SandboxError, OSError) as error:  # the log is for the message; its absence is said, not raised
-            return f"(no log: {error})"
-        return text[-LOG_TAIL_BYTES:].strip() or "(empty)"
+        return await self._server.log_tail() if self._server is not None else "(no server started)"
 
     async def close(self) -> None:
         """Close the session and stop the server (the sandbox goes with the job anyway)."""
@@ -182,14 +117,8 @@ class Session:
             except (WebSocketException, OSError):
                 pass
             self._ws = None
-        if self._socket is not None:
-            self._socket.close()
-        try:
-            await self.sandbox.bash(f"pkill -f -- '--uds {SERVER_DIR}/{SOCKET_NAME}' || true", timeout_s=30,
-                                    session="rs-openenv")
-        except (SandboxError, OSError):  # the sandbox may be gone already: teardown frees it regardless
-            log.debug("stopping the OpenEnv server failed", exc_info=True)
-
+        if self._server is not None:
+            await self._server.stop()
 
 def action_parameters(action_schema: dict) -> dict:
     """The action's JSON schema as tool parameters: its fields, less OpenEnv's ``metadata``."""

@@ -48,6 +48,9 @@ NOT_RUN: dict[str, str] = {
     r"^rollstream submit 'openenv:": "needs OpenEnv environment folders under the operator's roots and the "
                                      "runtime image; tests/tasks/test_openenv.py submits folders and seeds and "
                                      "runs them through the pipeline",
+    r"^rollstream submit nemo-gym:": "needs a NeMo Gym dataset file and the nemo-gym runtime image (Python 3.13, "
+                                    "1.4 GB); tests/tasks/test_nemo_gym.py runs a server's rows through the pipeline "
+                                    "and submits a dataset",
     r"^scripts/build-compose-images\b": "builds images (minutes the first time); scripts/test runs it "
                                         "before the suite",
     r"^export DOCKER_HOST=|^mkdir -p ~/\.docker/cli-plugins\b": "set up the engine and the compose plugin "

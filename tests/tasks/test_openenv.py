@@ -22,11 +22,12 @@ from rollstream.client import AsyncClient
 from rollstream.errors import InvalidJob, JobFailed
 from rollstream.messages import Envelope
 from rollstream.sandboxes.backends.docker import DockerBackend, client_env
-from rollstream.tasks import openenv_runtime
 from rollstream.tasks.base import TaskContext
 from rollstream.tasks.openenv_env import OpenEnvTask
-from rollstream.tasks.openenv_session import SOCKET_NAME, STEP_TOOL
+from rollstream.tasks.openenv_session import STEP_TOOL
 from rollstream.tasks.registry import register_task
+from rollstream.tasks.runtime_image import OPENENV
+from rollstream.tasks.sandbox_server import SOCKET_NAME
 from rollstream.trajectory import Trajectory
 
 from .conftest import needs_bwrap, workers
@@ -60,13 +61,13 @@ class ScriptedOpenEnvTask(OpenEnvTask):
 def openenv_envs(tmp_path_factory):
     """The environments' folder (echo_env generated there by the runtime's own `openenv init`),
     the runtime image built (scripts/test builds it first), and the operator's roots set."""
-    tag = openenv_runtime.ensure_image(openenv_runtime.base_image(), rootfs=True)
+    tag = OPENENV.ensure(rootfs=True)
     folder = tmp_path_factory.mktemp("openenv")
     for name in ("word_guess", "crashes_mid_episode"):
         shutil.copytree(ENVS_DIR / name, folder / name)
     made = subprocess.run(
         ["docker", "run", "--rm", "--network", "none", "--volume", f"{folder}:/out", tag,
-         f"{openenv_runtime.PREFIX}/bin/openenv", "init", "echo_env", "--output-dir", "/out"],
+         f"{OPENENV.prefix}/bin/openenv", "init", "echo_env", "--output-dir", "/out"],
         capture_output=True, text=True, timeout=600, env={**os.environ, **client_env()}, check=False)
     assert made.returncode == 0, made.stdout + made.stderr
     assert (folder / "echo_env" / "server" / "app.py").is_file()
@@ -92,7 +93,7 @@ async def run_jobs(settings, jobs: list[dict]) -> dict:
 
 
 def servers_left() -> list[str]:
-    found = subprocess.run(["pgrep", "-af", f"--uds /tmp/rs-openenv/{SOCKET_NAME}"], capture_output=True, text=True,
+    found = subprocess.run(["pgrep", "-af", f"/tmp/rs-openenv/{SOCKET_NAME}"], capture_output=True, text=True,
                            check=False)
     return [line for line in found.stdout.splitlines() if "pgrep" not in line]
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+from pathlib import Path
 
 import anthropic
 import httpx
@@ -18,6 +20,7 @@ from openai import AsyncOpenAI
 
 from rollstream.agent import AgentSettings, LLMSession
 from rollstream.agent.door_stream import ReplyText
+from rollstream.agent.harness import HarnessContext
 from rollstream.agent.harnesses.openai_chat import SUBMIT
 from rollstream.llm.inference_client import Generation, SamplingParams
 from rollstream.tasks import arith
@@ -296,3 +299,53 @@ async def test_the_models_thinking_is_a_thinking_block_and_sent_back_it_extends_
     # the thinking block sent back is the model's text again: the second call extends the first
     assert [c["segment"] for c in door.recorder.trajectory().extra["calls"]] == [0, 0]
     assert backend.prompts[1][:len(backend.prompts[0]) + len(backend.ids)] == backend.prompts[0] + backend.ids
+
+
+@pytest.mark.parametrize("api", ["chat", "responses", "anthropic"])
+async def test_a_backend_lost_once_a_stream_began_ends_it_with_an_error_in_the_apis_own_form(api, gateway, tokenizer):
+    door = gateway.open(f"job-{api}", LLMSession(RecordingClient(), "job", backend_url="http://127.0.0.1:9",
+                                                 max_backend_attempts=1), tokenizer, AgentSettings())
+    client = anthropic.AsyncAnthropic(base_url=gateway.base_url.removesuffix("/v1"), api_key=door.key, max_retries=0) \
+        if api == "anthropic" else AsyncOpenAI(base_url=gateway.base_url, api_key=door.key, max_retries=0)
+    system, user = _system_and_user()
+    try:
+        if api == "responses":  # Responses reports a failed response as its own event
+            async with client.responses.stream(model="m", instructions=system, input=user, store=False) as stream:
+                kinds = [event.type async for event in stream]
+            assert kinds[0] == "response.created" and kinds[-1] == "response.failed"
+        else:
+            with pytest.raises((openai.APIError, anthropic.APIError), match="no backend could serve"):
+                async for _ in _first_text(api, client, system, user):
+                    pass
+    finally:
+        await client.close()
+    assert door.ended == "error" and not door.recorder.calls
+
+
+class ToolContext(HarnessContext):
+    """A harness context whose tools answer at once (the loop through the door is under test)."""
+
+    async def call_tool(self, name: str, arguments: dict) -> str:
+        return "42\n"
+
+
+@pytest.mark.parametrize("loop", ["codex_like", "claude_like"])
+async def test_the_readmes_responses_and_anthropic_loops_run_through_the_door_and_extend_one_sequence(
+        loop, gateway, arith_server, tokenizer):
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    source = next(block for block in re.findall(r"```python\n(.*?)```", readme, re.DOTALL) if f"def {loop}(" in block)
+    namespace: dict = {}
+    exec(compile(source, f"README.md:{loop}", "exec"), namespace)  # noqa: S102 (the block as a user copies it)
+    backend = RecordingClient()
+    settings = AgentSettings(max_turns=3, max_tokens_per_turn=40, sampling=GREEDY)
+    door = gateway.open("job-r", LLMSession(backend, "job-r", backend_url=arith_server), tokenizer, settings)
+    door.backend = backend
+    ctx = ToolContext(job_id="job-r", instance={}, messages=arith.prompt({"a": 12, "op": "+", "b": 30}),
+                      tools=CHAT_TOOLS, base_url=gateway.base_url, api_key=door.key, settings=settings)
+    try:
+        await namespace[loop](ctx)
+    finally:
+        await backend.aclose()
+    calls = door.recorder.trajectory().extra["calls"]
+    assert len(calls) >= 2 and all(c["extended"] for c in calls[1:])  # one exact sequence, call after call
+    _assert_exact(door)

@@ -22,33 +22,16 @@ from rollstream.agent import AgentSettings, LLMSession
 from rollstream.agent.door_stream import ReplyText
 from rollstream.agent.harness import HarnessContext
 from rollstream.agent.harnesses.openai_chat import SUBMIT
-from rollstream.llm.inference_client import Generation, SamplingParams
+from rollstream.llm.inference_client import Generation
 from rollstream.tasks import arith
 
+from .conftest import GREEDY
 from .test_gateway import RecordingClient
 
-GREEDY = SamplingParams(temperature=0.0, max_tokens=40)
 CHAT_TOOLS = [arith.BASH_SCHEMA, SUBMIT]
 RESPONSES_TOOLS = [{"type": "function", **t["function"]} for t in CHAT_TOOLS]
 ANTHROPIC_TOOLS = [{"name": t["function"]["name"], "description": t["function"]["description"],
                     "input_schema": t["function"]["parameters"]} for t in CHAT_TOOLS]
-
-
-@pytest.fixture
-async def door(gateway, arith_server, tokenizer):
-    """A door on the arith server that samples greedily; its backend link records each call."""
-    backend = RecordingClient()
-    door = gateway.open("job-a", LLMSession(backend, "job-a", backend_url=arith_server), tokenizer,
-                        AgentSettings(max_tokens_per_turn=40, max_context_tokens=1024, sampling=GREEDY))
-    door.backend = backend
-    door.openai = AsyncOpenAI(base_url=gateway.base_url, api_key=door.key, max_retries=0)
-    # Anthropic's SDK adds /v1/messages itself, and sends the key as x-api-key.
-    door.anthropic = anthropic.AsyncAnthropic(base_url=gateway.base_url.removesuffix("/v1"), api_key=door.key,
-                                              max_retries=0)
-    yield door
-    await door.openai.close()
-    await door.anthropic.close()
-    await backend.aclose()
 
 
 def _system_and_user() -> tuple[str, str]:
@@ -72,7 +55,7 @@ def _assert_exact(door) -> None:
 
 async def test_responses_round_trip_a_function_call_and_the_streamed_follow_up_extends_the_same_sequence(door):
     system, user = _system_and_user()
-    first = await door.openai.responses.create(model="m", instructions=system, input=user, tools=RESPONSES_TOOLS,
+    first = await door.client.responses.create(model="m", instructions=system, input=user, tools=RESPONSES_TOOLS,
                                                store=False)
     calls = [item for item in first.output if item.type == "function_call"]
     assert calls and calls[0].name == "bash" and "command" in json.loads(calls[0].arguments)
@@ -80,7 +63,7 @@ async def test_responses_round_trip_a_function_call_and_the_streamed_follow_up_e
     # Codex's loop: the whole input again, the response's items, each call's output; streamed.
     follow_up = [{"role": "user", "content": user}, *[item.model_dump(exclude_none=True) for item in first.output],
                  *[{"type": "function_call_output", "call_id": c.call_id, "output": "42\n"} for c in calls]]
-    async with door.openai.responses.stream(model="m", instructions=system, input=follow_up, tools=RESPONSES_TOOLS,
+    async with door.client.responses.stream(model="m", instructions=system, input=follow_up, tools=RESPONSES_TOOLS,
                                             store=False) as stream:
         kinds = [event.type async for event in stream]
         final = await stream.get_final_response()
@@ -162,7 +145,7 @@ async def test_the_first_text_reaches_the_harness_while_the_backend_is_still_gen
         api, gateway, arith_server, tokenizer):
     backend = HeldBackend()
     door = gateway.open(f"job-{api}", LLMSession(backend, "job", backend_url=arith_server), tokenizer,
-                        AgentSettings(max_tokens_per_turn=40, sampling=GREEDY))
+                        AgentSettings(max_tokens_per_turn=48, sampling=GREEDY))
     client = anthropic.AsyncAnthropic(base_url=gateway.base_url.removesuffix("/v1"), api_key=door.key) \
         if api == "anthropic" else AsyncOpenAI(base_url=gateway.base_url, api_key=door.key, max_retries=0)
     system, user = _system_and_user()
@@ -192,7 +175,7 @@ async def test_the_first_text_reaches_the_harness_while_the_backend_is_still_gen
 async def test_a_streamed_reply_never_shows_text_past_a_stop_string(door, tokenizer):
     system, user = _system_and_user()
     # The greedy reply is '<tool_call>\n{"name": "bash", ...': "as" ends inside the token "bash".
-    stream = await door.openai.chat.completions.create(model="m", stream=True, stop=["as"], tools=CHAT_TOOLS,
+    stream = await door.client.chat.completions.create(model="m", stream=True, stop=["as"], tools=CHAT_TOOLS,
                                                        messages=[{"role": "system", "content": system},
                                                                  {"role": "user", "content": user}])
     text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
@@ -233,7 +216,7 @@ def test_streamed_text_never_splits_a_character_whose_bytes_span_tokens(tokenize
 async def test_a_bad_request_is_a_400_in_the_apis_own_error_format(door, api, body, param):
     with pytest.raises((openai.BadRequestError, anthropic.BadRequestError)) as refused:
         if api == "responses":
-            await door.openai.responses.create(model="m", **body)
+            await door.client.responses.create(model="m", **body)
         else:
             await door.anthropic.messages.create(model="m", max_tokens=8, **body)
     error = refused.value.body
@@ -337,7 +320,7 @@ async def test_the_readmes_responses_and_anthropic_loops_run_through_the_door_an
     namespace: dict = {}
     exec(compile(source, f"README.md:{loop}", "exec"), namespace)  # noqa: S102 (the block as a user copies it)
     backend = RecordingClient()
-    settings = AgentSettings(max_turns=3, max_tokens_per_turn=40, sampling=GREEDY)
+    settings = AgentSettings(max_turns=3, max_tokens_per_turn=48, sampling=GREEDY)
     door = gateway.open("job-r", LLMSession(backend, "job-r", backend_url=arith_server), tokenizer, settings)
     door.backend = backend
     ctx = ToolContext(job_id="job-r", instance={}, messages=arith.prompt({"a": 12, "op": "+", "b": 30}),

@@ -19,24 +19,10 @@ from rollstream.agent.harnesses.openai_chat import SUBMIT
 from rollstream.llm.inference_client import Generation, SamplingParams, VLLMClient
 from rollstream.tasks import arith
 
+from .conftest import GREEDY
 from .test_gateway import RecordingClient
 
 TOOLS = [arith.BASH_SCHEMA, SUBMIT]
-GREEDY = SamplingParams(temperature=0.0, max_tokens=48)
-
-
-@pytest.fixture
-async def door(gateway, arith_server, tokenizer):
-    """A door on the arith server that samples greedily, its backend link recording each call."""
-    backend = RecordingClient()
-    door = gateway.open("job-p", LLMSession(backend, "job-p", backend_url=arith_server), tokenizer,
-                        AgentSettings(max_tokens_per_turn=48, max_context_tokens=1024, sampling=GREEDY))
-    door.backend = backend
-    client = AsyncOpenAI(base_url=gateway.base_url, api_key=door.key, max_retries=0)
-    door.client = client
-    yield door
-    await client.close()
-    await backend.aclose()
 
 
 def _messages() -> list[dict]:

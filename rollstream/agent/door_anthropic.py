@@ -10,8 +10,12 @@ with the model's ``<think>...</think>`` is answered as a thinking block (streame
 thinking_delta) and the text after it; a thinking block sent back is joined to its text again
 exactly as the model wrote it, so the harness's next call extends the recorded sequence (the
 signature is empty: nothing is signed here). The request's ``thinking`` setting is the client's
-hint: the job's chat_template_kwargs decide whether the served model thinks. ``cache_control``
-marks are the client's caching hints."""
+hint: the job's chat_template_kwargs decide whether the served model thinks, and so is
+``output_config`` (effort). ``context_management`` (which Claude Code always sends, and cannot be
+told not to) asks a hosted model's server to clear old tool results or thinking from the prompt:
+here the prompt is the history the harness sent, rendered whole (the trajectory must be what the
+model saw), and one past the job's context is refused with context_length_exceeded, which a
+harness answers by compacting. ``cache_control`` marks are the client's caching hints."""
 
 from __future__ import annotations
 
@@ -33,7 +37,8 @@ from rollstream.agent.door_stream import Completed, held_prefix
 
 MODEL_NAME = "rollstream"
 _ACCEPTED = frozenset({"model", "messages", "system", "max_tokens", "stop_sequences", "stream", "tools", "tool_choice",
-                       "temperature", "top_p", "top_k", "metadata", "thinking", "service_tier", "cache_control"})
+                       "temperature", "top_p", "top_k", "metadata", "thinking", "service_tier", "cache_control",
+                       "context_management", "output_config"})
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 408: "timeout_error", 413: "request_too_large", 429: "rate_limit_error",
@@ -142,6 +147,11 @@ def parse(request: dict, count_only: bool = False) -> CallOptions:
                                  or thinking.get("type") not in ("enabled", "disabled", "adaptive")):
         raise refuse("thinking", "thinking must be {\"type\": \"enabled\" | \"disabled\" | \"adaptive\", ...}",
                      "invalid_value")
+    context = request.get("context_management")
+    if context is not None and (not isinstance(context, dict) or not isinstance(context.get("edits", []), list)):
+        raise refuse("context_management", "context_management must be {\"edits\": [...]}", "invalid_value")
+    if request.get("output_config") is not None and not isinstance(request["output_config"], dict):
+        raise refuse("output_config", "output_config must be an object", "invalid_value")
     tools = function_tools(request.get("tools"), "custom", "custom", "input_schema",
                            'client tools only ({"name": ..., "input_schema": ...}): server tools (web search, code '
                            "execution, computer use) have no backend here")

@@ -76,8 +76,10 @@ async def test_responses_round_trip_a_function_call_and_the_streamed_follow_up_e
 
 async def test_anthropic_round_trips_tool_use_and_the_streamed_follow_up_extends_the_same_sequence(door):
     system, user = _system_and_user()
+    # as Claude Code sends it: context editing it cannot switch off (the door renders the history whole)
+    editing = {"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}}
     first = await door.anthropic.messages.create(model="m", max_tokens=40, system=system, tools=ANTHROPIC_TOOLS,
-                                                 messages=[{"role": "user", "content": user}])
+                                                 messages=[{"role": "user", "content": user}], extra_body=editing)
     uses = [block for block in first.content if block.type == "tool_use"]
     assert first.stop_reason == "tool_use" and uses[0].name == "bash" and "command" in uses[0].input
     counted = await door.anthropic.messages.count_tokens(model="m", system=system, tools=ANTHROPIC_TOOLS,
@@ -209,6 +211,8 @@ def test_streamed_text_never_splits_a_character_whose_bytes_span_tokens(tokenize
                    "tools": ANTHROPIC_TOOLS}, "tool_choice"),
     ("anthropic", {"messages": [{"role": "user", "content": "hi"}],
                    "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0]"),
+    ("anthropic", {"messages": [{"role": "user", "content": "hi"}], "extra_body": {"context_management": "all"}},
+     "context_management"),
     ("anthropic", {"messages": [{"role": "user", "content": [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]},
      "messages[0].content[0]"),

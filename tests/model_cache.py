@@ -137,6 +137,8 @@ MODELS: dict[str, Callable[[], CachedModel]] = {
                                                         "tiny model that learnt an OpenHands SDK SWE episode"),
     "qwen_code_model_dir": lambda: _harness_episode("node_clis", "qwen-code",
                                                     "tiny model that learnt a Qwen Code arith episode"),
+    "opencode_model_dir": lambda: _harness_episode("node_clis", "opencode",
+                                                   "tiny model that learnt an OpenCode arith episode"),
 }
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -68,8 +69,14 @@ def _answer_from(data: bytes, json_key: str | None) -> object:
     return value.strip() if isinstance(value, str) else value
 
 
+# Terminal escapes (colours, cursor moves) that CLIs print even without a terminal (OpenCode ends
+# its output with a colour reset on a line of its own): no part of an answer.
+_ANSI_ESCAPE = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)|[@-Z\\-_])")
+
+
 def _last_line(output: str) -> str | None:
-    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    """The last line with text on it, terminal escapes removed."""
+    lines = [line.strip() for line in _ANSI_ESCAPE.sub("", output).splitlines() if line.strip()]
     return lines[-1] if lines else None
 
 

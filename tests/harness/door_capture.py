@@ -3,27 +3,38 @@
 template's <tool_call> form), while the harness, unmodified, runs on this host against it. Each
 call's prompt is the door's own rendering of the harness's request (its system prompt, tools and
 history), so the examples a scripted model learns are the very token ids the door sends the
-backend when the same harness runs in a sandbox against the real model."""
+backend when the same harness runs in a sandbox against the real model. ``capture_in_sandbox``
+runs it where a job runs it (a bwrap sandbox of the task's spec, staged by the run stage's own
+stage_launch, behind the relay), so that what the CLI says of its surroundings (working folder,
+platform, files) is what it says in a job."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from rollstream.agent.gateway import Gateway
+from rollstream.agent.presets import Preset
+from rollstream.agent.sandbox_harness import (
+    HARNESS_SESSION,
+    launch_values,
+    stage_launch,
+)
 from rollstream.episode_settings import agent_settings
 from rollstream.llm.inference_client import Generation
 from rollstream.sampling import SamplingParams
+from rollstream.sandbox_spec import SandboxSpec
 
 
 @dataclass
 class Captured:
     prompts: list[list[int]]  # each call's prompt ids, as the door rendered them
     replies: list[list[int]]  # the scripted answer's ids (ending with the end-of-turn token)
-    requests: list[dict]  # the harness's request bodies, as sent
     output: str  # what the harness printed (stdout and stderr)
     exit_code: int
 
@@ -37,11 +48,13 @@ class ScriptedSession:
         self.prompts: list[list[int]] = []
         self.answers: list[list[int]] = []
 
-    async def generate(self, prompt_ids: list[int], params) -> Generation:
+    async def generate(self, prompt_ids: list[int], params, on_tokens=None) -> Generation:
         text = self.replies[len(self.prompts)] if len(self.prompts) < len(self.replies) else "(no more replies)"
         ids = self.tokenizer.encode(text + self.end_of_turn, add_special_tokens=False)
         self.prompts.append(list(prompt_ids))
         self.answers.append(ids)
+        if on_tokens is not None:  # a streamed call: the reply in one piece
+            await on_tokens(ids, [0.0] * len(ids))
         return Generation(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop")
 
     async def close(self) -> None:
@@ -55,20 +68,46 @@ def capture(tokenizer, replies: list[str], argv: list[str], env: dict[str, str],
     return asyncio.run(_capture(tokenizer, replies, argv, env, cwd, agent or {}, timeout_s))
 
 
-async def _capture(tokenizer, replies, argv, env, cwd, agent, timeout_s) -> Captured:
+def _open(gateway: Gateway, tokenizer, replies: list[str], agent: dict):
     settings = agent_settings({"max_turns": len(replies) + 2, "max_context_tokens": 1 << 20,
                                "max_tokens_per_turn": 4096, **agent}, SamplingParams(temperature=0.0))
-    gateway = await Gateway().start()
     session = ScriptedSession(tokenizer, replies, settings.end_of_turn_token or "<|im_end|>")
-    door = gateway.open("capture", session, tokenizer, settings)
-    requests: list[dict] = []
-    complete = door.complete
+    return session, gateway.open("capture", session, tokenizer, settings)
 
-    async def recording(request: dict) -> dict:
-        requests.append(request)
-        return await complete(request)
 
-    door.complete = recording  # type: ignore[method-assign]
+def capture_in_sandbox(tokenizer, replies: list[str], preset: Preset, instruction: str, spec: SandboxSpec,
+                       timeout_s: float = 300.0) -> Captured:
+    """Run ``preset`` as the run stage does, in a bwrap sandbox of ``spec``, against a door
+    answering ``replies``; returns what the door saw."""
+    return asyncio.run(_capture_in_sandbox(tokenizer, replies, preset, instruction, spec, timeout_s))
+
+
+async def _capture_in_sandbox(tokenizer, replies, preset, instruction, spec, timeout_s) -> Captured:
+    from rollstream.sandboxes import SandboxClient, create_sandbox, destroy_sandbox
+
+    root = tempfile.mkdtemp(prefix="rs-cap-")
+    gateway = await Gateway().start()
+    session, door = _open(gateway, tokenizer, replies, {})
+    handle = None
+    try:
+        handle = await create_sandbox(spec.model_copy(update={"backend": "bwrap"}), sandbox_id="capture",
+                                      owner="capture", root_dir=root)
+        async with SandboxClient(handle.socket_path) as sandbox:
+            await gateway.open_in_sandbox(door, os.path.join(os.path.dirname(sandbox.socket_path), "door"))
+            command = await stage_launch(sandbox, preset, door.key, launch_values(preset, instruction))
+            result = await sandbox.bash(command, timeout_s=timeout_s, no_output_timeout_s=0, session=HARNESS_SESSION)
+        return Captured(session.prompts, session.answers, result.output, result.exit_code)
+    finally:
+        gateway.close(door)
+        await gateway.aclose()
+        if handle is not None:
+            await destroy_sandbox(handle)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def _capture(tokenizer, replies, argv, env, cwd, agent, timeout_s) -> Captured:
+    gateway = await Gateway().start()
+    session, door = _open(gateway, tokenizer, replies, agent)
     values = {"door_url": gateway.base_url, "door_key": door.key}
 
     def fill(text: str) -> str:
@@ -79,13 +118,14 @@ async def _capture(tokenizer, replies, argv, env, cwd, agent, timeout_s) -> Capt
     try:
         process = await asyncio.create_subprocess_exec(
             *[fill(a) for a in argv], cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, env={**os.environ, **{k: fill(v) for k, v in env.items()}})
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PWD": str(cwd), **{k: fill(v) for k, v in env.items()}})
         try:
             out, _ = await asyncio.wait_for(process.communicate(), timeout_s)
         except TimeoutError:
             process.kill()
             out, _ = await process.communicate()
-        return Captured(session.prompts, session.answers, requests, out.decode("utf-8", "replace"),
+        return Captured(session.prompts, session.answers, out.decode("utf-8", "replace"),
                         process.returncode if process.returncode is not None else -1)
     finally:
         gateway.close(door)

@@ -10,6 +10,7 @@ host, against a door answering the script): a shell call that computes, then the
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import tempfile
@@ -17,11 +18,14 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from rollstream.agent.gateway import MODEL_NAME
 from rollstream.agent.presets import find_preset, install_on_host
-from rollstream.tasks import arith
 
 INSTANCE = {"a": 12, "op": "+", "b": 30}
+# A CLI reserves far more address space than it uses (V8's code range and heap, a worker or a relaunch
+# of itself; Bun's JavaScriptCore more still): the arith task's 512 MiB per process (RLIMIT_AS) cannot
+# start it. Each CLI names the address space it needs (Cli.memory_mb).
+LIMITS = {"cpu_time_s": 600, "default_timeout_s": 60, "default_no_output_timeout_s": 60, "idle_timeout_s": 600}
+RECIPE = 1  # bump when the way the models are built changes (their folders are then built anew)
 SYSTEM = "You are a coding agent in a sandbox. Use the shell tool, then answer with the result alone."
 
 
@@ -33,20 +37,40 @@ def shell_call(name: str, arguments: dict) -> str:
 @dataclass(frozen=True)
 class Cli:
     preset: str  # the shipped preset's name
-    lean_args: tuple[str, ...]  # the CLI's own options that make its prompt fit a tiny model
-    replies: tuple[str, ...]  # the episode the model learns: what it answers at each call
+    tool: str  # its shell tool, which the episode calls
+    program_args: int  # how many of the preset's argv items start the CLI (`... --version` asks its version)
+    lean_args: tuple[str, ...] = ()  # the CLI's own options that make its prompt fit a tiny model
+    lean_config: str = ""  # JSON merged into the preset's JSON config file (its first [[files]] entry)
+    memory_mb: int = 4096  # the sandbox's address space per process it needs to start and run
+
+    @property
+    def limits(self) -> dict:
+        """The sandbox limits of its jobs (the arith task's, with room for the CLI)."""
+        return {**LIMITS, "memory_mb": self.memory_mb}
+
+    @property
+    def replies(self) -> tuple[str, ...]:
+        """The episode the model learns: a shell call that computes, then the answer."""
+        return (shell_call(self.tool, {"command": "echo $((12+30))", **SHELL_EXTRA.get(self.tool, {})}), "42")
 
     @property
     def lean(self) -> str:
         return f"{self.preset}-lean"
 
 
-QWEN_CODE = Cli("qwen-code",
-                ("--bare", f"--system-prompt={SYSTEM}", "--core-tools=run_shell_command",
-                 "--exclude-tools=edit,get_goal,notebook_edit,read_file,update_goal"),
-                (shell_call("run_shell_command", {"command": "echo $((12+30))"}), "42"))
+SHELL_EXTRA = {"bash": {"description": "Compute 12 + 30"}}  # OpenCode's bash tool requires a description
 
-CLIS = {cli.preset: cli for cli in (QWEN_CODE,)}
+QWEN_CODE = Cli("qwen-code", "run_shell_command", 2,
+                ("--bare", f"--system-prompt={SYSTEM}", "--core-tools=run_shell_command",
+                 "--exclude-tools=edit,get_goal,notebook_edit,read_file,update_goal"))
+# Its prompt and tools come from its config: the build agent's prompt, and every tool but bash off.
+OPENCODE = Cli("opencode", "bash", 1, (),
+               json.dumps({"agent": {"build": {"prompt": SYSTEM}},
+                           "tools": {name: False for name in ("edit", "glob", "grep", "read", "skill", "task",
+                                                              "todowrite", "webfetch", "write")}}),
+               memory_mb=16384)
+
+CLIS = {cli.preset: cli for cli in (QWEN_CODE, OPENCODE)}
 
 
 def _toml_value(value) -> str:
@@ -64,6 +88,10 @@ def lean_preset_text(cli: Cli) -> str:
     argv = data["run"]["argv"]
     at = next(i for i, a in enumerate(argv) if "{instruction}" in a)
     data["run"]["argv"] = argv[:at] + list(cli.lean_args) + argv[at:]
+    if cli.lean_config:
+        config = json.loads(data["files"][0]["content"])
+        config.update(json.loads(cli.lean_config))
+        data["files"][0]["content"] = json.dumps(config)
     lines = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, (dict, list))]
     lines += [f"{k} = {_toml_value(v)}" for k, v in data.items() if isinstance(v, dict)]
     lines += [f"files = {_toml_value(data['files'])}"] if data.get("files") else []
@@ -79,7 +107,8 @@ def write_lean_presets(folder: Path) -> Path:
 
 def model_key(cli: Cli) -> str:
     """Changes with the preset, the episode and the way the model is built."""
-    parts = [lean_preset_text(cli), json.dumps(cli.replies), Path(__file__).read_text(),
+    # The date: CLIs tell the model today's date, and a model learnt by heart may not get past another.
+    parts = [lean_preset_text(cli), json.dumps(cli.replies), str(RECIPE), datetime.date.today().isoformat(),
              Path(__file__).with_name("door_capture.py").read_text()]
     return hashlib.sha1("\n".join(parts).encode()).hexdigest()[:12]
 
@@ -97,9 +126,11 @@ def build(parent: Path, preset: str, steps: int = 300) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rollstream.agent.presets import load_preset
+    from rollstream.agent.sandbox_harness import instruction_of
     from rollstream.llm.tiny_model import build_tiny_model
+    from rollstream.tasks.arith import ArithTask
 
-    from .door_capture import capture
+    from .door_capture import capture_in_sandbox
 
     cli = CLIS[preset]
     out = trained_folder(parent, preset)
@@ -109,25 +140,11 @@ def build(parent: Path, preset: str, steps: int = 300) -> Path:
     base = build_tiny_model(parent / "base")
     tokenizer = AutoTokenizer.from_pretrained(base)
     with tempfile.TemporaryDirectory(prefix="rs-capture-") as scratch:
-        lean_file = Path(scratch, "presets", f"{cli.lean}.toml")
-        lean_file.parent.mkdir()
-        lean_file.write_text(lean_preset_text(cli))
-        preset = load_preset(lean_file)
-        harness_dir, workdir = Path(scratch, "harness"), Path(scratch, "work")
-        workdir.mkdir()
-        values = {"model": MODEL_NAME, "harness_dir": str(harness_dir), "instruction": arith.question(**INSTANCE)}
-
-        def fill(text: str) -> str:
-            for name, value in values.items():
-                text = text.replace("{" + name + "}", value)
-            return text
-
-        for extra in preset.files:
-            path = Path(fill(extra.path))
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(fill(extra.content))
-        captured = capture(tokenizer, list(cli.replies), [fill(a) for a in preset.argv],
-                           {k: fill(v) for k, v in preset.env.items()}, workdir)
+        lean = load_preset(write_lean_presets(Path(scratch)) / f"{cli.lean}.toml")
+        spec = ArithTask().sandbox_spec(INSTANCE)
+        spec = spec.model_copy(update={"limits": spec.limits.model_copy(update=cli.limits)})
+        instruction = instruction_of(ArithTask().prompt_messages(INSTANCE))
+        captured = capture_in_sandbox(tokenizer, list(cli.replies), lean, instruction, spec)
     if len(captured.prompts) != len(cli.replies) or captured.exit_code != 0:
         raise RuntimeError(f"{cli.preset} made {len(captured.prompts)} calls (the episode has {len(cli.replies)}) "
                            f"and exited {captured.exit_code}:\n{captured.output[-3000:]}")

@@ -17,8 +17,8 @@ from rollstream.sandboxes.env_images import DEFAULT_BASE_IMAGE
 from rollstream.tasks import arith
 
 from .mini_swe_scripted import ARITH_INSTANCE as INSTANCE
-from .sandbox_presets import assert_fixed_and_scored, installed_preset, swe_job
 from .node_clis import run_job as _run
+from .sandbox_presets import assert_fixed_and_scored, installed_preset, swe_job
 
 GREEDY = {"temperature": 0.0, "max_tokens": 128}
 AGENT = {"harness": "mini-swe-agent", "max_turns": 4, "max_tokens_per_turn": 128, "max_context_tokens": 4000,

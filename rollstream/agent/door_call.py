@@ -95,8 +95,9 @@ class JobDoor:
             if budget <= 0:
                 self._end("context", f"a {len(prompt_ids)}-token prompt fills the {s.max_context_tokens}-token "
                           "context")
-                raise DoorError(400, f"the prompt has {len(prompt_ids)} tokens; this model's context for the job is "
-                                f"{s.max_context_tokens}", "context_length_exceeded", param="messages")
+                # Worded as Anthropic words it: Claude Code compacts its history on "prompt is too long".
+                raise DoorError(400, f"prompt is too long: {len(prompt_ids)} tokens > {s.max_context_tokens} maximum "
+                                "(this model's context for the job)", "context_length_exceeded", param="messages")
             max_tokens = max(1, min(options.max_tokens or s.max_tokens_per_turn, s.max_tokens_per_turn, budget))
             stop_ids = sorted(set(s.sampling.stop_token_ids or []) | {renderer.end_of_turn_id})
             stops = list(dict.fromkeys([*(s.sampling.stop or []), *options.stop]))

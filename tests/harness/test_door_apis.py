@@ -336,3 +336,18 @@ async def test_the_readmes_responses_and_anthropic_loops_run_through_the_door_an
     calls = door.recorder.trajectory().extra["calls"]
     assert len(calls) >= 2 and all(c["extended"] for c in calls[1:])  # one exact sequence, call after call
     _assert_exact(door)
+
+
+async def test_a_prompt_past_the_jobs_context_is_refused_in_the_words_claude_code_compacts_on(
+        gateway, arith_server, tokenizer):
+    door = gateway.open("job-x", LLMSession(RecordingClient(), "job-x", backend_url=arith_server), tokenizer,
+                        AgentSettings(max_context_tokens=16))
+    client = anthropic.AsyncAnthropic(base_url=gateway.base_url.removesuffix("/v1"), api_key=door.key, max_retries=0)
+    system, user = _system_and_user()
+    try:
+        with pytest.raises(anthropic.BadRequestError, match=r"prompt is too long: \d+ tokens > 16 maximum") as refused:
+            await client.messages.create(model="m", max_tokens=8, system=system,
+                                         messages=[{"role": "user", "content": user}])
+    finally:
+        await client.close()
+    assert refused.value.body["error"]["type"] == "invalid_request_error" and door.ended == "context"

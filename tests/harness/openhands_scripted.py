@@ -73,10 +73,9 @@ def _instructions() -> dict[str, str]:
 
 def trained_folder(parent: Path, which: str) -> Path:
     """Where the model of episode ``which`` ('arith', 'swe') is kept: named by the preset, the
-    episode, the runner and these files, so a change to any trains anew."""
+    episode, the runner and this file, so a change to any trains anew."""
     parts = [lean_preset_text(), json.dumps([_instructions()[which], REPLIES[which]]),
-             driver_source("openhands").read_text(), Path(__file__).read_text(),
-             Path(__file__).with_name("door_capture.py").read_text()]
+             driver_source("openhands").read_text(), Path(__file__).read_text()]
     return parent / f"openhands-{which}-{hashlib.sha1(chr(10).join(parts).encode()).hexdigest()[:12]}"
 
 

@@ -143,8 +143,10 @@ def parse(request: dict) -> CallOptions:
     if max_tokens is not None and (not is_int(max_tokens) or max_tokens < 1):
         raise refuse("max_output_tokens", "max_output_tokens must be a positive integer", "invalid_value")
     stream = flag(request, "stream", False)
-    if request.get("stream_options") is not None and not stream:
-        raise refuse("stream_options", "stream_options is only allowed with stream: true", "invalid_value")
+    options = request.get("stream_options")
+    if options is not None and (not stream or not isinstance(options, dict) or set(options) - {"include_obfuscation"}):
+        raise refuse("stream_options", "stream_options is only allowed with stream: true, and takes "
+                     "include_obfuscation (this door, serving loopback, never pads)", "invalid_value")
     return CallOptions(messages=input_messages(request), tools=tools if parse_calls else None,
                        parse_tool_calls=parse_calls, parallel_tool_calls=flag(request, "parallel_tool_calls", True),
                        stop=[], max_tokens=max_tokens, logprobs=False, seed=None, stream=stream, include_usage=True)

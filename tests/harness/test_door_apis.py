@@ -207,6 +207,8 @@ def test_streamed_text_never_splits_a_character_whose_bytes_span_tokens(tokenize
     ("responses", {"input": [{"type": "message", "role": "user", "content": [
         {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}]}, "input[0].content"),
     ("responses", {"input": "hi", "tool_choice": "required", "tools": RESPONSES_TOOLS}, "tool_choice"),
+    ("responses", {"input": "hi", "stream_options": {"include_obfuscation": False}}, "stream_options"),  # no stream
+    ("responses", {"input": "hi", "text": {"format": {"type": "json_object"}}}, "text"),
     ("anthropic", {"messages": [{"role": "user", "content": "hi"}], "tool_choice": {"type": "any"},
                    "tools": ANTHROPIC_TOOLS}, "tool_choice"),
     ("anthropic", {"messages": [{"role": "user", "content": "hi"}],

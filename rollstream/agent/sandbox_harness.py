@@ -130,7 +130,9 @@ async def run_sandbox_harness(preset: Preset, messages: list[dict], env: Envelop
 def launch_values(preset: Preset, instruction: str) -> dict[str, str]:
     """What a preset's ``{name}`` placeholders stand for in one run ({door_port}: the relay's own)."""
     harness_dir = f"/tmp/.rollstream-harness-{secrets.token_hex(6)}"
-    values = {"door_url": "http://127.0.0.1:{door_port}/v1", "door_key": PLACEHOLDER_KEY, "model": MODEL_NAME,
+    # {door_origin}: the door without /v1, for SDKs that add it themselves (Anthropic's).
+    values = {"door_url": "http://127.0.0.1:{door_port}/v1", "door_origin": "http://127.0.0.1:{door_port}",
+              "door_key": PLACEHOLDER_KEY, "model": MODEL_NAME,
               "harness_dir": harness_dir, "instruction": instruction}
     if preset.driver is not None:
         values["driver"] = f"{harness_dir}/{driver_source(preset.driver).name}"

@@ -70,7 +70,11 @@ OPENCODE = Cli("opencode", "bash", 1, (),
                                                               "todowrite", "webfetch", "write")}}),
                memory_mb=16384)
 
-CLIS = {cli.preset: cli for cli in (QWEN_CODE, OPENCODE)}
+CODEX = Cli("codex", "shell", 2)
+
+CLAUDE_CODE = Cli("claude-code", "Bash", 1, (f"--system-prompt={SYSTEM}", "--tools=Bash"), memory_mb=16384)
+
+CLIS = {cli.preset: cli for cli in (QWEN_CODE, OPENCODE, CODEX, CLAUDE_CODE)}
 
 
 def _toml_value(value) -> str:

@@ -82,6 +82,15 @@ class Settings(BaseSettings):
     dead_maxlen: int = Field(100_000, description="Approximate cap on the dead-letter stream.")
     max_sandboxes_per_node: int = Field(64, description="Init pulls work only while this node holds "
                                         "fewer live sandboxes (back-pressure).")
+    warm_pool_max_per_node: int = Field(0, ge=0, description="Most warm sandboxes init keeps ready on this node "
+                                        "(0: no warm pools), per sandbox spec its jobs asked for lately: as many as "
+                                        "the node's run slots that no job's sandbox fills, within the node's memory; "
+                                        "and eval as many for the fresh sandboxes tasks verify in, started while "
+                                        "the agents work (workers/warm_pool.py).")
+    warm_pool_idle_ttl_s: float = Field(300.0, gt=0, description="A warm sandbox no job took within this long "
+                                        "is destroyed; a spec no job asked for within it is no longer warmed.")
+    warm_pool_check_s: float = Field(0.5, gt=0, description="How often the warm pool tops itself up and renews "
+                                     "the leases that keep the node's reaper off its sandboxes.")
     priority_aging_s: float = Field(3.0, gt=0, description="Seconds of queue time one point of a job's "
                                     "priority is worth: init serves waiting jobs by queue time + (100 - "
                                     "priority) * this, so a priority-0 job waits at most 100 * this behind later "

@@ -90,6 +90,11 @@ class Keys:
         """Set of the sandbox ids live on ``node`` (init's back-pressure)."""
         return self._k("node", node, "sandboxes")
 
+    def node_warm(self, node: str) -> str:
+        """Sorted set of the warm-pool sandboxes on ``node`` (workers/warm_pool.py), scored by
+        the unix time their lease ends: the node's reaper spares them until then."""
+        return self._k("node", node, "warm")
+
     def stats(self, stage: str) -> str:
         return self._k("stats", stage)
 

@@ -21,9 +21,16 @@ PRIORITY_MIN, PRIORITY_MAX, PRIORITY_DEFAULT = 0, 100, 50
 INIT_GROUP = "init"  # the init stage's consumer group (the stage's name)
 
 _LUA = resources.files("rollstream.pipeline").joinpath("lua")
-_COMMON = _LUA.joinpath("init_queue_common.lua").read_text()
-SUBMIT_SCRIPT = _COMMON + "\n" + _LUA.joinpath("submit.lua").read_text()
-FEED_SCRIPT = _COMMON + "\n" + _LUA.joinpath("init_feed.lua").read_text()
+
+
+def _script(name: str) -> str:
+    """The common part and the script, without comment lines: the feed goes with every init read."""
+    text = _LUA.joinpath("init_queue_common.lua").read_text() + "\n" + _LUA.joinpath(name).read_text()
+    return "\n".join(line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("--"))
+
+
+SUBMIT_SCRIPT = _script("submit.lua")
+FEED_SCRIPT = _script("init_feed.lua")
 
 
 def rank_offset_s(priority: int, priority_aging_s: float) -> float:

@@ -9,6 +9,7 @@ commands are in place.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
@@ -154,6 +155,19 @@ def checked_handle(handle: SandboxHandle | dict, root_dir: str | None = None) ->
         raise SandboxError(f"the handle of sandbox {handle.id} does not match its id under {layout.dir}: "
                            f"{', '.join(wrong)}; refusing to use it")
     return handle.model_copy(update=expected)
+
+
+def reassign_owner(handle: SandboxHandle, owner: str) -> SandboxHandle:
+    """Make ``owner`` (a job id) the owner the node's reaper asks about: a warm sandbox handed to
+    a job (workers/warm_pool.py). The plan is replaced whole, never edited in place."""
+    path = os.path.join(handle.dir, "plan.json")
+    with open(path) as source:
+        plan = json.load(source)
+    plan["owner"] = owner
+    fresh = f"{path}.{os.getpid()}.new"
+    write_plan(fresh, plan)
+    os.replace(fresh, path)
+    return handle.model_copy(update={"owner": owner})
 
 
 async def destroy_sandbox(handle: SandboxHandle | dict, timeout_s: float = 30.0) -> None:

@@ -13,6 +13,7 @@ from rollstream.tasks.base import TaskContext
 from rollstream.tasks.registry import get_task
 from rollstream.workers.node_reaper import reap_node
 from rollstream.workers.stage import Stage, WorkerContext, completed_result
+from rollstream.workers.warm_pool import WarmPool
 
 log = logging.getLogger(__name__)
 
@@ -20,10 +21,24 @@ log = logging.getLogger(__name__)
 class EvalStage(Stage):
     name = "eval"
 
+    def __init__(self, ctx: WorkerContext):
+        super().__init__(ctx)
+        # Fresh sandboxes for tasks that verify in one (tasks/verification.py), started while
+        # the agents still work, so verification only copies the changes in and runs the tests.
+        # As many as the node's jobs in progress, each of which may verify; a taken one takes the
+        # place of the job's own sandbox (destroyed just before) in the count and the job's state.
+        self.warm_pool = WarmPool(ctx.settings, ctx.redis, ctx.keys, ctx.sandboxes.root, stage=self.name,
+                                  wanted=lambda slots, in_use: in_use, replaces_job_sandbox=True)
+        if self.warm_pool.enabled:
+            ctx.sandboxes = ctx.sandboxes.with_warm_pool(self.warm_pool)
+
     async def start_services(self, worker_id: str) -> list[asyncio.Task]:
         """The node's sandbox reaper: the eval pool tears sandboxes down, so it also reaps
-        those whose jobs timed out or were orphaned."""
-        return [asyncio.create_task(_reap_forever(self.ctx))]
+        those whose jobs timed out or were orphaned; and its warm pool."""
+        tasks = [asyncio.create_task(_reap_forever(self.ctx))]
+        if self.warm_pool.enabled:
+            tasks.append(asyncio.create_task(self.warm_pool.run()))
+        return tasks
 
     async def process(self, env: Envelope, tctx: TaskContext) -> Result:
         try:

@@ -1,14 +1,18 @@
 """The init stage: takes jobs from the shared init stream (a node pulls them only while it
-has sandbox slots free), creates the job's sandbox on this node from its task's spec, lets the
-task prepare it, and forwards the job to this node's run stream."""
+has sandbox slots free, best priority first), gives the job a sandbox on this node from its
+task's spec (a warm one from warm_pool.py when one of that exact spec waits), lets the task
+prepare it, and forwards the job to this node's run stream."""
 
 from __future__ import annotations
+
+import asyncio
 
 from rollstream.messages import Envelope, job_problem
 from rollstream.tasks.base import Task, TaskContext
 from rollstream.tasks.registry import get_task
 from rollstream.workers.node_sandboxes import NodeSandboxes
-from rollstream.workers.stage import Forward, Stage
+from rollstream.workers.stage import Forward, Stage, WorkerContext
+from rollstream.workers.warm_pool import WarmPool
 
 
 class InitStage(Stage):
@@ -17,6 +21,17 @@ class InitStage(Stage):
     rescues_dead_nodes = True
     serves_by_priority = True
     restarts_redelivered_jobs = False  # no sandbox exists yet: a redelivered job is just set up again
+
+    def __init__(self, ctx: WorkerContext):
+        super().__init__(ctx)
+        # Sandboxes for the node's run slots that no job's sandbox fills yet.
+        self.warm_pool = WarmPool(ctx.settings, ctx.redis, ctx.keys, ctx.sandboxes.root, stage=self.name,
+                                  wanted=lambda slots, in_use: slots["run"] - in_use)
+        if self.warm_pool.enabled:
+            ctx.sandboxes = ctx.sandboxes.with_warm_pool(self.warm_pool)
+
+    async def start_services(self, worker_id: str) -> list[asyncio.Task]:
+        return [asyncio.create_task(self.warm_pool.run())] if self.warm_pool.enabled else []
 
     def admission_problem(self, env: Envelope) -> str | None:
         # Init is the door of a message added to its stream by hand: the bounds the client
@@ -30,8 +45,9 @@ class InitStage(Stage):
 
 
 async def set_up(task: Task, env: Envelope, tctx: TaskContext, sandboxes: NodeSandboxes) -> None:
-    """The job's sandbox, if its task wants one, then the task's own set-up in it. Should the
-    set-up fail, the job's sandbox is in ``env`` already, so the stage's release destroys it."""
+    """The job's sandbox, if its task wants one (a warm one of its exact spec if ``sandboxes``
+    has a warm pool with one), then the task's own set-up in it. Should the set-up fail, the
+    job's sandbox is in ``env`` already, so the stage's release destroys it."""
     tctx.sandboxes = sandboxes
     await task.prepare_environment(env, tctx)
     spec = task.sandbox_spec(env.job.instance)

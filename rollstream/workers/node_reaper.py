@@ -1,6 +1,7 @@
 """The node's reaping duty, run by eval workers: which of this node's sandboxes a job still
 wants, by the jobs' state in Redis. A sandbox is wanted only while its job is on this node's
-run or eval stream with that very sandbox (or still in init, briefly). Everything else —
+run or eval stream with that very sandbox (or still in init, briefly), or while init's warm pool
+holds it under a lease. Everything else —
 sandboxes of finished, failed, cancelled or restarted jobs, and what a killed worker or a
 crashed supervisor left — is torn down by sandboxes/reaper.py."""
 
@@ -26,7 +27,10 @@ async def reap_node(r, keys: Keys, node: str, root_dir: str | None) -> list[str]
             pipe.hmget(keys.job(rec.owner), "stage", "node", "sandbox")
         states = await pipe.execute()
     now = time.time()
-    wanted = set()
+    # Warm-pool sandboxes (workers/warm_pool.py) while their lease lasts: a killed worker's run out.
+    warm_key = keys.node_warm(node)
+    await r.zremrangebyscore(warm_key, "-inf", now)
+    wanted = {v.decode() for v in await r.zrangebyscore(warm_key, now, "+inf")}
     for rec, (stage, st_node, sandbox) in zip(records, states):
         stage, st_node, sandbox = (v.decode() if v else "" for v in (stage, st_node, sandbox))
         if stage in ("run", "eval") and st_node == node and sandbox == rec.id:

@@ -1,10 +1,11 @@
 """How the stages reach the sandboxes of this node: init creates a job's sandbox here
-(workers/init.py), run and eval connect to it, and the stage a job leaves the node from destroys
+(workers/init.py; warm_pool.py keeps some ready), run and eval connect to it, and the stage a job leaves the node from destroys
 it. A handle read from a stream is never trusted: its paths are rebuilt from its id."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 from rollstream.config import Settings
 from rollstream.errors import JobFailed
@@ -17,6 +18,9 @@ from rollstream.sandboxes.policy import OverridePolicy
 from rollstream.sandboxes.sandbox_client import SandboxClient
 from rollstream.sandboxes.roots import namespace_root_dir
 
+if TYPE_CHECKING:
+    from rollstream.workers.warm_pool import WarmPool
+
 
 @dataclass(frozen=True)
 class NodeSandboxes:
@@ -26,11 +30,15 @@ class NodeSandboxes:
     root: str
     backend: str = "auto"
     policy: OverridePolicy = field(default_factory=OverridePolicy)
+    warm_pool: WarmPool | None = field(default=None, compare=False)  # the stage's, when it keeps one
 
     @classmethod
     def from_settings(cls, settings: Settings) -> NodeSandboxes:
         return cls(namespace_root_dir(settings.namespace, settings.sandbox_root), settings.sandbox_backend,
                    OverridePolicy.from_settings(settings))
+
+    def with_warm_pool(self, pool: WarmPool) -> NodeSandboxes:
+        return replace(self, warm_pool=pool)
 
     def handle(self, env: Envelope) -> SandboxHandle | None:
         """The job's sandbox, its folder and socket rebuilt from its id under ``root``."""
@@ -44,12 +52,25 @@ class NodeSandboxes:
         return NO_SANDBOX if handle is None else SandboxClient(handle.socket_path)
 
     async def create(self, env: Envelope, spec: SandboxSpec) -> SandboxHandle:
-        """Start the sandbox of this attempt of the job: the task's spec on the node's backend
-        (where the spec leaves it to the node), with the job's overrides as the operator's policy
-        allows them (a refused override fails the job at once: InvalidJob)."""
+        """The sandbox of this attempt of the job from the task's spec (``resolved``): a ready one
+        of exactly that spec from the stage's warm pool, else one started now."""
+        spec = self.resolved(env, spec)
+        if self.warm_pool is not None:
+            warm = await self.warm_pool.take(spec, env.job.job_id)
+            if warm is not None:
+                return warm
+        return await self.start(env, spec)
+
+    def resolved(self, env: Envelope, spec: SandboxSpec) -> SandboxSpec:
+        """The spec the job's sandbox is made from: the task's spec on the node's backend (where
+        the spec leaves it to the node), with the job's overrides as the operator's policy allows
+        them (a refused override fails the job at once: InvalidJob)."""
         if spec.backend == "auto" and self.backend != "auto":
             spec = spec.model_copy(update={"backend": self.backend})
-        spec = self.policy.apply(spec, env.job.sandbox)
+        return self.policy.apply(spec, env.job.sandbox)
+
+    async def start(self, env: Envelope, spec: SandboxSpec) -> SandboxHandle:
+        """Start the sandbox of this attempt of the job from a ``resolved`` spec."""
         try:
             return await create_sandbox(spec, sandbox_id=sandbox_id_for(env.job.job_id, env.attempt),
                                         owner=env.job.job_id, root_dir=self.root)

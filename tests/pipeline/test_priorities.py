@@ -115,3 +115,19 @@ def test_cli_submit_priority_is_checked_and_carried(settings, cli_env, tmp_path)
         async with AsyncClient(settings=settings) as client:
             return await client.status(job_id)
     assert asyncio.run(state()).priority == 80
+
+
+async def test_the_http_api_checks_and_carries_a_jobs_priority(settings, asgi_server):
+    import httpx
+
+    from rollstream.api.app import asgi
+
+    auth = {"Authorization": "Bearer prio-token"}
+    with asgi_server(asgi(settings, token="prio-token")) as base:
+        async with httpx.AsyncClient(base_url=base, headers=auth, timeout=30) as http:
+            refused = await http.post("/v1/jobs", json={"task": "echo", "instance": {"prompt": "x"}, "priority": 101})
+            taken = await http.post("/v1/jobs", json={"task": "echo", "instance": {"prompt": "x"}, "priority": 7})
+            [job_id] = taken.json()["job_ids"]
+            state = (await http.get(f"/v1/jobs/{job_id}")).json()
+    assert refused.status_code == 422 and "priority" in refused.text
+    assert taken.status_code == 200 and state["priority"] == 7

@@ -13,8 +13,12 @@ local function undelivered(stream, group, limit)
   end
   local from = '-'
   for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
-    if g[2] == group then
-      from = '(' .. g[8]
+    local info = {}
+    for i = 1, #g, 2 do
+      info[g[i]] = g[i + 1]
+    end
+    if info['name'] == group then
+      from = '(' .. info['last-delivered-id']
     end
   end
   return #redis.call('XRANGE', stream, from, '+', 'COUNT', limit)

@@ -18,7 +18,10 @@ local s = tonumber(ARGV[2])
 for i = 3, 2 + s do
   redis.call('ZADD', KEYS[2], ARGV[1], ARGV[i])
 end
-local ahead = redis.call('ZCARD', KEYS[3]) + undelivered(KEYS[1], ARGV[3 + s], 1)
+local ahead = redis.call('ZCARD', KEYS[3])
+if ahead == 0 then
+  ahead = undelivered(KEYS[1], ARGV[3 + s], 1)
+end
 local queued_ms = now_ms()
 local at = 4 + s
 local out = {}

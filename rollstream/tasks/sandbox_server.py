@@ -27,6 +27,7 @@ SOCKET_NAME = "server.sock"
 LOG_NAME = "server.log"
 LOG_TAIL_BYTES = 3000
 SESSION = "rs-env-server"  # the bash session the server is started from
+ALIVE_CHECK_S = 2.0
 
 
 class EnvironmentBroken(JobFailed):
@@ -84,15 +85,27 @@ class SandboxServer:
     async def wait_ready(self, ready: Callable[[str], Awaitable[bool]], timeout_s: float) -> str:
         """The socket's path once ``ready(path)`` says the server answers; EnvironmentBroken with
         its log past ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
+        started = time.monotonic()
+        checked = started
         while True:
             path = self.socket_path()
             if path is not None and await ready(path):
                 return path
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now - started > timeout_s:
                 raise EnvironmentBroken(f"{self.what}: its server did not answer within {timeout_s:.0f} s; its log: "
                                         f"{await self.log_tail()}")
+            if now - checked > ALIVE_CHECK_S:  # one that died at start (an import error) fails now, not at the limit
+                checked = now
+                if not await self.running():
+                    raise EnvironmentBroken(f"{self.what}: its server exited before it answered; its log: "
+                                            f"{await self.log_tail()}")
             await asyncio.sleep(0.2)
+
+    async def running(self) -> bool:
+        result = await self.sandbox.bash(f"pgrep -f -- {shlex.quote(self.inner_socket)} > /dev/null", timeout_s=30,
+                                         session=SESSION)
+        return result.exit_code == 0
 
     async def log_tail(self) -> str:
         try:

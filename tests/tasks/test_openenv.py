@@ -179,3 +179,31 @@ def test_submit_takes_an_environment_folder_once_or_once_per_reset_seed(cli_env,
         refused = _submit(cli_env, spec)
         assert refused.returncode == 2 and "Traceback" not in refused.stderr and says in refused.stderr, \
             refused.stderr
+
+
+async def test_rollstreams_own_loop_drives_the_environment_with_a_real_model(settings, worker_pool, sandbox_root,
+                                                                             openenv_envs):
+    """The unscripted path: worker processes, the built-in server and the agent loop with the
+    environment's step tool; an untrained model guesses nothing right, so the episode scores 0."""
+    import model_cache
+
+    from rollstream.llm.server import served_model
+    from rollstream.pipeline.balancer import add_backend
+
+    model = model_cache.load("tiny_model_dir")
+    worker_pool(model_dir=model, sandbox_root=sandbox_root).start_all(concurrency=2)
+    with served_model(model, device="cpu") as server:
+        async with AsyncClient(settings=settings) as client:
+            await add_backend(client.r, server, settings.namespace)
+            await client.submit({"task": "openenv", "instance": {"path": str(openenv_envs / "word_guess"),
+                                                                 "reset": {"seed": 1}},
+                                 "sampling": {"temperature": 0.0},
+                                 "agent": {"max_turns": 2, "max_tokens_per_turn": 32, "max_context_tokens": 4096}})
+            [result] = await client.collect(1, timeout_s=300)
+    assert result.status == "completed" and result.reward == 0.0, result.error
+    traj = result.trajectory
+    assert traj.num_turns >= 1 and len(traj.logprobs) == len(traj.response_ids) == len(traj.loss_mask)
+    assert traj.messages[0].content.startswith("You act in the OpenEnv environment word_guess through the step tool")
+    assert '"word_length": 6' in traj.messages[1].content  # the reset's observation opens the episode
+    assert traj.extra["openenv"]["environment"] == "word_guess"
+    assert not servers_left()

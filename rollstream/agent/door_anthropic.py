@@ -88,8 +88,12 @@ def _messages(request: dict) -> list[dict]:
                         param="messages")
     for i, message in enumerate(raw):
         role, where = message.get("role"), f"messages[{i}]"
+        if role == "system":  # a system message amid the turns (Claude Code 2.1 sends its environment so)
+            messages.append({"role": "system", "content": _text_blocks(message.get("content"), f"{where}.content")})
+            continue
         if role not in ("user", "assistant"):
-            raise DoorError(400, f"{where}.role must be user or assistant", "invalid_request", param=f"{where}.role")
+            raise DoorError(400, f"{where}.role must be user, assistant or system", "invalid_request",
+                            param=f"{where}.role")
         texts, calls = [], []
         for j, block in enumerate(_blocks(message.get("content"), f"{where}.content")):
             kind, at = block.get("type"), f"{where}.content[{j}]"

@@ -30,7 +30,8 @@ from rollstream.agent.door_request import (
 from rollstream.agent.door_stream import Completed
 
 MODEL_NAME = "rollstream"
-_BOOKKEEPING = ("metadata", "user", "service_tier", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
+_BOOKKEEPING = ("metadata", "client_metadata", "user", "service_tier", "safety_identifier", "prompt_cache_key",
+                "prompt_cache_retention",
                 "reasoning", "include", "text", "truncation", "background", "previous_response_id", "top_logprobs",
                 "stream_options")
 _ACCEPTED = frozenset({"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls",
@@ -108,6 +109,23 @@ def input_messages(request: dict) -> list[dict]:
     return messages
 
 
+def namespaces(tools: Any) -> tuple[list, dict[str, str]]:
+    """The request's tools with each ``namespace`` tool's function tools in its place (Codex groups
+    its sub-agent tools so), and the namespace of each function that came from one: a call to it
+    is answered with that ``namespace``, as the Responses API names it."""
+    if not isinstance(tools, list):
+        return tools, {}
+    flat, spaces = [], {}
+    for tool in tools:
+        if isinstance(tool, dict) and tool.get("type") == "namespace" and isinstance(tool.get("tools"), list):
+            flat += tool["tools"]
+            spaces.update({t["name"]: str(tool.get("name")) for t in tool["tools"]
+                           if isinstance(t, dict) and isinstance(t.get("name"), str)})
+        else:
+            flat.append(tool)
+    return flat, spaces
+
+
 def parse(request: dict) -> CallOptions:
     """A Responses request as the door's CallOptions, or a DoorError naming the parameter."""
     unknown = sorted(set(request) - _ACCEPTED)
@@ -135,7 +153,7 @@ def parse(request: dict) -> CallOptions:
     if not isinstance(include, list) or set(include) - {"reasoning.encrypted_content"}:
         raise refuse("include", "include may name reasoning.encrypted_content only (this door has none to add)")
     check_job_sampling(request, ("temperature", "top_p"))
-    tools = function_tools(request.get("tools"), "function", None, "parameters",
+    tools = function_tools(namespaces(request.get("tools"))[0], "function", None, "parameters",
                            'function tools only ({"type": "function", "name": ..., "parameters": ...}): hosted tools '
                            "(web search, file search, custom or shell tools) have no backend here")
     parse_calls = tool_choice_parses(request.get("tool_choice"), tools)
@@ -157,9 +175,13 @@ def _message_item(item_id: str, text: str, status: str = "completed") -> dict:
     return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
 
 
-def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: str = "completed") -> dict:
-    return {"type": "function_call", "id": item_id, "call_id": call_id, "name": name, "arguments": arguments,
+def _call_item(item_id: str, call_id: str, name: str, arguments: str, spaces: dict[str, str],
+               status: str = "completed") -> dict:
+    item = {"type": "function_call", "id": item_id, "call_id": call_id, "name": name, "arguments": arguments,
             "status": status}
+    if name in spaces:
+        item["namespace"] = spaces[name]
+    return item
 
 
 class ResponsesApi:
@@ -175,15 +197,15 @@ class ResponsesApi:
 
     def body(self, done: Completed, request: dict, options: CallOptions, tokenizer: Any) -> dict:
         events = ResponsesEvents(request)
-        return events.response(done, _output(done))
+        return events.response(done, _output(done, events.spaces))
 
     def emitter(self, request: dict, options: CallOptions, tokenizer: Any) -> ResponsesEvents:
         return ResponsesEvents(request)
 
 
-def _output(done: Completed) -> list[dict]:
+def _output(done: Completed, spaces: dict[str, str]) -> list[dict]:
     items = [_message_item(_id("msg"), done.content)] if done.content or not done.calls else []
-    items += [_call_item(_id("fc"), _id("call"), c.name, json.dumps(c.arguments)) for c in done.calls]
+    items += [_call_item(_id("fc"), _id("call"), c.name, json.dumps(c.arguments), spaces) for c in done.calls]
     return items
 
 
@@ -192,6 +214,7 @@ class ResponsesEvents:
 
     def __init__(self, request: dict) -> None:
         self.request = request
+        self.spaces = namespaces(request.get("tools"))[1]
         self.id = _id("resp")
         self.created = int(time.time())
         self.sequence = 0
@@ -259,12 +282,12 @@ class ResponsesEvents:
             index, item_id, arguments = len(output), _id("fc"), json.dumps(call.arguments)
             call_id = _id("call")
             out += [self._event("response.output_item.added", output_index=index,
-                                item=_call_item(item_id, call_id, call.name, "", "in_progress")),
+                                item=_call_item(item_id, call_id, call.name, "", self.spaces, "in_progress")),
                     self._event("response.function_call_arguments.delta", item_id=item_id, output_index=index,
                                 delta=arguments),
                     self._event("response.function_call_arguments.done", item_id=item_id, output_index=index,
                                 name=call.name, arguments=arguments)]
-            item = _call_item(item_id, call_id, call.name, arguments)
+            item = _call_item(item_id, call_id, call.name, arguments, self.spaces)
             out.append(self._event("response.output_item.done", output_index=index, item=item))
             output.append(item)
         final = self.response(done, output)

@@ -55,15 +55,19 @@ def _assert_exact(door) -> None:
 
 async def test_responses_round_trip_a_function_call_and_the_streamed_follow_up_extends_the_same_sequence(door):
     system, user = _system_and_user()
-    first = await door.client.responses.create(model="m", instructions=system, input=user, tools=RESPONSES_TOOLS,
-                                               store=False)
+    # as Codex 0.169 sends them: some functions grouped in a namespace, and its client_metadata
+    tools = [{"type": "namespace", "name": "shell", "description": "Shell tools.", "tools": RESPONSES_TOOLS[:1]},
+             *RESPONSES_TOOLS[1:]]
+    first = await door.client.responses.create(model="m", instructions=system, input=user, tools=tools, store=False,
+                                               extra_body={"client_metadata": {"turn_id": "1"}})
     calls = [item for item in first.output if item.type == "function_call"]
     assert calls and calls[0].name == "bash" and "command" in json.loads(calls[0].arguments)
+    assert calls[0].namespace == "shell"  # the call names the namespace of its function
     assert first.usage.input_tokens == len(door.backend.calls[0][0])
     # Codex's loop: the whole input again, the response's items, each call's output; streamed.
     follow_up = [{"role": "user", "content": user}, *[item.model_dump(exclude_none=True) for item in first.output],
                  *[{"type": "function_call_output", "call_id": c.call_id, "output": "42\n"} for c in calls]]
-    async with door.client.responses.stream(model="m", instructions=system, input=follow_up, tools=RESPONSES_TOOLS,
+    async with door.client.responses.stream(model="m", instructions=system, input=follow_up, tools=tools,
                                             store=False) as stream:
         kinds = [event.type async for event in stream]
         final = await stream.get_final_response()
@@ -89,7 +93,9 @@ async def test_anthropic_round_trips_tool_use_and_the_streamed_follow_up_extends
     history = [{"role": "user", "content": user},
                {"role": "assistant", "content": [block.model_dump(exclude_none=True) for block in first.content]},
                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": u.id, "content": "42\n"}
-                                            for u in uses]}]
+                                            for u in uses]},
+               # as Claude Code 2.1 sends its environment: a system message amid the turns
+               {"role": "system", "content": [{"type": "text", "text": "The working directory is /work."}]}]
     async with door.anthropic.messages.stream(model="m", max_tokens=40, system=system, tools=ANTHROPIC_TOOLS,
                                               messages=history) as stream:
         kinds = [event.type async for event in stream]

@@ -39,7 +39,8 @@ def list_presets(as_json: bool = typer.Option(False, "--json", help="One JSON ob
     table = Table("name", "package", "api", "installed on this host", "images", "preset file")
     for row in found:
         host = row["prefix"] if row["host"] else f"no ({row['prefix']}; rollstream harnesses install {row['name']})"
-        table.add_row(row["name"], row["package"], row["api"], host, "\n".join(row["images"]) or "none",
+        package = (row["package"] or "") + (f"\n(node {row['node']})" if row.get("node") else "")  # npm: its own node
+        table.add_row(row["name"], package, row["api"], host, "\n".join(row["images"]) or "none",
                       row["file"])
     console.print(table)
 

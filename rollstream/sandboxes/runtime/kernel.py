@@ -146,6 +146,7 @@ class Kernel:
         cgroup_procs: list[str] | None = None,
         start_slots_dir: str | None = None,
         start_queue_s: float = 300.0,
+        slot_hold_s: float = 10.0,
     ) -> None:
         self.exec_prefix = exec_prefix
         self.kernel_argv = kernel_argv
@@ -164,6 +165,11 @@ class Kernel:
         # most start_queue_s, and its own start_timeout_s only begins with its turn.
         self.start_slots = StartSlots(start_slots_dir) if start_slots_dir else None
         self.start_queue_s = start_queue_s
+        # A start keeps its slot at most this long: the sandbox's own code can make a start slow
+        # (an IPython startup script in its /tmp), and must not hold back other sandboxes' kernels.
+        self.slot_hold_s = slot_hold_s
+        self._slot: int | None = None
+        self._slot_until = 0.0
         self.lock = threading.Lock()
         self.process: subprocess.Popen | None = None
         self.context = None
@@ -181,16 +187,22 @@ class Kernel:
             self._start()
             return
         try:
-            slot = self.start_slots.acquire(self.start_queue_s)
+            self._slot = self.start_slots.acquire(self.start_queue_s)
         except StartSlotsBusy as error:
             raise KernelStartError(str(error)) from None
         except OSError:  # a root we cannot lock in (read-only, odd filesystem): start unpaced
             self._start()
             return
+        self._slot_until = time.monotonic() + self.slot_hold_s
         try:
             self._start()
         finally:
-            self.start_slots.release(slot)
+            self._release_slot()
+
+    def _release_slot(self) -> None:
+        slot, self._slot = self._slot, None
+        if slot is not None:
+            StartSlots.release(slot)
 
     def _start(self) -> None:
         if not os.path.isdir(self.host_dir):
@@ -261,6 +273,8 @@ class Kernel:
         connected = False
         while True:
             now = time.monotonic()
+            if self._slot is not None and now > self._slot_until:
+                self._release_slot()
             if self.process.poll() is not None:
                 code = self.process.returncode
                 self.close()

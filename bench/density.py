@@ -186,6 +186,7 @@ async def run(counts: list[int], harness: str, floor_mb: float, kernels_at_once:
     bash_only: list[float] = []
     used_before = node_used_mb()
     fork_server_mb = 0.0
+    kernels_ok = 0  # sandboxes whose first cell (their kernel's start) answered, all steps so far
     try:
         for count in counts:
             per_sandbox = rows[-1]["pss_mb"] if rows else 40.0
@@ -199,7 +200,7 @@ async def run(counts: list[int], harness: str, floor_mb: float, kernels_at_once:
             grow_started = time.perf_counter()
             fresh, fresh_bash_only = await fleet.grow(count)
             bash_only += fresh_bash_only
-            kernels_ok = await fleet.start_kernels(fresh, fleet.kernels_at_once)
+            kernels_ok += await fleet.start_kernels(fresh, fleet.kernels_at_once)
             up_s = time.perf_counter() - grow_started
             if fleet.stopped:
                 rows.append({"count": count, "skipped": fleet.stopped, "reached": len(fleet.handles)})

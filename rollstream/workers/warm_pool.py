@@ -245,24 +245,32 @@ class WarmPool:
             shelf.starting -= 1
             if handle is not None:
                 shelf.idle.append(_Warm(handle, time.monotonic()))
+            else:  # failed, or cancelled (create_sandbox took down what it had made): its lease goes too
+                self._track_ending(self._drop_lease(sandbox_id))
             shelf.start_ended()
 
     async def _destroy(self, handle: SandboxHandle) -> None:
         """Destroy one of the pool's sandboxes, to the end even if the caller is cancelled (the
         worker stopping): ``close`` waits for it."""
-        ending = asyncio.ensure_future(self._teardown(handle))
+        await asyncio.shield(self._track_ending(self._teardown(handle)))
+
+    def _track_ending(self, coro) -> asyncio.Future:
+        ending = asyncio.ensure_future(coro)
         self._ending.add(ending)
         ending.add_done_callback(self._ending.discard)
-        await asyncio.shield(ending)
+        return ending
 
     async def _teardown(self, handle: SandboxHandle) -> None:
         try:
             await destroy_sandbox(handle)
         finally:
-            try:
-                await self.r.zrem(self.lease_key, handle.id)
-            except (redis.RedisError, OSError) as exc:  # its lease runs out by itself
-                log.warning("warm pool: lease of %s not removed (%s)", handle.id, exc)
+            await self._drop_lease(handle.id)
+
+    async def _drop_lease(self, sandbox_id: str) -> None:
+        try:
+            await self.r.zrem(self.lease_key, sandbox_id)
+        except (redis.RedisError, OSError) as exc:  # it runs out by itself
+            log.warning("warm pool: lease of %s not removed (%s)", sandbox_id, exc)
 
     async def close(self) -> None:
         """Destroy every sandbox the pool holds or is starting (the worker stops, its node drains)."""

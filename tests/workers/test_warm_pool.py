@@ -6,6 +6,7 @@ node's reaper once its lease runs out (never before)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 
@@ -15,6 +16,7 @@ from pipeline.conftest import serve_all, stop_all  # tests/pipeline (the tests f
 from rollstream.client import AsyncClient
 from rollstream.messages import Envelope
 from rollstream.pipeline.connection import async_redis
+from rollstream.pipeline.drain import request_drain
 from rollstream.pipeline.keys import Keys
 from rollstream.sandbox_spec import SandboxLimits, SandboxSpec
 from rollstream.sandboxes.roots import namespace_root_dir
@@ -94,9 +96,10 @@ async def _count(r, key, at_least):
     return await r.zcard(key) >= at_least
 
 
-async def test_idle_warm_sandboxes_go_after_their_time_to_live(warm_settings, wait_until):
-    settings = warm_settings.model_copy(update={"warm_pool_idle_ttl_s": 3.0})
-    root = namespace_root_dir(settings.namespace, settings.sandbox_root)
+@contextlib.asynccontextmanager
+async def _pipeline_with_a_warm_sandbox(settings, wait_until):
+    """The three stages, after one job taught init's pool the spec and it warmed a sandbox:
+    yields (stage tasks, client, the lease key, the sandbox root)."""
     tasks = await serve_all(settings, concurrency=4)
     try:
         async with AsyncClient(settings=settings) as client:
@@ -104,12 +107,26 @@ async def test_idle_warm_sandboxes_go_after_their_time_to_live(warm_settings, wa
             await client.submit(_job())
             await client.collect(1, timeout_s=120)
             await wait_until(lambda: _count(client.r, leases, 1), 120, "a warm sandbox")
-
-            async def all_gone():
-                return await client.r.zcard(leases) == 0 and _sandboxes_on_disk(root) == []
-            await wait_until(all_gone, 60, "idle warm sandboxes destroyed, and the spec no longer warmed")
+            yield tasks, client, leases, namespace_root_dir(settings.namespace, settings.sandbox_root)
     finally:
         await stop_all(tasks)
+
+
+async def test_idle_warm_sandboxes_go_after_their_time_to_live(warm_settings, wait_until):
+    settings = warm_settings.model_copy(update={"warm_pool_idle_ttl_s": 3.0})
+    async with _pipeline_with_a_warm_sandbox(settings, wait_until) as (_tasks, client, leases, root):
+        async def all_gone():
+            return await client.r.zcard(leases) == 0 and _sandboxes_on_disk(root) == []
+        await wait_until(all_gone, 60, "idle warm sandboxes destroyed, and the spec no longer warmed")
+
+
+async def test_a_draining_node_destroys_its_warm_sandboxes(warm_settings, wait_until):
+    async with _pipeline_with_a_warm_sandbox(warm_settings, wait_until) as (tasks, client, leases, root):
+        await request_drain(client.r, client.keys, warm_settings.node, 30.0, worker_ttl_s=warm_settings.worker_ttl_s)
+
+        async def drained():
+            return all(t.done() for t in tasks) and _sandboxes_on_disk(root) == [] and not await client.r.zcard(leases)
+        await wait_until(drained, 120, "the node's workers gone and their warm sandboxes destroyed")
 
 
 async def test_a_killed_workers_pool_is_spared_while_its_lease_lasts_then_reaped(warm_settings, wait_until):

@@ -139,6 +139,9 @@ MODELS: dict[str, Callable[[], CachedModel]] = {
                                                     "tiny model that learnt a Qwen Code arith episode"),
     "opencode_model_dir": lambda: _harness_episode("node_clis", "opencode",
                                                    "tiny model that learnt an OpenCode arith episode"),
+    "codex_model_dir": lambda: _harness_episode("node_clis", "codex", "tiny model that learnt a Codex CLI arith episode"),
+    "claude_code_model_dir": lambda: _harness_episode("node_clis", "claude-code",
+                                                      "tiny model that learnt a Claude Code arith episode"),
 }
 
 

@@ -42,6 +42,7 @@ class Cli:
     lean_args: tuple[str, ...] = ()  # the CLI's own options that make its prompt fit a tiny model
     lean_config: str = ""  # JSON merged into the preset's JSON config file (its first [[files]] entry)
     memory_mb: int = 4096  # the sandbox's address space per process it needs to start and run
+    lean_files: tuple[tuple[str, str], ...] = ()  # (path, content) files the lean options name
 
     @property
     def limits(self) -> dict:
@@ -51,7 +52,8 @@ class Cli:
     @property
     def replies(self) -> tuple[str, ...]:
         """The episode the model learns: a shell call that computes, then the answer."""
-        return (shell_call(self.tool, {"command": "echo $((12+30))", **SHELL_EXTRA.get(self.tool, {})}), "42")
+        command = {"cmd" if self.tool == "exec_command" else "command": "echo $((12+30))"}  # Codex: cmd
+        return (shell_call(self.tool, {**command, **SHELL_EXTRA.get(self.tool, {})}), "42")
 
     @property
     def lean(self) -> str:
@@ -70,7 +72,11 @@ OPENCODE = Cli("opencode", "bash", 1, (),
                                                               "todowrite", "webfetch", "write")}}),
                memory_mb=16384)
 
-CODEX = Cli("codex", "shell", 2)
+# Its instructions from a file of its own; its sub-agents, goals and skills off (its own config keys).
+CODEX = Cli("codex", "exec_command", 2,
+            ("-c", 'model_instructions_file="{harness_dir}/instructions.md"', "-c", "features.multi_agent=false",
+             "-c", "features.goals=false", "-c", "features.skills=false"),
+            lean_files=(("{harness_dir}/instructions.md", SYSTEM),))
 
 CLAUDE_CODE = Cli("claude-code", "Bash", 1, (f"--system-prompt={SYSTEM}", "--tools=Bash"), memory_mb=16384)
 
@@ -92,6 +98,7 @@ def lean_preset_text(cli: Cli) -> str:
     argv = data["run"]["argv"]
     at = next(i for i, a in enumerate(argv) if "{instruction}" in a)
     data["run"]["argv"] = argv[:at] + list(cli.lean_args) + argv[at:]
+    data["files"] = data.get("files", []) + [{"path": path, "content": content} for path, content in cli.lean_files]
     if cli.lean_config:
         config = json.loads(data["files"][0]["content"])
         config.update(json.loads(cli.lean_config))

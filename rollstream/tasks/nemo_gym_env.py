@@ -24,15 +24,15 @@ from rollstream.messages import Envelope
 from rollstream.sandbox_spec import SandboxSpec
 from rollstream.sandboxes.results import ToolOutput
 from rollstream.tasks import eval_report
-from rollstream.tasks.base import Task, TaskContext
+from rollstream.tasks.base import TaskContext
 from rollstream.tasks.runtime_image import NEMO_GYM
 from rollstream.tasks.sandbox_server import EnvironmentBroken, SandboxServer
+from rollstream.tasks.server_task import ServerTask
 from rollstream.trajectory import Trajectory
 
 if TYPE_CHECKING:  # the CLI imports this module (task_set): the run stage's clients load in rollout only
     import httpx
 
-    from rollstream.agent.tools import ToolBox
 
 INSTANCE_FIELDS = ("server", "row", "config")
 SERVER_NAME = re.compile(r"[a-z][a-z0-9_]{0,99}")
@@ -44,14 +44,15 @@ REQUEST_TIMEOUT_S = 300.0
 SERVER_FOLDER = "rs-nemo-gym"
 
 
-class NemoGymTask(Task):
+class NemoGymTask(ServerTask):
+    instance_fields = INSTANCE_FIELDS
+    runtime = NEMO_GYM
+    tools_are = "the resources server's tools"
     name = "nemo-gym"
 
     # -- instance ----------------------------------------------------------------------
     def validate(self, instance: dict) -> None:
-        unknown = sorted(set(instance) - set(INSTANCE_FIELDS))
-        if unknown:
-            raise InvalidJob(f"nemo-gym: unknown instance fields {unknown}; it takes {list(INSTANCE_FIELDS)}")
+        self.check_fields(instance)
         if not isinstance(instance.get("server"), str) or not SERVER_NAME.fullmatch(instance["server"]):
             raise InvalidJob("nemo-gym: server must name a resources server of the nemo-gym package, such as "
                              f"'example_session_state_mgmt' (lower-case letters, digits, '_'), got "
@@ -72,24 +73,15 @@ class NemoGymTask(Task):
         return SandboxSpec(image=NEMO_GYM.tag(), workdir=WORKDIR, files={f".rs/{LAUNCHER}": launcher},
                            env={"HOME": "/tmp"})
 
-    # -- init --------------------------------------------------------------------------
-    async def prepare_environment(self, env: Envelope, ctx: TaskContext) -> None:
-        """Build the runtime image unless this node has it (its rootfs too where bwrap runs it)."""
-        await NEMO_GYM.prepare(env, ctx)
-
     # -- run ---------------------------------------------------------------------------
     async def rollout(self, env: Envelope, ctx: TaskContext) -> Trajectory:
         import httpx
 
-        job, instance = env.job, env.job.instance
-        if ctx.sandbox is None:
-            raise JobFailed("run stage got a nemo-gym job without a sandbox; init must create it", retryable=True)
-        if job.agent.get("harness"):
-            raise JobFailed("a nemo-gym job's agent acts through the resources server's tools in rollstream's own "
-                            "loop; leave agent.harness unset", retryable=False, failure="job")
+        instance = env.job.instance
+        sandbox = self.run_sandbox(env, ctx)
         name, row = instance["server"], instance["row"]
         what = f"NeMo Gym resources server {name!r}"
-        server = SandboxServer(ctx.sandbox, SERVER_FOLDER, what)
+        server = SandboxServer(sandbox, SERVER_FOLDER, what)
         await server.start("/tmp", [NEMO_GYM.python, f"{WORKDIR}/.rs/{LAUNCHER}", name, server.inner_socket,
                                     json.dumps(instance.get("config") or {})])
         session: ServerSession | None = None
@@ -118,12 +110,6 @@ class NemoGymTask(Task):
                                   "verify": {k: v for k, v in verified.items()
                                              if k not in ("responses_create_params", "response")}}
         return traj
-
-    async def act(self, env: Envelope, ctx: TaskContext, messages: list[dict], tools: ToolBox) -> Trajectory:
-        """The agent's episode: rollstream's loop with the server's tools."""
-        from rollstream.tasks.agent_task import run_builtin_loop
-
-        return await run_builtin_loop(env, ctx, messages, tools)
 
     # -- eval --------------------------------------------------------------------------
     async def score(self, env: Envelope, ctx: TaskContext) -> float:

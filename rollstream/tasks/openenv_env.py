@@ -18,14 +18,14 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rollstream.config import load_settings
 from rollstream.errors import InvalidJob, JobFailed
 from rollstream.messages import Envelope
 from rollstream.sandbox_spec import SandboxSpec
 from rollstream.tasks import eval_report
-from rollstream.tasks.base import Task, TaskContext
+from rollstream.tasks.base import TaskContext
 from rollstream.tasks.harbor_folder import (
     FolderFiles,
     HarborTaskRefused,
@@ -33,10 +33,8 @@ from rollstream.tasks.harbor_folder import (
     read_folder,
 )
 from rollstream.tasks.runtime_image import OPENENV
+from rollstream.tasks.server_task import ServerTask
 from rollstream.trajectory import Trajectory
-
-if TYPE_CHECKING:  # the CLI imports this module (task_set): the run stage's clients load in rollout only
-    from rollstream.agent.tools import ToolBox
 
 INSTANCE_FIELDS = ("path", "app", "instruction", "reset", "reward")
 DEFAULT_APP = "server.app:app"
@@ -51,14 +49,15 @@ INSTRUCTION = ("You act in the OpenEnv environment {name} through the step tool:
 ROOTS_SETTING = "openenv_roots (ROLLSTREAM_OPENENV_ROOTS, a JSON list)"
 
 
-class OpenEnvTask(Task):
+class OpenEnvTask(ServerTask):
+    instance_fields = INSTANCE_FIELDS
+    runtime = OPENENV
+    tools_are = "the environment's step tool"
     name = "openenv"
 
     # -- instance ----------------------------------------------------------------------
     def validate(self, instance: dict) -> None:
-        unknown = sorted(set(instance) - set(INSTANCE_FIELDS))
-        if unknown:
-            raise InvalidJob(f"openenv: unknown instance fields {unknown}; it takes {list(INSTANCE_FIELDS)}")
+        self.check_fields(instance)
         app = instance.get("app", DEFAULT_APP)
         if not isinstance(app, str) or not APP.fullmatch(app):
             raise InvalidJob(f"openenv: app must name the ASGI app as module:attribute (such as {DEFAULT_APP!r}), "
@@ -98,23 +97,14 @@ class OpenEnvTask(Task):
         return SandboxSpec(image=OPENENV.tag(), workdir=WORKDIR, files=files,
                            env={"HOME": "/tmp"})
 
-    # -- init --------------------------------------------------------------------------
-    async def prepare_environment(self, env: Envelope, ctx: TaskContext) -> None:
-        """Build the runtime image unless this node has it (its rootfs too where bwrap runs it)."""
-        await OPENENV.prepare(env, ctx)
-
     # -- run ---------------------------------------------------------------------------
     async def rollout(self, env: Envelope, ctx: TaskContext) -> Trajectory:
-        job, instance = env.job, env.job.instance
-        if ctx.sandbox is None:
-            raise JobFailed("run stage got an openenv job without a sandbox; init must create it", retryable=True)
-        if job.agent.get("harness"):
-            raise JobFailed("an openenv job's agent acts through the environment's step tool in rollstream's own "
-                            "loop; leave agent.harness unset", retryable=False, failure="job")
+        instance = env.job.instance
+        sandbox = self.run_sandbox(env, ctx)
         from rollstream.tasks.openenv_session import Session, SessionTools
 
         name = os.path.basename(str(instance["path"]).rstrip("/"))
-        session = Session(ctx.sandbox, name)
+        session = Session(sandbox, name)
         try:
             first = await session.start(ENV_DIR, instance.get("app", DEFAULT_APP), READY_TIMEOUT_S,
                                         reset=instance.get("reset") or {})
@@ -140,12 +130,6 @@ class OpenEnvTask(Task):
                                  "rewards": session.rewards, "done": session.done,
                                  "last_observation": _clipped(session.last_observation)}
         return traj
-
-    async def act(self, env: Envelope, ctx: TaskContext, messages: list[dict], tools: ToolBox) -> Trajectory:
-        """The agent's episode: rollstream's loop with the environment's action as its tool."""
-        from rollstream.tasks.agent_task import run_builtin_loop
-
-        return await run_builtin_loop(env, ctx, messages, tools)
 
     def prompt_messages(self, instance: dict, name: str, first: dict) -> list[dict]:
         system = instance.get("instruction") or INSTRUCTION.format(name=name)

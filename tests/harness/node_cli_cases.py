@@ -111,3 +111,28 @@ async def test_the_cli_on_a_model_that_emits_garbage_is_the_agents_failure_score
     traj = result.trajectory
     assert traj.extra["door"]["requests"] >= 1 and result.reward == 0.0, traj.extra
     assert result.failure == "agent" or traj.finish_reason == "stop", (result.failure, traj.extra)
+
+
+
+def cli_fixtures(which, model_fixture: str) -> tuple:
+    """A test module's fixtures for the CLI ``which``: ``cli``, and ``cli_model_dir`` through its
+    model's own fixture, named as tests/model_cache.py names it (conftest then builds that model
+    before the tests start). Assign them to names of the module."""
+    import inspect
+
+    import model_cache
+
+    def cli():
+        return which
+
+    def model():
+        return model_cache.load(model_fixture)
+
+    def cli_model_dir(**fixtures):
+        return fixtures[model_fixture]
+
+    cli_model_dir.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(model_fixture, inspect.Parameter.KEYWORD_ONLY)])
+    return (pytest.fixture(scope="module", name="cli")(cli),
+            pytest.fixture(scope="module", name="cli_model_dir")(cli_model_dir),
+            pytest.fixture(scope="module", name=model_fixture)(model))

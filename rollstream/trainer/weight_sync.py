@@ -459,8 +459,17 @@ class WeightPublisher:
                 # the model's own tensors, nothing saved; held here (a renamed one may be a new
                 # tensor) until every server has copied them
                 shared = _tensors_to_save(model)
-                handles = export_cuda_ipc(shared)
-            else:
+                try:
+                    handles = export_cuda_ipc(shared)
+                except (RuntimeError, ValueError) as exc:  # memory that cannot be shared (allocator, offload)
+                    if self.transfer != "auto":
+                        raise WeightSyncError(f"cannot share the model's GPU memory by CUDA IPC: {exc}; "
+                                              "set the transfer to 'shm' (or 'auto')") from exc
+                    self._ipc_failed = repr(exc)
+                    log.warning("cannot export CUDA IPC handles (%s); staging through shared memory or disk", exc)
+                    shared = None
+                    transfer = await self.choose(client, model)
+            if handles is None:
                 weights_dir = await self._save(model, tokenizer, policy_version, transfer)
             saved = time.monotonic()
             async with self._generation_paused(policy_version):

@@ -475,28 +475,31 @@ def dapo_vs_plain(preset: str, device: str, reps: int, rounds: int, rows: list, 
                  f"{figures['plain']['cpu_s'] / figures['dapo']['cpu_s']:.2f}x; load avg {load:.1f}"))
 
 
-def sync_row(preset: str, device: torch.device, tokenizer, reps: int, rows: list, result: dict, prefix: str) -> None:
+def sync_row(preset: str, device: torch.device, tokenizer, reps: int, rows: list, result: dict, prefix: str,
+             sync_threads: int | None = None) -> None:
     """Weight sync of a Qwen3-shaped model trained in bf16: from a finished update to the
     built-in server (on `device`) serving the new weights = save + load."""
+    sync_threads = sync_threads or 1
     model, _ = qwen3_model(preset, device, torch.bfloat16)
     params = sum(p.numel() for p in model.parameters())
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(dir=OUT) as tmp:
         model.save_pretrained(Path(tmp) / "model")
         tokenizer.save_pretrained(Path(tmp) / "model")  # sampled ids are never decoded here
-        # One thread on each side, as the server that start_server_process starts has, and the
-        # copy floor the same: on a 2-core machine shared with other work, a copy split over two
-        # threads waits for the slower one, and the figures scatter 5x.
-        proc, base_url = start_server_process(Path(tmp) / "model", device=device.type)
+        # The server's and the copy floor's threads: one by default. On this 2-core machine two
+        # were slower even when it was quiet (copy floor 0.40 s vs 0.21 s, load avg 0.9), and under
+        # other work a copy split over two threads waits for the slower one (figures scatter 5x).
+        proc, base_url = start_server_process(Path(tmp) / "model", device=device.type,
+                                              env={"OMP_NUM_THREADS": str(sync_threads)})
         threads = torch.get_num_threads()
-        torch.set_num_threads(1)
+        torch.set_num_threads(sync_threads)
         try:
             sync = asyncio.run(measure_sync(model, None, base_url, Path(tmp) / "weights", reps, proc.pid))
         finally:
             torch.set_num_threads(threads)
             proc.terminate()
             proc.wait(30)
-    result.update({f"{prefix}sync_params": params, f"{prefix}sync_load_1m": load})
+    result.update({f"{prefix}sync_params": params, f"{prefix}sync_load_1m": load, f"{prefix}sync_threads": sync_threads})
     served = "fp32 CPU server" if device.type == "cpu" else f"{device.type} server"
     sync_rows(f"Qwen3 {params / 1e6:.0f}M bf16 -> {served}", sync, prefix, rows, result, f"load avg {load:.1f}")
 
@@ -539,6 +542,8 @@ def main() -> None:
                         help="model of the CPU weight-sync row, RESULT sync_s (qwen3-0.6b: bf16 trainer, fp32 CPU "
                              "server); the tiny model's is tiny_sync_s either way")
     parser.add_argument("--only-sync", action="store_true", help="the weight-sync section alone")
+    parser.add_argument("--sync-threads", type=int, default=None,
+                        help="threads of the weight-sync server and copy floor (default 1: steadier, and faster on 2 cores)")
     parser.add_argument("--cpu-only", action="store_true",
                         help="CPU sections only, even where CUDA is (or the driver sees GPUs torch cannot use)")
     parser.add_argument("--variant", choices=("dapo", "plain"), help=argparse.SUPPRESS)  # one child process
@@ -573,7 +578,7 @@ def main() -> None:
         say(f"  weight sync, {args.sync_model}")
         result["sync_model"] = args.sync_model
         sync_row(args.sync_model if args.sync_model != "tiny" else "cpu-small", torch.device("cpu"), tokenizer,
-                 reps, rows, result, prefix="")
+                 reps, rows, result, prefix="", sync_threads=args.sync_threads)
         print_table(rows, result)
         return
     say(f"  0. DAPO update vs a plain training step, cpu, preset {args.preset}")
@@ -617,7 +622,7 @@ def main() -> None:
         result.update({k.removeprefix("tiny_"): v for k, v in list(result.items()) if k.startswith("tiny_sync")})
     else:
         say(f"  2. weight sync, {args.sync_model}")
-        sync_row(args.sync_model, cpu, tokenizer, reps, rows, result, prefix="")
+        sync_row(args.sync_model, cpu, tokenizer, reps, rows, result, prefix="", sync_threads=args.sync_threads)
     if e2e_arith:
         say(f"  3. end to end, arith task, {steps} steps")
         arith_e2e(steps, rows, result)

@@ -80,9 +80,55 @@ def write_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: di
             flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
             if flat.device.type != "cpu":
                 flat = staging[:flat.numel()].copy_(flat) if staging is not None else flat.cpu()
-            _write_all(fd, memoryview(flat.numpy()))
+            _write_all(fd, memoryview(flat.numpy()))  # type: ignore[arg-type]
     finally:
         os.close(fd)
+
+
+class MappedWriter:
+    """write_safetensors for a writer that rewrites the same file every sync (the shared-memory
+    transfer): the file stays mapped between syncs, so a later write is one memcpy into pages
+    already mapped, with no kernel pass over every 4 KiB page (0.25 s per 1.2 GB on tmpfs here).
+    GPU tensors and files of another size or inode take write_safetensors."""
+
+    def __init__(self) -> None:
+        self._mapped: mmap.mmap | None = None
+        self._inode: tuple[int, int] | None = None
+
+    def write(self, tensors: dict[str, torch.Tensor], path: Path, reuse: Path | None = None) -> None:
+        header, spans = _layout(tensors, None)
+        data_start = 8 + len(header)
+        total = data_start + (spans[-1][1] if spans else 0)
+        if reuse is not None and Path(reuse).is_file():
+            os.replace(reuse, path)
+        known = Path(path).stat() if Path(path).is_file() else None
+        same = (known is not None and self._mapped is not None and len(self._mapped) == total
+                and (known.st_dev, known.st_ino) == self._inode)
+        if not same or any(t.device.type != "cpu" for t in tensors.values()) or not total:
+            self.close()
+            write_safetensors(tensors, path, reuse=None)
+            if total and all(t.device.type == "cpu" for t in tensors.values()):
+                fd = os.open(path, os.O_RDWR)
+                try:
+                    self._mapped = mmap.mmap(fd, total, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
+                    st = os.fstat(fd)
+                    self._inode = (st.st_dev, st.st_ino)
+                finally:
+                    os.close(fd)
+            return
+        assert self._mapped is not None
+        self._mapped[:data_start] = len(header).to_bytes(8, "little") + header
+        whole = torch.frombuffer(self._mapped, dtype=torch.uint8)
+        with torch.no_grad():
+            for tensor, (start, end) in zip(tensors.values(), spans):
+                if end > start:
+                    whole[data_start + start:data_start + end].copy_(tensor.detach().contiguous().reshape(-1).view(torch.uint8))
+        del whole
+
+    def close(self) -> None:
+        if self._mapped is not None:
+            self._mapped.close()
+        self._mapped, self._inode = None, None
 
 
 def _write_all(fd: int, data: bytes | memoryview) -> None:

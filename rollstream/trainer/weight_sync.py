@@ -42,6 +42,7 @@ from pydantic import BaseModel, Field
 
 from rollstream.llm.weights_transfer import (
     SHM_ROOT,
+    MappedWriter,
     Placement,
     Transfer,
     choose_transfer,
@@ -291,13 +292,17 @@ def _tensors_to_save(model) -> dict[str, Any]:
     return revert_weight_conversion(model, remove_tied_weights_from_state_dict(state, model))
 
 
-def save_weights(model, tokenizer, out_dir: Path, *, weights_only: bool = False, reuse: Path | None = None) -> Path:
+def save_weights(model, tokenizer, out_dir: Path, *, weights_only: bool = False, reuse: Path | None = None,
+                 writer: MappedWriter | None = None) -> Path:
     """The model's weights (model.safetensors, in the model's own dtype) and config into out_dir,
     atomically; a folder from_pretrained, the built-in server and vLLM all read. `weights_only`
     (a transient shared-memory folder) leaves out config and tokenizer; `reuse` is an older
     model.safetensors whose pages the new one takes over (write_safetensors)."""
     with atomic_folder(out_dir) as tmp:
-        write_safetensors(_tensors_to_save(model), tmp / "model.safetensors", reuse=reuse)
+        if writer is not None:
+            writer.write(_tensors_to_save(model), tmp / "model.safetensors", reuse=reuse)
+        else:
+            write_safetensors(_tensors_to_save(model), tmp / "model.safetensors", reuse=reuse)
         if not weights_only:
             model.config.save_pretrained(tmp)
             generation = getattr(model, "generation_config", None)
@@ -364,6 +369,7 @@ class WeightPublisher:
         self._shm_dir: Path | None = None
         self._ipc_failed: str | None = None  # why CUDA IPC failed once; auto then stages through memory
         self._tls: Any = None
+        self._writer = MappedWriter()  # keeps the shared-memory file mapped between syncs
 
     def version_dir(self, policy_version: int, root: Path | None = None) -> Path:
         return (root or self.root) / f"policy-v{policy_version:06d}"
@@ -418,6 +424,7 @@ class WeightPublisher:
 
     def close(self) -> None:
         """Free the shared-memory copy (also done at exit)."""
+        self._writer.close()
         if self._shm_dir is not None:
             shutil.rmtree(self._shm_dir, ignore_errors=True)
             self._shm_dir = None
@@ -434,7 +441,7 @@ class WeightPublisher:
             reuse = recycled / previous.name
         try:
             return await asyncio.to_thread(save_weights, model, None, self.version_dir(policy_version, folder),
-                                           weights_only=True, reuse=reuse)
+                                           weights_only=True, reuse=reuse, writer=self._writer)
         finally:
             for old in [*folder.glob(".recycled-*"), *folder.glob("policy-v*")]:
                 if old.name != f"policy-v{policy_version:06d}":

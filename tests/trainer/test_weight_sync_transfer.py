@@ -71,6 +71,25 @@ def test_a_reused_file_holds_exactly_the_new_tensors(tmp_path):
     assert (tmp_path / "new.safetensors").read_bytes() == (tmp_path / "fresh.safetensors").read_bytes()
 
 
+def test_the_mapped_writer_rewrites_its_file_in_place_and_falls_back_when_the_layout_changes(tmp_path):
+    from rollstream.llm.weights_transfer import MappedWriter
+
+    writer = MappedWriter()
+    first, second = _mixed_tensors(), {k: v.clone() for k, v in _mixed_tensors().items()}
+    second["b.f32"].add_(1.0)
+    writer.write(first, tmp_path / "v1.safetensors")
+    writer.write(second, tmp_path / "v2.safetensors", reuse=tmp_path / "v1.safetensors")  # same inode, mapped
+    write_safetensors(second, tmp_path / "fresh.safetensors")
+    assert (tmp_path / "v2.safetensors").read_bytes() == (tmp_path / "fresh.safetensors").read_bytes()
+    other = {"only": torch.arange(5)}  # another layout: written anew
+    writer.write(other, tmp_path / "v3.safetensors", reuse=tmp_path / "v2.safetensors")
+    writer.close()
+    (tmp_path / "v3").mkdir()
+    (tmp_path / "v3.safetensors").rename(tmp_path / "v3" / "model.safetensors")
+    with mapped_safetensors(tmp_path / "v3") as mapped:
+        assert list(mapped) == ["only"] and torch.equal(mapped["only"], other["only"])
+
+
 def test_a_truncated_file_is_refused_before_anything_is_read(tmp_path):
     write_safetensors(_mixed_tensors(), tmp_path / "model.safetensors")
     whole = (tmp_path / "model.safetensors").read_bytes()

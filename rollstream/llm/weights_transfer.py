@@ -15,21 +15,29 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from functools import cache
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
+if TYPE_CHECKING:  # torch is imported where weights move: the CLI and a base install (no torch) import this module
+    import torch
 
 SHM_ROOT = Path("/dev/shm")
 # the ways a sync can carry weights; "auto" picks one per sync (see choose_transfer)
 Transfer = Literal["auto", "cuda_ipc", "shm", "disk"]
 
-_DTYPES = {  # torch dtype <-> safetensors dtype
-    torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-    torch.bool: "BOOL",
-}
-_BY_NAME = {name: dtype for dtype, name in _DTYPES.items()}
-_TORCH_NAMES = {str(dtype).removeprefix("torch."): dtype for dtype in _DTYPES}
+
+
+@cache
+def _dtypes() -> tuple[dict, dict, dict]:
+    """torch dtype -> safetensors name, that name -> torch dtype, torch's own name -> torch dtype."""
+    import torch
+    names = {
+        torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
+        torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+        torch.bool: "BOOL",
+    }
+    return (names, {name: dtype for dtype, name in names.items()},
+            {str(dtype).removeprefix("torch."): dtype for dtype in names})
 
 
 class WeightsFileError(ValueError):
@@ -41,10 +49,10 @@ def _layout(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None) -
     header: dict[str, Any] = {"__metadata__": metadata or {"format": "pt"}}
     spans, offset = [], 0
     for name, tensor in tensors.items():
-        if tensor.dtype not in _DTYPES:
+        if tensor.dtype not in _dtypes()[0]:
             raise WeightsFileError(f"tensor {name} has dtype {tensor.dtype}, which safetensors cannot store")
         size = tensor.numel() * tensor.element_size()
-        header[name] = {"dtype": _DTYPES[tensor.dtype], "shape": list(tensor.shape),
+        header[name] = {"dtype": _dtypes()[0][tensor.dtype], "shape": list(tensor.shape),
                         "data_offsets": [offset, offset + size]}
         spans.append((offset, offset + size))
         offset += size
@@ -62,6 +70,7 @@ def write_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: di
     tmpfs keeps its pages instead of freeing and zeroing them again (measured here: write() into
     a file's existing pages beats copying into a shared mapping of it). The space is reserved
     first: a full tmpfs fails here with ENOSPC."""
+    import torch
     header, spans = _layout(tensors, metadata)
     data_start = 8 + len(header)
     total = data_start + (spans[-1][1] if spans else 0)
@@ -96,6 +105,7 @@ class MappedWriter:
         self._inode: tuple[int, int] | None = None
 
     def write(self, tensors: dict[str, torch.Tensor], path: Path, reuse: Path | None = None) -> None:
+        import torch
         header, spans = _layout(tensors, None)
         data_start = 8 + len(header)
         total = data_start + (spans[-1][1] if spans else 0)
@@ -138,6 +148,7 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
 
 
 def _pinned_staging(tensors: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    import torch
     on_gpu = [t for t in tensors.values() if t.device.type == "cuda"]
     if not on_gpu:
         return None
@@ -156,7 +167,7 @@ def _read_header(fd: int, size: int, path: Path) -> tuple[dict[str, Any], int]:
     data_size = size - 8 - length
     for name, entry in header.items():
         start, end = entry["data_offsets"]
-        if entry["dtype"] not in _BY_NAME:
+        if entry["dtype"] not in _dtypes()[1]:
             raise WeightsFileError(f"{path}: tensor {name} has dtype {entry['dtype']}, which this server cannot load")
         if not 0 <= start <= end <= data_size:
             raise WeightsFileError(f"{path} is truncated: tensor {name} ends at byte {end} of {data_size}")
@@ -168,6 +179,7 @@ def mapped_safetensors(folder: Path) -> Iterator[dict[str, torch.Tensor]]:
     """Every tensor of the folder's *.safetensors as a read-only view of a mapping of its file
     (no copy; the pages are faulted in by the kernel up front). Every file is checked against
     its header before anything is yielded: a file cut short is refused, not half-read."""
+    import torch
     tensors: dict[str, torch.Tensor] = {}
     for file in sorted(Path(folder).glob("*.safetensors")):
         fd = os.open(file, os.O_RDONLY)
@@ -184,7 +196,7 @@ def mapped_safetensors(folder: Path) -> Iterator[dict[str, torch.Tensor]]:
             whole = torch.frombuffer(mapped, dtype=torch.uint8)
         for name, entry in header.items():
             start, end = entry["data_offsets"]
-            dtype, shape = _BY_NAME[entry["dtype"]], entry["shape"]
+            dtype, shape = _dtypes()[1][entry["dtype"]], entry["shape"]
             raw = whole[data_start + start:data_start + end]
             if (data_start + start) % dtype.itemsize:
                 raw = raw.clone()  # a tensor after an odd-sized one: align it (rare, small)
@@ -212,6 +224,7 @@ class Placement:
 
 
 def placement(device: torch.device | str = "cpu") -> Placement:
+    import torch
     device = torch.device(device)
     try:
         boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
@@ -276,6 +289,7 @@ def export_cuda_ipc(tensors: dict[str, torch.Tensor]) -> dict[str, dict[str, Any
 def cuda_ipc_tensors(handles: dict[str, dict[str, Any]]) -> Iterator[dict[str, torch.Tensor]]:
     """The exporting process's GPU tensors, opened in this process (same host, same GPU); closed
     again on leaving, so that the exporter may free or change them once told we are done."""
+    import torch
     from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
     if not torch.cuda.is_available():
@@ -286,11 +300,11 @@ def cuda_ipc_tensors(handles: dict[str, dict[str, Any]]) -> Iterator[dict[str, t
 
     tensors = {}
     for name, h in handles.items():
-        if h["dtype"] not in _TORCH_NAMES:
+        if h["dtype"] not in _dtypes()[2]:
             raise WeightsFileError(f"tensor {name}: dtype {h['dtype']!r} cannot be carried")
         tensors[name] = rebuild_cuda_tensor(
             torch.Tensor, torch.Size(h["size"]), tuple(h["stride"]), int(h["offset"]), torch.UntypedStorage,
-            _TORCH_NAMES[h["dtype"]], int(h["device"]), raw(h["handle"]), int(h["storage_bytes"]),
+            _dtypes()[2][h["dtype"]], int(h["device"]), raw(h["handle"]), int(h["storage_bytes"]),
             int(h["storage_offset_bytes"]), False, raw(h["ref_handle"]), int(h["ref_offset"]),
             raw(h["event_handle"]), bool(h["event_sync"]))
     try:

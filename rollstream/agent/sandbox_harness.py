@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import re
-import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,6 +40,11 @@ HARNESS_SESSION = "rollstream-harness"
 REAP_SESSION = "rollstream-harness-reap"
 # Not a secret: what the harness sends as its API key (the relay adds the job's own key).
 PLACEHOLDER_KEY = "rollstream-door"
+# The harness's private folder in its sandbox (one harness runs in a sandbox at a time). The same
+# path in every run: CLIs put their folders' paths in the model's prompt (Codex names its skills
+# folder), and a random name there would make every rollout of a group a different prompt (no
+# shared prefix for the backend's cache) and put noise the policy learns from in every prompt.
+HARNESS_DIR = "/tmp/.rollstream-harness"
 MAX_ANSWER_BYTES = 1 << 20
 OUTPUT_KEPT_CHARS = 4000
 # Time for the run stage's own steps around the harness (writing its files, killing leftovers).
@@ -129,7 +133,7 @@ async def run_sandbox_harness(preset: Preset, messages: list[dict], env: Envelop
 
 def launch_values(preset: Preset, instruction: str) -> dict[str, str]:
     """What a preset's ``{name}`` placeholders stand for in one run ({door_port}: the relay's own)."""
-    harness_dir = f"/tmp/.rollstream-harness-{secrets.token_hex(6)}"
+    harness_dir = HARNESS_DIR
     # {door_origin}: the door without /v1, for SDKs that add it themselves (Anthropic's).
     values = {"door_url": "http://127.0.0.1:{door_port}/v1", "door_origin": "http://127.0.0.1:{door_port}",
               "door_key": PLACEHOLDER_KEY, "model": MODEL_NAME,

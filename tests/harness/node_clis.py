@@ -25,7 +25,7 @@ INSTANCE = {"a": 12, "op": "+", "b": 30}
 # of itself; Bun's JavaScriptCore more still): the arith task's 512 MiB per process (RLIMIT_AS) cannot
 # start it. Each CLI names the address space it needs (Cli.memory_mb).
 LIMITS = {"cpu_time_s": 600, "default_timeout_s": 60, "default_no_output_timeout_s": 60, "idle_timeout_s": 600}
-RECIPE = 1  # bump when the way the models are built changes (their folders are then built anew)
+RECIPE = 2  # bump when the way the models are built changes (their folders are then built anew)
 SYSTEM = "You are a coding agent in a sandbox. Use the shell tool, then answer with the result alone."
 
 

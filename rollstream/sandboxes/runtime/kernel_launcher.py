@@ -69,16 +69,71 @@ if "debugpy" not in sys.modules:
 # each, even when nothing was written: two thread wake-ups on the critical path of every
 # call, several ms on a busy node. This skips a flush with nothing to send; any other
 # ipykernel (attributes missing) keeps its own flush.
+#
+# Bytes a cell writes to fd 1 or 2 itself (os.write, a C extension, a child process) go
+# through a pipe that a thread of ipykernel's drains into the stream. Upstream's flush does
+# not wait for that thread, so on a busy node such output arrived after the cell's reply, or
+# with the next cell. Here the thread moves bytes from the pipe to the stream under a lock,
+# and a flush first waits (up to a second) until the pipe is empty and no bytes are in
+# between: everything the cell wrote before it ended is sent with it.
 try:
+    import fcntl
+    import os
+    import select
+    import struct
+    import termios
+    import threading
+    import time
+
     from ipykernel.iostream import OutStream
 
     _flush = OutStream.flush
 
+    def _pipe_lock(stream):
+        return stream.__dict__.setdefault("_rollstream_pipe_lock", threading.RLock())
+
+    def _pipe_pending(fid):
+        return struct.unpack("i", fcntl.ioctl(fid, termios.FIONREAD, b"\0\0\0\0"))[0]
+
+    def _watch_pipe_fd(self):
+        if self._fid is None:
+            return
+        lock = _pipe_lock(self)
+        try:
+            while self._should_watch:
+                select.select([self._fid], [], [])
+                with lock:
+                    bts = os.read(self._fid, 65536)
+                    if not bts or not self._should_watch:
+                        return
+                    self.write(bts.decode(errors="replace"))
+                os.write(self._original_stdstream_copy, bts)
+        except Exception:  # noqa: BLE001 - kept for the stream, as upstream does
+            self._exc = sys.exc_info()
+
+    def _drain_pipe(self):
+        fid = getattr(self, "_fid", None)
+        if fid is None or getattr(self, "watch_fd_thread", None) is None:
+            return
+        lock = _pipe_lock(self)
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            with lock:
+                try:
+                    if _pipe_pending(fid) == 0:
+                        return
+                except OSError:
+                    return
+            time.sleep(0.0005)
+
     def flush(self):
+        _drain_pipe(self)
         if (getattr(self, "_flush_pending", True) or getattr(self, "_subprocess_flush_pending", True)
                 or getattr(self, "_buffers", True)):
             _flush(self)
 
+    if hasattr(OutStream, "_watch_pipe_fd"):
+        OutStream._watch_pipe_fd = _watch_pipe_fd
     OutStream.flush = flush
 except Exception:  # noqa: BLE001, S110 - another ipykernel: its own flush stays
     pass

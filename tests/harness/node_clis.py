@@ -186,4 +186,4 @@ def assert_answered_and_scored(result, tool: str, calls: int) -> None:
     assert traj.finish_reason == "stop" and run["exit_code"] == 0, run
     assert len(traj.extra["calls"]) == calls and traj.extra["door"] == {"requests": calls, "refused": 0}, traj.extra
     assert f'"name": "{tool}"' in traj.response_text, traj.response_text
-    assert traj.extra["answer"] == "42" and result.reward == 1.0, run
+    assert traj.extra["answer"] == "42" and result.reward == 1.0, (run, traj.response_text[-1500:])

@@ -88,14 +88,48 @@ def build(parent: Path, which: str, steps: int = 300) -> Path:
 
     from rollstream.llm.tiny_model import build_tiny_model
 
-    from .door_capture import capture
-
     out = trained_folder(parent, which)
     if (out / "trained.json").exists():
         return out
     install_on_host(find_preset(PRESET))
     base = build_tiny_model(parent / "base")
     tokenizer = AutoTokenizer.from_pretrained(base)
+    examples = _sandbox_examples(tokenizer) if which == "arith" else _host_examples(tokenizer, which)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    return train_and_save(model, tokenizer, examples, out, steps)
+
+
+def _examples(captured, which: str) -> list[tuple[list[int], list[int]]]:
+    if len(captured.prompts) != len(REPLIES[which]) or captured.exit_code != 0:
+        raise RuntimeError(f"{PRESET} made {len(captured.prompts)} calls (the episode has {len(REPLIES[which])}) "
+                           f"and exited {captured.exit_code}:\n{captured.output[-3000:]}")
+    return [(prompt + reply, [0] * len(prompt) + [1] * len(reply))
+            for prompt, reply in zip(captured.prompts, captured.replies)]
+
+
+def _sandbox_examples(tokenizer) -> list[tuple[list[int], list[int]]]:
+    """The arith episode captured where a job runs it (a bwrap sandbox of the task's spec, the
+    run stage's own launch): the prompts the model learns are those it is given in the test, to
+    the byte. Captures on this host differed from the sandbox's in the terminal's working folder
+    and interpreter, and a model that had to pass over them answered `</tool_call>` on CI."""
+    from rollstream.agent.sandbox_harness import instruction_of
+    from rollstream.tasks.arith import ArithTask
+
+    from .door_capture import capture_in_sandbox
+
+    with tempfile.TemporaryDirectory(prefix="rs-capture-") as scratch:
+        lean = load_preset(write_lean_preset(Path(scratch)) / f"{LEAN}.toml")
+        instruction = instruction_of(ArithTask().prompt_messages(ARITH_INSTANCE))
+        captured = capture_in_sandbox(tokenizer, REPLIES["arith"], lean, instruction,
+                                      ArithTask().sandbox_spec(ARITH_INSTANCE))
+    return _examples(captured, "arith")
+
+
+def _host_examples(tokenizer, which: str) -> list[tuple[list[int], list[int]]]:
+    """The episode captured twice on this host, from folders of different names with different
+    PATHs, so that the model learns to pass over the folder the SWE checkout is in."""
+    from .door_capture import capture
+
     examples = []
     for folder_name, path in (("work", None), ("workspace-of-a-sandbox", "/usr/local/bin:/usr/bin:/bin")):
         with tempfile.TemporaryDirectory(prefix="rs-capture-") as scratch:
@@ -115,10 +149,5 @@ def build(parent: Path, which: str, steps: int = 300) -> Path:
                 Path(fill(extra.path)).write_text(fill(extra.content))
             captured = capture(tokenizer, REPLIES[which], [fill(a) for a in lean.argv],
                                {k: fill(v) for k, v in lean.env.items()} | ({"PATH": path} if path else {}), workdir)
-        if len(captured.prompts) != len(REPLIES[which]) or captured.exit_code != 0:
-            raise RuntimeError(f"{PRESET} made {len(captured.prompts)} calls (the episode has {len(REPLIES[which])}) "
-                               f"and exited {captured.exit_code}:\n{captured.output[-3000:]}")
-        examples += [(prompt + reply, [0] * len(prompt) + [1] * len(reply))
-                     for prompt, reply in zip(captured.prompts, captured.replies)]
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    return train_and_save(model, tokenizer, examples, out, steps)
+        examples += _examples(captured, which)
+    return examples

@@ -8,7 +8,9 @@ which its ``RepeatSampler`` already put each dataset row ``num_generations`` tim
 row; the function returns one completion per entry, in order: ``prompt_ids``,
 ``completion_ids`` and ``logprobs`` (lists of lists), optionally ``env_mask`` (1 = model
 token, 0 = tool observation: TRL multiplies it into the loss mask), and any other key is
-merged into the rows handed to the reward functions. TRL only sees the prompt, so each
+merged into the rows handed to the reward functions. A job of several segments (a harness's
+sub-agents or compacted history) is its last segment here, its earlier ones under
+``rollstream_segments``: ``trl_segments.RollstreamGRPOTrainer`` trains those too. TRL only sees the prompt, so each
 prompt must map to a task instance: give ``instances`` (their prompts are rendered by the
 task, see :meth:`RolloutFunc.dataset_rows`) or an ``instance_for_prompt`` function.
 """
@@ -24,18 +26,21 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollstream.episode_settings import AgentSettings
 from rollstream.config import Settings
+from rollstream.episode_settings import AgentSettings
 from rollstream.integrations.trl_bridge import RollstreamConnection
 from rollstream.messages import Job, Result
 from rollstream.sampling import SamplingParams
 from rollstream.tasks.registry import get_task
+from rollstream.trajectory import Trajectory
 
 log = logging.getLogger(__name__)
 
 # Keys of the extra fields TRL forwards to reward functions (prefixed: they land beside the
 # dataset's own columns).
 REWARD_KEY = "rollstream_reward"
+# A job's earlier segments (the row is its last): RollstreamGRPOTrainer trains each as a row of its own.
+SEGMENTS_KEY = "rollstream_segments"
 EXTRA_KEYS = (REWARD_KEY, "rollstream_policy_version", "rollstream_job_id", "rollstream_status",
               "rollstream_failure", "rollstream_error", "rollstream_finish_reason", "rollstream_num_turns", "rollstream_tool_calls")
 
@@ -77,6 +82,7 @@ class BatchReport(BaseModel):
     rollouts: int
     failed: int
     failed_infrastructure: int = 0
+    earlier_segments: int = 0  # rows RollstreamGRPOTrainer adds beside the jobs' own
     wait_s: float
     policy_versions: list[int]
     job_ids: list[str]
@@ -194,9 +200,14 @@ class RolloutFunc:
         output = self._to_trl(prompts, groups, results, trainer)
         failed = sum(1 for s in output["rollstream_status"] if s != "completed")
         infra = sum(1 for f in output["rollstream_failure"] if f == "infrastructure")
+        segments = sum(len(s) for s in output[SEGMENTS_KEY])
+        if segments and trainer is not None and not getattr(trainer, "trains_every_segment", False):
+            log.warning("%d segments of multi-chain jobs at step %s are not trained on: %s trains each job's last "
+                        "segment only; use rollstream.integrations.trl_segments.RollstreamGRPOTrainer",
+                        segments, step, type(trainer).__name__)
         self.reports.append(BatchReport(
             step=step, groups=len(groups), rollouts=len(prompts), failed=failed, failed_infrastructure=infra,
-            wait_s=wait_s,
+            earlier_segments=segments, wait_s=wait_s,
             policy_versions=output["rollstream_policy_version"], job_ids=output["rollstream_job_id"]))
         if failed:
             log.warning("%d of %d rollouts failed or timed out at step %s (%d by the service: reward %s; "
@@ -250,6 +261,7 @@ class RolloutFunc:
         n = len(prompts)
         out: dict[str, list] = {k: [None] * n for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask",
                                                          *EXTRA_KEYS)}
+        out[SEGMENTS_KEY] = [[] for _ in range(n)]
         ordered = iter(results.values())
         by_group = [[next(ordered) for _ in rows] for rows in groups]
         eos = _eos_token_id(trainer)
@@ -268,7 +280,8 @@ class RolloutFunc:
                                "rollstream_failure": result.failure,
                                "rollstream_finish_reason": traj.finish_reason,
                                "rollstream_num_turns": traj.num_turns,
-                               "rollstream_tool_calls": sum(c.name not in finish for c in traj.tool_calls)}
+                               "rollstream_tool_calls": sum(c.name not in finish for c in traj.tool_calls),
+                               SEGMENTS_KEY: earlier_segments(traj)}
                 else:
                     # TRL indexes completion_ids[-1]: a failed rollout gets one EOS, masked out
                     infra = result.infrastructure_failure or result.task_failure  # nothing the policy did
@@ -292,7 +305,7 @@ class RolloutFunc:
         if self._owns_connection:
             self.connection.close()
 
-    def __enter__(self) -> "RolloutFunc":
+    def __enter__(self) -> RolloutFunc:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -308,6 +321,14 @@ def rollstream_reward(prompts: list[Any], completions: list[Any], **kwargs: Any)
         raise ValueError(f"no '{REWARD_KEY}' among the reward kwargs; rollstream_reward only works with "
                          "GRPOTrainer(rollout_func=RolloutFunc(...)), which forwards it")
     return [None if r is None else float(r) for r in rewards]
+
+
+def earlier_segments(traj: Trajectory) -> list[dict[str, list]]:
+    """A multi-segment trajectory's segments before its last (the top-level sequence), as TRL
+    rows; segments with no model token are left out (nothing of theirs is trained on)."""
+    return [{"prompt_ids": list(seg.prompt_ids), "completion_ids": list(seg.response_ids),
+             "logprobs": list(seg.logprobs), "env_mask": list(seg.loss_mask)}
+            for seg in traj.segments[:-1] if any(seg.loss_mask)]
 
 
 # -- small helpers on the trainer (all optional: the function also runs without one) -------------

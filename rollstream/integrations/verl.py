@@ -19,7 +19,7 @@ except ImportError as exc:  # an optional extra: say how to get it
 
 from rollstream.config import Settings, load_settings
 from rollstream.errors import RollstreamError
-from rollstream.integrations.verl_mapping import VerlSample, build_job, failed_sample, sample_from_result
+from rollstream.integrations.verl_mapping import VerlSample, build_job, failed_sample, segment_samples
 from rollstream.integrations.verl_results import shared_router
 from rollstream.messages import Result, new_id
 
@@ -100,7 +100,10 @@ class RollstreamAgentLoop(AgentLoopBase):
             defaults["max_turns"] = int(max_assistant_turns)
         return defaults
 
-    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput | list[AgentLoopOutput]:
+        """The sample's rollout. Under verl's v1 trainer (its worker passes ``session_id`` and takes
+        several outputs per rollout) a job of several segments gives one output per segment, the
+        top-level one last; under the legacy worker, which takes one, the top-level sequence."""
         cfg = self.loop_config
         job = build_job(kwargs, sampling_params, default_task=cfg.task, agent_defaults=self.agent_defaults(),
                         agent_overrides=cfg.agent, sandbox=cfg.sandbox, timeout_s=cfg.timeout_s)
@@ -115,7 +118,17 @@ class RollstreamAgentLoop(AgentLoopBase):
                         result.job_id, result.error, resubmits, cfg.infrastructure_resubmits)
             job = job.model_copy(update={"job_id": new_id()})
         if result.ok and result.trajectory is not None:
-            sample = sample_from_result(result, response_length=self.response_length)
+            samples = segment_samples(result, response_length=self.response_length)
+            if "session_id" in kwargs:  # verl v1: every segment is a row; verl shares the last one's advantage
+                for sample in samples:
+                    sample.extra_fields.update(rollstream_resubmits=resubmits, reward_extra_info={})
+                return [self._output(sample) for sample in samples]
+            if len(samples) > 1:
+                log.warning("rollstream job %s made %d segments; verl's legacy trainer takes one sequence per "
+                            "sample, so only the last is trained on (trainer.use_v1=True trains every one)",
+                            result.job_id, len(samples))
+            sample = samples[-1]
+            sample.extra_fields["rollstream_untrained_segments"] = len(samples) - 1
         elif result.infrastructure_failure:
             raise RolloutFailed(
                 f"rollstream job {result.job_id} (task {result.task}) failed by the service "

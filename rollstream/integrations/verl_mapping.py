@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field, ValidationError
 from rollstream.errors import InvalidJob
 from rollstream.messages import Job, Result
 from rollstream.sampling import SamplingParams
-from rollstream.trajectory import Trajectory
+from rollstream.trajectory import Segment, Trajectory
 
 ROW_KEY = "rollstream"  # extra_info[ROW_KEY] holds what the job needs
 # verl asks its own servers for logprobs with this flag; rollstream always returns them.
@@ -134,16 +134,40 @@ def sample_from_result(result: Result, *, response_length: int) -> VerlSample:
     traj = result.trajectory
     if traj is None:
         raise ValueError(f"rollstream job {result.job_id} has no trajectory (status {result.status})")
-    cut = min(len(traj.response_ids), response_length)
-    mask = list(traj.loss_mask[:cut])
-    logprobs = [lp if m else 0.0 for lp, m in zip(traj.logprobs[:cut], mask)]
-    reward = result.reward if result.reward is not None else traj.reward
+    sample = _cut(traj, result, response_length=response_length, num_turns=verl_num_turns(traj),
+                  metrics=timing_metrics(result))
+    sample.extra_fields["rollstream_finish_reason"] = traj.finish_reason
+    return sample
+
+
+def segment_samples(result: Result, *, response_length: int) -> list[VerlSample]:
+    """Every segment of a completed job as a sample, its last (the top-level sequence) last, as
+    verl's v1 trainer takes an agent loop's several outputs: each carries the job's reward, and
+    verl computes GRPO's advantage from the last output of each rollout and gives it to the
+    others. Earlier segments with no model token are left out; one-segment jobs give one."""
+    traj = result.trajectory
+    samples = [_cut(seg, result, response_length=response_length,
+                    num_turns=1 + seg.num_calls + observation_blocks(seg.loss_mask),
+                    metrics={**timing_metrics(result), "generate_sequences": 0.0, "tool_calls": 0.0,
+                             "compute_score": 0.0})
+               for seg in (traj.segments[:-1] if traj is not None else ()) if any(seg.loss_mask)]
+    for number, sample in enumerate(samples):
+        sample.extra_fields.update(rollstream_finish_reason="segment", rollstream_segment=number)
+    last = sample_from_result(result, response_length=response_length)
+    last.extra_fields["rollstream_segment"] = len(traj.segments) - 1 if traj is not None and traj.segments else 0
+    return [*samples, last]
+
+
+def _cut(seq: Trajectory | Segment, result: Result, *, response_length: int, num_turns: int,
+         metrics: dict[str, float]) -> VerlSample:
+    cut = min(len(seq.response_ids), response_length)
+    mask = list(seq.loss_mask[:cut])
+    logprobs = [lp if m else 0.0 for lp, m in zip(seq.logprobs[:cut], mask)]
+    reward = result.reward if result.reward is not None else result.trajectory.reward
     return VerlSample(
-        prompt_ids=list(traj.prompt_ids), response_ids=list(traj.response_ids[:cut]), response_mask=mask,
-        response_logprobs=logprobs, reward_score=float(reward or 0.0), num_turns=verl_num_turns(traj),
-        metrics=timing_metrics(result),
-        extra_fields={**_common_extra(result), "rollstream_finish_reason": traj.finish_reason,
-                      "rollstream_truncated": cut < len(traj.response_ids)})
+        prompt_ids=list(seq.prompt_ids), response_ids=list(seq.response_ids[:cut]), response_mask=mask,
+        response_logprobs=logprobs, reward_score=float(reward or 0.0), num_turns=num_turns, metrics=metrics,
+        extra_fields={**_common_extra(result), "rollstream_truncated": cut < len(seq.response_ids)})
 
 
 def failed_sample(result: Result, prompt_ids: list[int]) -> VerlSample:

@@ -21,6 +21,7 @@ from chaos.cluster import FAST_TIMEOUTS
 from chaos.netns import Network
 from rollstream.client import AsyncClient
 from rollstream.config import Settings
+from rollstream.pipeline.keys import Keys
 from rollstream.workers.pool import WorkerPool
 
 NODES = ("n1", "n2", "n3")
@@ -81,15 +82,25 @@ class NetCluster:
         self.net.close()
 
 
-@pytest.fixture
-async def net_cluster():
+@pytest.fixture(scope="module")
+def shared_net_cluster():
+    """One cluster for the module's tests (its nine worker processes take a quarter of a minute to
+    start on two cores): processes only, nothing bound to an event loop, so each test's loop drives it."""
     folder = Path(tempfile.mkdtemp(prefix="rs-net-", dir="/tmp"))
     cluster = NetCluster(folder)
     try:
-        yield await cluster.start()
+        yield asyncio.run(cluster.start())
     finally:
-        await asyncio.to_thread(cluster.stop)
+        cluster.stop()
         subprocess.run(["rm", "-rf", str(folder)], check=False)
+
+
+@pytest.fixture
+def net_cluster(shared_net_cluster):
+    """The shared cluster, every cable back in after the test (each test uses a submitter of its own)."""
+    yield shared_net_cluster
+    for name in shared_net_cluster.net.hosts:
+        shared_net_cluster.net.heal(name)
 
 
 async def _collect_all(client: AsyncClient, job_ids: list[str], timeout_s: float) -> list:
@@ -159,13 +170,19 @@ async def test_a_node_cut_off_from_redis_mid_load_has_its_jobs_rescued_once_and_
 @pytest.mark.slow
 async def test_a_trainer_cut_off_finds_every_result_waiting_when_it_returns(net_cluster):
     cluster = net_cluster
-    async with AsyncClient(settings=cluster.settings(), submitter="trainer") as client:
+    async with AsyncClient(settings=cluster.settings(), submitter="away-trainer") as client:
         job_ids = [str(s) for s in await client.submit_many(
             [{"task": "echo", "instance": {"prompt": f"t{i}", "run_s": 0.5}} for i in range(30)])]
     cluster.net.cut("driver")  # the trainer's host: the nodes go on without it
-    await asyncio.sleep(8)
+    # Away until every result waits in its stream, as the Redis host itself sees it (the driver cannot).
+    waiting = cluster.redis_host.command(["redis-cli", "-h", cluster.redis_host.address, "-p", str(REDIS_PORT),
+                                          "XLEN", Keys(cluster.namespace).results("away-trainer")])
+    deadline = time.monotonic() + 120
+    while (count := subprocess.run(waiting, capture_output=True, text=True).stdout.strip()) != str(len(job_ids)):
+        assert time.monotonic() < deadline, f"{count!r} of {len(job_ids)} results waiting after 120 s"
+        await asyncio.sleep(0.2)
     cluster.net.heal("driver")
-    async with AsyncClient(settings=cluster.settings(), submitter="trainer") as client:
+    async with AsyncClient(settings=cluster.settings(), submitter="away-trainer") as client:
         results = await _collect_all(client, job_ids, timeout_s=120)
     assert sorted(r.job_id for r in results) == sorted(job_ids)
     assert {r.status for r in results} == {"completed"}

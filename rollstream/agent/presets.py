@@ -66,6 +66,14 @@ class Preset:
     driver: str | None = None  # a runner shipped in rollstream (driver_source) copied in as {driver}
     npm: str | None = None  # "name@version" (npm), installed with its own node into prefix
     node: str = NODE_VERSION  # that node's version (npm presets)
+    # The folder of ``python`` on this host, for a package that needs a Python the base image lacks
+    # (OpenHands: >= 3.12 on Debian 12's 3.11): its image copies in that folder and the host's venv.
+    python_home: str | None = None
+
+    @property
+    def copies_host_install(self) -> bool:
+        """Its image copies this host's install in (npm presets; PyPI ones on a Python of the host's)."""
+        return self.npm is not None or self.python_home is not None
 
     @property
     def version(self) -> str:
@@ -81,6 +89,7 @@ class Preset:
     def image_tag(self, base_image: str) -> str:
         """The environment image holding this preset on top of ``base_image``."""
         pins = f"{self.package}\n{self.prefix}" + (f"\n{self.npm}\nnode {self.node}" if self.npm else "")
+        pins += f"\n{self.python} in {self.python_home}" if self.python_home else ""
         digest = hashlib.sha256(f"{base_image}\n{pins}".encode()).hexdigest()[:12]
         return f"{IMAGE_REPOSITORY}:{self.name}-{self.version}-{digest}"
 
@@ -99,10 +108,11 @@ class Preset:
         if self.installs is None:
             raise PresetError(f"{self.source}: this preset installs nothing ([install] has no 'pypi' or 'npm'); its "
                               "command must be in the image already")
-        if self.npm is not None:  # the host's install, copied in (build_image puts it in the context)
+        if self.copies_host_install:  # the host's install, copied in (build_image puts it in the context)
             return (f"FROM {base_image}\n"
                     f"LABEL {LABEL}.{self.name}={self.version}\n"
-                    f"COPY {NPM_CONTEXT_DIR} {self.prefix}\n")
+                    + (f"COPY {PYTHON_CONTEXT_DIR} {self.python_home}\n" if self.python_home else "")
+                    + f"COPY {NPM_CONTEXT_DIR} {self.prefix}\n")
         return (f"FROM {base_image}\n"
                 f"LABEL {LABEL}.{self.name}={self.version}\n"
                 f"RUN set -e; {' && '.join(self.install_commands())}\n")
@@ -120,7 +130,8 @@ class Preset:
         return os.path.exists(command) if command.startswith("/") else shutil.which(command) is not None
 
 
-NPM_CONTEXT_DIR = "prefix"  # the host's install of an npm preset, in its image build's context
+NPM_CONTEXT_DIR = "prefix"  # the host's install (an npm prefix, a copied venv) in its image build's context
+PYTHON_CONTEXT_DIR = "python-home"  # the host's interpreter folder of a preset with install.python_home
 
 
 def node_package(version: str) -> str:
@@ -183,6 +194,12 @@ def load_preset(path: Path) -> Preset:
         raise PresetError(f"{path}: install.npm {npm!r} must pin one version, e.g. '@openai/codex@0.169.0' (and "
                           "a preset installs from one registry: 'pypi' or 'npm')")
     node = _text(install, "node", path, required=False) or NODE_VERSION
+    python = _text(install, "python", path, required=False) or "python3"
+    python_home = _text(install, "python_home", path, required=False)
+    if python_home is not None and (package is None or not python_home.startswith("/")
+                                    or not python.startswith(python_home.rstrip("/") + "/")):
+        raise PresetError(f"{path}: install.python_home {python_home!r} must be the absolute folder that holds "
+                          f"install.python ({python!r}) of a PyPI preset")
     if not re.match(r"^\d+\.\d+\.\d+$", node):
         raise PresetError(f"{path}: install.node {node!r} must be one Node.js version, e.g. '{NODE_VERSION}'")
     prefix = _text(install, "prefix", path, required=package is not None or npm is not None) or "/"
@@ -210,8 +227,7 @@ def load_preset(path: Path) -> Preset:
                   env={k: v.replace("{prefix}", prefix) for k, v in env.items()}, files=files,
                   answer_file=_text(answer, "file", path, required=False),
                   answer_json_key=_text(answer, "json_key", path, required=False),
-                  python=_text(install, "python", path, required=False) or "python3", npm=npm, node=node,
-                  driver=driver)
+                  python=python, npm=npm, node=node, driver=driver, python_home=python_home)
 
 
 # Runners for harnesses that are libraries without a command line of their own (the OpenHands SDK):
@@ -278,9 +294,11 @@ def build_image(preset: Preset, base_image: str) -> str:
         return tag
     with tempfile.TemporaryDirectory(prefix="rs-harness-") as context:
         Path(context, "Containerfile").write_text(preset.containerfile(base_image))
-        if preset.npm is not None:  # built on this host (once), copied in: the image needs no npm
+        if preset.copies_host_install:  # built on this host (once), copied in: the image needs no npm (nor a 3.12)
             install_on_host(preset)
             _copy_tree(preset.prefix, os.path.join(context, NPM_CONTEXT_DIR))
+            if preset.python_home:
+                _copy_tree(preset.python_home, os.path.join(context, PYTHON_CONTEXT_DIR))
         _build(context, tag, build_network())
     return tag
 

@@ -54,10 +54,11 @@ class PooledVLLMClient(VLLMClient):
         target, request = message
         total = DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s
         try:
-            try:
-                status, data = await asyncio.wait_for(self._exchange(target, request, reuse=True), total)
-            except _Stale:
-                status, data = await asyncio.wait_for(self._exchange(target, request, reuse=False), total)
+            async with asyncio.timeout(total):  # not wait_for: no task of its own per request
+                try:
+                    status, data = await self._exchange(target, request, reuse=True)
+                except _Stale:
+                    status, data = await self._exchange(target, request, reuse=False)
         except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError, _Stale) as exc:
             raise self._transport_error(base_url, total, exc) from exc
         if status >= 400:  # mapped as the parent maps them, from a response as httpx would give it

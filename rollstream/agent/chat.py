@@ -18,6 +18,11 @@ from typing import Any, TypeVar
 from rollstream.config import load_settings
 from rollstream.errors import InvalidJob
 
+try:  # what apply_chat_template renders with, once it has found the template (transformers >= 4.49)
+    from transformers.utils.chat_template_utils import render_jinja_template
+except ImportError:  # an older transformers: every rendering goes through apply_chat_template
+    render_jinja_template = None
+
 T = TypeVar("T")
 JOB_TEMPLATE = "chat_template"
 # apply_chat_template's own parameters: from a job they would pick another template or change
@@ -113,16 +118,36 @@ class ChatRenderer:
         if not isinstance(eot_id, int) or eot_id == getattr(tokenizer, "unk_token_id", None):
             raise ChatTemplateError(f"end-of-turn token {self.end_of_turn!r} is not one token of this tokenizer")
         self.end_of_turn_id: int = eot_id
+        # apply_chat_template finds the template and gathers the special tokens on every call
+        # (a third of a short rendering's time, and the door renders twice per model call): they
+        # are found once here, and each rendering is the same jinja call it makes with them.
+        self._template: str | None = None
+        self._variables: dict[str, Any] = {}
+        if render_jinja_template is not None and hasattr(tokenizer, "get_chat_template"):
+            variables = dict(self.template_kwargs)
+            self._template = tokenizer.get_chat_template(variables.pop(JOB_TEMPLATE, None), self.tools)
+            self._variables = {**tokenizer.special_tokens_map, **variables}
 
     def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         def apply() -> Any:
-            return self.tokenizer.apply_chat_template(
-                messages,
+            if self._template is None or not messages or not all(type(m) is dict for m in messages):
+                return self.tokenizer.apply_chat_template(
+                    messages,
+                    tools=self.tools,
+                    add_generation_prompt=add_generation_prompt,
+                    tokenize=False,
+                    **self.template_kwargs,
+                )
+            # As apply_chat_template passes them: without the keys whose value is None.
+            conversation = [{k: v for k, v in m.items() if v is not None} for m in messages]
+            rendered, _ = render_jinja_template(
+                conversations=[conversation],
                 tools=self.tools,
+                chat_template=self._template,
                 add_generation_prompt=add_generation_prompt,
-                tokenize=False,
-                **self.template_kwargs,
+                **self._variables,
             )
+            return rendered[0]
 
         if self.job_template_s is None:
             text = apply()

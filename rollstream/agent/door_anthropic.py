@@ -287,7 +287,8 @@ class AnthropicEvents:
                     _event("content_block_delta", index=index,
                            delta={"type": "input_json_delta", "partial_json": json.dumps(call.arguments)}),
                     _event("content_block_stop", index=index)]
-        out.append(_event("message_delta", delta={"stop_reason": _stop_reason(done), "stop_sequence": done.stop_sequence},
+        out.append(_event("message_delta",
+                          delta={"stop_reason": _stop_reason(done), "stop_sequence": done.stop_sequence},
                           usage={"output_tokens": done.completion_tokens}))
         out.append(_event("message_stop"))
         return b"".join(out)

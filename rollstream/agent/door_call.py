@@ -88,9 +88,8 @@ class JobDoor:
             claim = self.recorder.prompt(options.messages, tools)
         except Exception as exc:  # the harness's messages do not render with this template
             raise _unrenderable(exc) from exc
-        prompt_ids = claim.prompt_ids
+        prompt_ids, renderer = claim.prompt_ids, claim.renderer
         try:
-            renderer, _ = self.recorder.renderer(tools)
             budget = s.max_context_tokens - len(prompt_ids)
             if budget <= 0:
                 self._end("context", f"a {len(prompt_ids)}-token prompt fills the {s.max_context_tokens}-token "
@@ -159,7 +158,7 @@ class JobDoor:
             delta, tokens = stream.finish(content) if stream is not None else ("", [])
             if stream is not None:
                 done.content = stream.sent  # what the harness has, so that its next call extends this one
-            self.recorder.record(claim, options.messages, tools, gen, done.reply())
+            self.recorder.record(claim, gen, done.reply())
         finally:
             self.recorder.release(claim)
         if delta and emitter is not None and send is not None:

@@ -1,10 +1,10 @@
 """What a chat-completions request to the door asks for, checked field by field (agent/gateway.py
-serves it; the other APIs' modules check theirs with the helpers here): every parameter the door accepts is applied, and every one it cannot honour is
-refused with a 400 that names it. Sampling stays the job's (the trainer's policy): the request's
-temperature and top_p are replaced by the job's, a seed is used where the job sets none, and
-parameters that would change the distribution in ways the job's sampling does not say
-(penalties, logit_bias) or that need constrained decoding (tool_choice "required" or a named
-function, response_format JSON) are refused."""
+serves it; the other APIs' modules check theirs with the helpers here): every parameter the door
+accepts is applied, and every one it cannot honour is refused with a 400 that names it. Sampling
+stays the job's (the trainer's policy): the request's temperature and top_p are replaced by the
+job's, a seed is used where the job sets none, and parameters that would change the distribution
+in ways the job's sampling does not say (penalties, logit_bias) or that need constrained decoding
+(tool_choice "required" or a named function, response_format JSON) are refused."""
 
 from __future__ import annotations
 
@@ -184,7 +184,8 @@ def _tools(raw: Any) -> list[dict] | None:
     out = []
     for tool in raw:
         fn = tool.get("function")
-        if tool.get("type", "function") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        named = isinstance(fn, dict) and isinstance(fn.get("name"), str)
+        if tool.get("type", "function") != "function" or not named:
             raise DoorError(400, 'each tool must be {"type": "function", "function": {"name": ..., "parameters": '
                             '...}}; this door serves function tools only', "invalid_tools", param="tools")
         # The tool as the chat template shows it: API-only flags (strict) are the client's business.

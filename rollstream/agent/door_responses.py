@@ -171,7 +171,8 @@ def parse(request: dict) -> CallOptions:
 
 
 def _message_item(item_id: str, text: str, status: str = "completed") -> dict:
-    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []
+    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] \
+        if status == "completed" else []
     return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
 
 

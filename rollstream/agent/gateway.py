@@ -3,9 +3,9 @@ Completions (agent/door_chat.py), OpenAI Responses (door_responses.py) or Anthro
 (door_anthropic.py), streaming or not, to ``http://127.0.0.1:PORT/v1`` with the job's key (as
 ``Authorization: Bearer`` or ``x-api-key``); behind every API each call is rendered with the
 model's chat template, sent token-in/token-out through the job's LLM session (the balancer's job
-and group affinity kept), and recorded exactly (door_call.py, recorder.py). One small HTTP/1.1 server per run-worker process serves every
-job's door; a key reaches only its own job, and nothing else (no backend, no other job) is
-served. The server listens on loopback only: sandboxes, whose network is off, never reach it.
+and group affinity kept), and recorded exactly (door_call.py, recorder.py). One small HTTP/1.1 server per run-worker
+process serves every job's door; a key reaches only its own job, and nothing else (no backend, no
+other job) is served. The server listens on loopback only: sandboxes, whose network is off, never reach it.
 A harness that runs inside its sandbox reaches its door through a Unix socket of that job alone,
 bound into that sandbox alone (``open_in_sandbox``; the relay inside is agent/door_relay.py)."""
 
@@ -18,6 +18,7 @@ import os
 import secrets
 import stat
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rollstream.agent.door_anthropic import AnthropicApi
@@ -42,7 +43,8 @@ SANDBOX_PREAMBLE = b"ROLLSTREAM-DOOR "
 _CHAT, _ANTHROPIC = ChatApi(), AnthropicApi()
 # The model-call endpoints, each API's own (agent/door_chat.py, door_responses.py, door_anthropic.py).
 _APIS: dict[str, Any] = {"/v1/chat/completions": _CHAT, "/v1/responses": ResponsesApi(), "/v1/messages": _ANTHROPIC}
-_SERVED = "POST /v1/chat/completions, POST /v1/responses, POST /v1/messages (and /v1/messages/count_tokens), GET /v1/models"
+_SERVED = ("POST /v1/chat/completions, POST /v1/responses, POST /v1/messages (and /v1/messages/count_tokens), "
+           "GET /v1/models")
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
             408: "Request Timeout", 411: "Length Required", 413: "Payload Too Large",
             431: "Request Header Fields Too Large", 502: "Bad Gateway", 503: "Service Unavailable"}
@@ -67,13 +69,14 @@ def _response(status: int, payload: dict, close: bool = False) -> bytes:
             f"content-length: {len(data)}\r\n{extra}\r\n").encode() + data
 
 
-def _deadline(writer: asyncio.StreamWriter, timeout_s: float, answer: bytes = b"") -> asyncio.TimerHandle:
-    """Close the connection in ``timeout_s`` (after sending ``answer``) unless cancelled first:
-    the read it guards then ends at once (a timer, not a task per read as wait_for makes)."""
+def _deadline(writer: asyncio.StreamWriter, timeout_s: float,
+              answer: Callable[[], bytes] | None = None) -> asyncio.TimerHandle:
+    """Close the connection in ``timeout_s`` (after sending what ``answer`` makes) unless cancelled
+    first: the read it guards then ends at once (a timer, not a task per read as wait_for makes)."""
 
     def expire() -> None:
-        if answer:
-            writer.write(answer)
+        if answer is not None:
+            writer.write(answer())
         writer.close()
 
     return asyncio.get_running_loop().call_later(timeout_s, expire)
@@ -273,8 +276,8 @@ class Gateway:
             return False
         raw_length = headers.get("content-length", "0")
         if "transfer-encoding" in headers or not raw_length.isdigit():
-            await self._send(writer, 411, DoorError(411, "send the body with a Content-Length", "length_required").body(),
-                             close=True)
+            await self._send(writer, 411, DoorError(411, "send the body with a Content-Length",
+                                                    "length_required").body(), close=True)
             return False
         length = int(raw_length)
         if length > MAX_REQUEST_BYTES:
@@ -292,8 +295,10 @@ class Gateway:
             if length and headers.get("expect", "").lower() == "100-continue":  # curl, for bodies past 1 KiB
                 writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             if length:
-                late = _response(408, DoorError(408, f"the body did not arrive within {self.read_timeout_s:g} s",
-                                                "request_timeout").body(), close=True)
+                def late() -> bytes:  # made only when the body is late, not for every request
+                    return _response(408, DoorError(408, f"the body did not arrive within {self.read_timeout_s:g} s",
+                                                    "request_timeout").body(), close=True)
+
                 deadline = _deadline(writer, self.read_timeout_s, late)
                 try:
                     body = await reader.readexactly(length)

@@ -90,9 +90,14 @@ class _Open:
 @dataclass
 class Claim:
     """A call's prompt ids, and the open chain it extends (held for it until it is recorded or
-    has failed: ``CallRecorder.release``), or None for a new segment."""
+    has failed: ``CallRecorder.release``), or None for a new segment; with the call's renderer
+    and normalized messages, which recording it uses again (a harness's tool list can be tens of
+    KiB of JSON: its key is made once per call)."""
 
     prompt_ids: list[int]
+    renderer: ChatRenderer
+    tools_key: str
+    messages: list[dict]  # the call's messages, normalized
     chain: _Open | None = None
 
     @property
@@ -144,18 +149,17 @@ class CallRecorder:
                 pass  # a template that is not prefix-stable here: a new, still exact, segment
             else:
                 best.busy = True
-                return Claim(best.ids + added, best)
-        return Claim(renderer.prompt_ids(norm))
+                return Claim(best.ids + added, renderer, key, norm, best)
+        return Claim(renderer.prompt_ids(norm), renderer, key, norm)
 
     def release(self, claim: Claim) -> None:
         """The call of ``claim`` is over (recorded or failed): its chain may be extended again."""
         if claim.chain is not None:
             claim.chain.busy = False
 
-    def record(self, claim: Claim, messages: list[dict], tools: list[dict] | None, gen: Generation,
-               reply: dict) -> None:
+    def record(self, claim: Claim, gen: Generation, reply: dict) -> None:
         """Record a call's completion (``reply``: the assistant message returned to the harness)."""
-        renderer, key = self.renderer(tools)
+        renderer, key = claim.renderer, claim.tools_key
         prompt_ids = claim.prompt_ids
         chain = claim.chain if claim.chain is not None and claim.chain in self.chains else None
         if chain is not None:
@@ -177,7 +181,7 @@ class CallRecorder:
             self.versions.append(gen.policy_version)
         ended = bool(gen.token_ids) and gen.token_ids[-1] == renderer.end_of_turn_id
         index = chain.segment if chain is not None else len(self.segments) - 1
-        opened = _Open(messages=normalize_messages(messages) + normalize_messages([reply]), tools_key=key,
+        opened = _Open(messages=claim.messages + normalize_messages([reply]), tools_key=key,
                        ids=list(prompt_ids) + list(gen.token_ids), ended_turn=ended, segment=index,
                        busy=chain.busy if chain is not None else False)
         if chain is not None:

@@ -93,7 +93,8 @@ class HarborTask(AgentTask):
         limits = SandboxLimits(memory_mb=resources.memory_mb, disk_mb=resources.storage_mb, cpus=resources.cpus)
         return SandboxSpec(image=image.tag, workdir=image.workdir, limits=limits,
                            setup_commands=[restore_workdir_command(image.workdir)], setup_timeout_s=SETUP_TIMEOUT_S,
-                           env={"HOME": "/root" if not image.user or image.user in ("root", "0") else "/tmp"})
+                           env={**(image.env or {}),
+                                "HOME": "/root" if not image.user or image.user in ("root", "0") else "/tmp"})
 
     def prompt_messages(self, instance: dict) -> list[dict]:
         folder = self.folder(instance)

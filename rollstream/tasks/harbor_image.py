@@ -52,6 +52,7 @@ DEFAULT_WORKDIR = "/app"  # Terminal-Bench's, where a Dockerfile sets none
 _FROM = re.compile(r"^(\s*FROM\s+)((?:--\S+\s+)*)(\S+)(.*)$", re.IGNORECASE)
 _STAGE_NAME = re.compile(r"\bAS\s+(\S+)", re.IGNORECASE)
 _USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PLAIN_PATH = re.compile(r"(?:/[A-Za-z0-9_.@+-]+)+")
 
 _locks: dict[str, threading.Lock] = {}
@@ -122,6 +123,9 @@ class HarborImage:
     rootfs: str | None = None
     built: bool = False
     mapped: list[tuple[str, str]] | None = None
+    # The image's ENV (its Dockerfile's and its base's): a container gets it from the engine, a
+    # bwrap sandbox from the task's sandbox spec. None for an image recorded before it was kept.
+    env: dict[str, str] | None = None
 
 
 def image_key(folder: TaskFolder, mapping: dict[str, str]) -> tuple[str, str, list[tuple[str, str]]]:
@@ -252,7 +256,17 @@ def _build(folder: TaskFolder, key: str, dockerfile: str, network: str) -> Harbo
         with open(path, "w", encoding="utf-8") as handle:
             handle.write(finishing_containerfile(source, workdir, user))
         _run_build(context, path, tag, "none", timeout_s)
-    return HarborImage(key=key, tag=tag, workdir=workdir, user=user, built=True)
+    return HarborImage(key=key, tag=tag, workdir=workdir, user=user, built=True, env=image_env(config))
+
+
+def image_env(config: dict) -> dict[str, str]:
+    """``Config.Env`` of an image inspection as a mapping (names as the shell takes them)."""
+    env = {}
+    for item in config.get("Env") or ():
+        name, sep, value = str(item).partition("=")
+        if sep and _ENV_NAME.fullmatch(name):
+            env[name] = value
+    return env
 
 
 def rootfs_of(image: HarborImage, images_dir: str | None = None) -> str:

@@ -129,4 +129,6 @@ def _task_toml(meta: dict[str, Any]) -> str:
     verifier = float(meta.get("max_test_timeout_sec") or 60.0)
     return ("# converted from Terminal-Bench's task.yaml by rollstream.tasks.harbor_legacy\n"
             f"[agent]\ntimeout_sec = {agent}\n\n[verifier]\ntimeout_sec = {verifier}\n\n"
-            "[verifier.env]\nTEST_DIR = \"/tests\"  # docker-compose.yaml's\n")
+            # docker-compose.yaml's TEST_DIR; the slash makes `find $TEST_DIR -maxdepth 1` (as the aider
+            # tasks run it) enter the folder, where rollstream's /tests is a link into the sandbox's /tmp
+            "[verifier.env]\nTEST_DIR = \"/tests/\"\n")

@@ -2,7 +2,8 @@
 benchmark's usual test bootstrap: curl's uv installer, `uv add pytest`, `uv run pytest`, and
 solution.sh) converted to a Harbor folder and run by the harbor task on real bubblewrap: its
 run-tests.sh runs unchanged in the offline verification sandbox (what it downloads was
-installed at build), the reference solution scores 1 and no change 0."""
+installed at build, the Dockerfile's ENV in its environment), the reference solution scores 1
+and no change 0."""
 
 from __future__ import annotations
 
@@ -37,11 +38,13 @@ uv add pytest==8.4.1
 uv run pytest $TEST_DIR/test_outputs.py -rA
 """
 TEST_OUTPUTS = """\
+import os
 from pathlib import Path
 
 
 def test_sum_is_written():
-    assert Path("/app/sum.txt").read_text().strip() == "42"
+    # SUM_FILE: the Dockerfile's ENV, which reaches the bwrap sandbox too
+    assert Path(os.environ["SUM_FILE"]).read_text().strip() == "42"
 """
 
 
@@ -51,7 +54,8 @@ def legacy_task(tmp_path, monkeypatch):
     folder = tmp_path / "tb" / "sum-file"
     (folder / "tests").mkdir(parents=True)
     (folder / "task.yaml").write_text(TASK_YAML)
-    (folder / "Dockerfile").write_text("FROM python:3.13-slim-bookworm\nWORKDIR /app\nCOPY numbers.txt /app/\n")
+    (folder / "Dockerfile").write_text("FROM python:3.13-slim-bookworm\nWORKDIR /app\nCOPY numbers.txt /app/\n"
+                                         "ENV SUM_FILE=/app/sum.txt\n")
     (folder / "numbers.txt").write_text("10\n30\n2\n")
     (folder / "docker-compose.yaml").write_text("services:\n  client:\n    build: {dockerfile: Dockerfile}\n")
     (folder / "run-tests.sh").write_text(RUN_TESTS)
@@ -67,7 +71,7 @@ def test_the_conversion_keeps_every_file_and_runs_run_tests_unchanged(legacy_tas
     folder = TaskFolder.load(str(target))
     assert folder.instruction.startswith("Write the sum")
     assert folder.config.agent.timeout_sec == 120.0 and folder.config.verifier.timeout_sec == 90.0
-    assert folder.config.verifier.env == {"TEST_DIR": "/tests"}
+    assert folder.config.verifier.env == {"TEST_DIR": "/tests/"}
     assert (target / "tests" / "run-tests.sh").read_text() == RUN_TESTS
     assert "bash /tests/run-tests.sh" in (target / "tests" / "test.sh").read_text()
     assert (target / "solution" / "solve.sh").read_text() == (legacy_task / "solution.sh").read_text()

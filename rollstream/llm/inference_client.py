@@ -276,17 +276,27 @@ def _error_message(resp: httpx.Response) -> str:
 
 
 async def feed_stream(assembly: StreamAssembly, chunks, on_tokens: TokensCallback) -> None:
-    """Feed a streamed answer's bytes (an async iterator) to ``assembly``, and each piece of
-    tokens to ``on_tokens`` as it completes, until [DONE]."""
+    """Feed a streamed answer's bytes (an async iterator) to ``assembly``, and the tokens of each
+    read to ``on_tokens`` as they arrive, until [DONE]. The events that arrived in one read are
+    passed on together: a listener that fell behind (the door, which writes an event to its harness
+    per callback) catches up with one delta instead of one per token."""
     buffer = bytearray()
     async for data in chunks:
         buffer += data
-        for event in sse_events(buffer):
-            ids, logprobs = assembly.add(event)
+        ids: list[int] = []
+        logprobs: list[float] = []
+        try:
+            for event in sse_events(buffer):
+                more_ids, more_logprobs = assembly.add(event)
+                ids += more_ids
+                logprobs += more_logprobs
+                if assembly.done:
+                    break
+        finally:  # what arrived before a failed event is passed on first, as it was before it failed
             if ids:
                 await on_tokens(ids, logprobs)
-            if assembly.done:
-                return
+        if assembly.done:
+            return
 
 
 def _parse_token_id(token: str) -> int:

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import model_cache
 import psutil
 import pytest
 import redis
@@ -142,7 +143,9 @@ def test_cancelled_array_task_jobs_are_rescued_and_all_complete_once(slurm, tmp_
         victim = next(n for n in nodes if n.endswith(f"{array_job}_1"))
 
         with Client(head["REDIS_URL"], submitter="slurm-test") as client:
-            ids = client.submit_many([{"task": "echo", "instance": {"prompt": f"p{i}", "run_s": 0.5}}
+            # 0.25 s each: 200 jobs over 4 run slots a task keep the run streams backed up for seconds,
+            # and the rest, after the cancel, take one task half the time that 0.5 s took.
+            ids = client.submit_many([{"task": "echo", "instance": {"prompt": f"p{i}", "run_s": 0.25}}
                                       for i in range(N_JOBS)])
             def held_by_victim() -> list[str]:  # the jobs task 1 holds in its run stage, queued or at work
                 pipe = r.pipeline(transaction=False)
@@ -177,9 +180,7 @@ def test_cancelled_array_task_jobs_are_rescued_and_all_complete_once(slurm, tmp_
 
 
 def test_inference_array_task_registers_with_the_balancer_and_leaves_on_cancel(slurm, tmp_path):
-    from rollstream.llm.tiny_model import build_tiny_model
-
-    model = build_tiny_model(tmp_path / "tiny-model")
+    model = model_cache.load("tiny_model_dir")  # built before the tests (tests/model_cache.py), not in this one
     head_file = tmp_path / "head.env"
     logs = tmp_path / "logs"
     logs.mkdir()

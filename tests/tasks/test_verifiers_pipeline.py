@@ -35,6 +35,30 @@ def answering_model_dir() -> Path:
     return model_cache.load("answering_model_dir")
 
 
+@pytest.fixture(scope="module")
+def answering_server(answering_model_dir):
+    """The built-in server serving the answering model, shared by the module's tests (each adds it as
+    a backend of its own namespace; greedy sampling gives every test the same ids)."""
+    from rollstream.llm.server import served_model
+
+    with served_model(answering_model_dir, device="cpu") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def random_model_dir() -> Path:
+    return model_cache.load("tiny_model_dir")  # untrained: no tags, no tool calls
+
+
+@pytest.fixture(scope="module")
+def random_server(random_model_dir):
+    """The built-in server serving the untrained model, shared by the module's tests."""
+    from rollstream.llm.server import served_model
+
+    with served_model(random_model_dir, device="cpu") as url:
+        yield url
+
+
 @pytest.fixture
 def allowed(monkeypatch):
     """The operator's allow-list, for the client's checks here and the workers started after."""
@@ -63,54 +87,47 @@ async def run_jobs(settings, server: str, jobs: list[dict]) -> dict[str, object]
 
 
 async def test_each_environment_scores_the_datasets_answer_one_and_the_ids_are_the_models_own(
-        settings, worker_pool, answering_model_dir, sandbox_root, allowed):
-    from rollstream.llm.server import served_model
-
+        settings, worker_pool, answering_model_dir, answering_server, sandbox_root, allowed):
     start_pool(worker_pool, answering_model_dir, sandbox_root)
-    with served_model(answering_model_dir, device="cpu") as server:
-        results = await run_jobs(settings, server, [job(name) for name in ENVIRONMENTS])
-        assert sorted(results) == sorted(ENVIRONMENTS), [r.error for r in results.values()]
-        backend = VLLMClient()
-        try:
-            for name, result in results.items():
-                assert result.status == "completed" and result.reward == 1.0, (name, result.trajectory.extra)
-                found = result.trajectory.extra["verifiers"]
-                evaluation = result.trajectory.extra["eval"]
-                # The rubric's own functions, each with its score and weight, in the eval info.
-                assert evaluation["reward"] == 1.0 and evaluation["metrics"] and evaluation["weights"]
-                main = {"vf-reverse-text": "lcs_reward_func", "vf-alphabet-sort": "weighted_reward",
-                        "vf-tool-test": "tool_call_reward_func", "vf-sandbox-secret": "secret_found"}[name]
-                assert evaluation["metrics"][main] == 1.0 and evaluation["weights"][main] == 1.0
-                assert found["index"] == 0 and found["completion"]
-                traj = result.trajectory
-                calls = traj.extra["calls"]
-                two_turns = name in ("vf-alphabet-sort", "vf-sandbox-secret")
-                assert len(calls) == (2 if two_turns else 1)  # the environment's turns
-                if name == "vf-sandbox-secret":  # set-up's command and the model's ran in the job's sandbox
-                    assert [(c.name, c.ok) for c in traj.tool_calls] == [("bash", True), ("bash", True)]
-                    assert traj.tool_calls[1].arguments["command"] == "cat secret.txt"
-                for call in calls:
-                    seg = traj.segments[call["segment"]]
-                    sequence = seg.prompt_ids + seg.response_ids
-                    start = call["prompt_tokens"] - len(seg.prompt_ids)
-                    recorded = seg.response_ids[start:start + call["completion_tokens"]]
-                    assert recorded and seg.loss_mask[start:start + len(recorded)] == [1] * len(recorded)
-                    # Asked again greedily for as many tokens, the backend writes the same ids.
-                    again = await backend.generate(server, sequence[:call["prompt_tokens"]], SamplingParams(
-                        temperature=0.0, max_tokens=len(recorded), ignore_eos=True))
-                    assert again.token_ids == recorded
-        finally:
-            await backend.aclose()
+    results = await run_jobs(settings, answering_server, [job(name) for name in ENVIRONMENTS])
+    assert sorted(results) == sorted(ENVIRONMENTS), [r.error for r in results.values()]
+    backend = VLLMClient()
+    try:
+        for name, result in results.items():
+            assert result.status == "completed" and result.reward == 1.0, (name, result.trajectory.extra)
+            found = result.trajectory.extra["verifiers"]
+            evaluation = result.trajectory.extra["eval"]
+            # The rubric's own functions, each with its score and weight, in the eval info.
+            assert evaluation["reward"] == 1.0 and evaluation["metrics"] and evaluation["weights"]
+            main = {"vf-reverse-text": "lcs_reward_func", "vf-alphabet-sort": "weighted_reward",
+                    "vf-tool-test": "tool_call_reward_func", "vf-sandbox-secret": "secret_found"}[name]
+            assert evaluation["metrics"][main] == 1.0 and evaluation["weights"][main] == 1.0
+            assert found["index"] == 0 and found["completion"]
+            traj = result.trajectory
+            calls = traj.extra["calls"]
+            two_turns = name in ("vf-alphabet-sort", "vf-sandbox-secret")
+            assert len(calls) == (2 if two_turns else 1)  # the environment's turns
+            if name == "vf-sandbox-secret":  # set-up's command and the model's ran in the job's sandbox
+                assert [(c.name, c.ok) for c in traj.tool_calls] == [("bash", True), ("bash", True)]
+                assert traj.tool_calls[1].arguments["command"] == "cat secret.txt"
+            for call in calls:
+                seg = traj.segments[call["segment"]]
+                sequence = seg.prompt_ids + seg.response_ids
+                start = call["prompt_tokens"] - len(seg.prompt_ids)
+                recorded = seg.response_ids[start:start + call["completion_tokens"]]
+                assert recorded and seg.loss_mask[start:start + len(recorded)] == [1] * len(recorded)
+                # Asked again greedily for as many tokens, the backend writes the same ids.
+                again = await backend.generate(answering_server, sequence[:call["prompt_tokens"]], SamplingParams(
+                    temperature=0.0, max_tokens=len(recorded), ignore_eos=True))
+                assert again.token_ids == recorded
+    finally:
+        await backend.aclose()
 
 
 async def test_a_model_answering_garbage_scores_zero_in_each_environment(
-        settings, worker_pool, sandbox_root, allowed):
-    from rollstream.llm.server import served_model
-
-    random_model = model_cache.load("tiny_model_dir")  # untrained: no tags, no tool calls
-    start_pool(worker_pool, random_model, sandbox_root)
-    with served_model(random_model, device="cpu") as server:
-        results = await run_jobs(settings, server, [job(name) for name in ENVIRONMENTS])
+        settings, worker_pool, random_model_dir, random_server, sandbox_root, allowed):
+    start_pool(worker_pool, random_model_dir, sandbox_root)
+    results = await run_jobs(settings, random_server, [job(name) for name in ENVIRONMENTS])
     assert sorted(results) == sorted(ENVIRONMENTS), [r.error for r in results.values()]
     for name, result in results.items():
         assert result.status == "completed" and result.reward == 0.0, (name, result.trajectory.extra)
@@ -118,22 +135,18 @@ async def test_a_model_answering_garbage_scores_zero_in_each_environment(
 
 
 async def test_an_environment_that_raises_fails_its_job_naming_the_error(
-        settings, worker_pool, sandbox_root, allowed):
-    from rollstream.llm.server import served_model
-
-    random_model = model_cache.load("tiny_model_dir")
-    start_pool(worker_pool, random_model, sandbox_root)
-    with served_model(random_model, device="cpu") as server:
-        async with AsyncClient(settings=settings) as client:
-            await add_backend(client.r, server, settings.namespace)
-            with pytest.raises(InvalidJob, match="not allowed here"):
-                await client.submit(job("vf-not-listed"))
-            with pytest.raises(InvalidJob, match="never a path"):
-                await client.submit(job("../vf_broken"))
-            for fail in ("load", "rubric", "turn", "sampling"):
-                await client.submit(job("vf-broken", args={"fail": fail}))
-            await client.submit(job("vf-reverse-text", index=99))
-            results = await client.collect(5, timeout_s=240)
+        settings, worker_pool, random_model_dir, random_server, sandbox_root, allowed):
+    start_pool(worker_pool, random_model_dir, sandbox_root)
+    async with AsyncClient(settings=settings) as client:
+        await add_backend(client.r, random_server, settings.namespace)
+        with pytest.raises(InvalidJob, match="not allowed here"):
+            await client.submit(job("vf-not-listed"))
+        with pytest.raises(InvalidJob, match="never a path"):
+            await client.submit(job("../vf_broken"))
+        for fail in ("load", "rubric", "turn", "sampling"):
+            await client.submit(job("vf-broken", args={"fail": fail}))
+        await client.submit(job("vf-reverse-text", index=99))
+        results = await client.collect(5, timeout_s=240)
     # The environment's own failures are the task's; a row the dataset lacks is the job's.
     assert all(r.status == "failed" and r.attempts == 1 for r in results), [(r.status, r.error) for r in results]
     assert sorted(r.failure for r in results) == ["job"] + ["task"] * 4, [(r.failure, r.error) for r in results]
@@ -148,17 +161,13 @@ async def test_an_environment_that_raises_fails_its_job_naming_the_error(
 
 
 async def test_a_run_worker_that_loaded_an_environment_still_stops_as_a_worker_on_sigterm(
-        settings, worker_pool, sandbox_root, allowed):
+        settings, worker_pool, random_model_dir, random_server, sandbox_root, allowed):
     # verifiers' Environment takes SIGTERM for its own teardown (then exit(143)) when it is made;
     # a run worker must keep its own graceful stop, which hands in-flight jobs back.
     import signal
 
-    from rollstream.llm.server import served_model
-
-    random_model = model_cache.load("tiny_model_dir")
-    pool = start_pool(worker_pool, random_model, sandbox_root)
-    with served_model(random_model, device="cpu") as server:
-        [result] = (await run_jobs(settings, server, [job("vf-reverse-text")])).values()
+    pool = start_pool(worker_pool, random_model_dir, sandbox_root)
+    [result] = (await run_jobs(settings, random_server, [job("vf-reverse-text")])).values()
     assert result.status == "completed", result.error
     [run_worker] = [proc for stage, proc in pool.procs if stage == "run"]
     run_worker.send_signal(signal.SIGTERM)
@@ -166,15 +175,12 @@ async def test_a_run_worker_that_loaded_an_environment_still_stops_as_a_worker_o
 
 
 async def test_the_jobs_turn_budget_ends_a_multi_turn_environment_as_the_agents_end(
-        settings, worker_pool, answering_model_dir, sandbox_root, allowed):
+        settings, worker_pool, answering_model_dir, answering_server, sandbox_root, allowed):
     # alphabet-sort wants two turns; the job allows one: the door refuses the second call, the
     # environment's rollout ends on that error, its rubric scores the first turn alone.
-    from rollstream.llm.server import served_model
-
     start_pool(worker_pool, answering_model_dir, sandbox_root)
-    with served_model(answering_model_dir, device="cpu") as server:
-        one_turn = {**job("vf-alphabet-sort"), "agent": {**AGENT, "max_turns": 1}}
-        [result] = (await run_jobs(settings, server, [one_turn])).values()
+    one_turn = {**job("vf-alphabet-sort"), "agent": {**AGENT, "max_turns": 1}}
+    [result] = (await run_jobs(settings, answering_server, [one_turn])).values()
     assert result.status == "completed" and result.failure == "agent", result.error
     assert result.trajectory.finish_reason == "max_turns" and len(result.trajectory.extra["calls"]) == 1
     found = result.trajectory.extra["verifiers"]

@@ -156,7 +156,7 @@ class Deployment:
                     return workers
             if time.monotonic() > deadline:
                 raise AssertionError(f"workers {counts}, expected {pools} within {UP_TIMEOUT_S} s\n{self.logs()}")
-            time.sleep(2)
+            time.sleep(0.5)  # one HTTP call a round (no engine command): ask often
 
 
 def _require_images() -> None:

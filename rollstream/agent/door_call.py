@@ -120,7 +120,7 @@ class JobDoor:
 
             t0 = time.monotonic()
             try:
-                gen = await self.session.generate(prompt_ids, params, on_tokens)
+                gen = await self.session.generate(prompt_ids, params, on_tokens, release_later=True)
             except ContextLengthError as exc:
                 self._end("context", exc.reason)
                 raise DoorError(400, exc.reason, "context_length_exceeded") from None
@@ -170,6 +170,10 @@ class JobDoor:
         if emitter is not None and send is not None:
             await send(emitter.finish(done))
         return done
+
+    async def settle(self) -> None:
+        """After a call's answer is sent: give back the backend slot its generation held."""
+        await self.session.release_finished()
 
     def _end(self, reason: str, detail: str) -> None:
         self.ended, self.ended_detail = reason, detail

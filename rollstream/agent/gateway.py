@@ -339,6 +339,12 @@ class Gateway:
             door.refused += not count_only
             await self._send(writer, exc.status, api.error(exc))
             return
+        try:
+            await self._answer(writer, api, door, request, options)
+        finally:
+            await door.settle()  # the call's backend slot, given back once its answer is on its way
+
+    async def _answer(self, writer, api: Any, door: JobDoor, request: dict, options: Any) -> None:
         if not options.stream:
             try:
                 done = await door.call(options)

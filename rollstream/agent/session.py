@@ -48,14 +48,17 @@ class LLMSession:
         self.backend_wait_s = backend_wait_s
         self.backends_used: list[str] = []  # in order, one entry per change of backend
         self.failures: list[str] = []
+        self._finished: list[Lease] = []  # leases of turns generated with release_later, not given back yet
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams,
-                       on_tokens: TokensCallback | None = None) -> Generation:
+                       on_tokens: TokensCallback | None = None, *, release_later: bool = False) -> Generation:
         """One model turn. Retryable backend failures eject the backend and move the job to
         another one, up to max_backend_attempts; then the last BackendError is raised. With
         ``on_tokens`` the turn is streamed: it gets the tokens as the backend generates them
         (the same lease, affinity and retries; once a token was passed on, a failure is final,
-        since what was delivered cannot be taken back)."""
+        since what was delivered cannot be taken back). With ``release_later`` a turn that was
+        generated keeps its backend slot until ``release_finished()``: the door gives it back once
+        its answer is on its way, so the release's round trip to Redis is not on the answer's path."""
         delivered = False
 
         async def deliver(ids: list[int], logprobs: list[float]) -> None:
@@ -73,10 +76,14 @@ class LLMSession:
                 backend = lease.backend
             if not self.backends_used or self.backends_used[-1] != backend:
                 self.backends_used.append(backend)
+            generated = False
             try:
                 if on_tokens is None:
-                    return await self.client.generate(backend, prompt_ids, params, self.request_timeout_s)
-                return await self._stream(backend, prompt_ids, params, deliver)
+                    gen = await self.client.generate(backend, prompt_ids, params, self.request_timeout_s)
+                else:
+                    gen = await self._stream(backend, prompt_ids, params, deliver)
+                generated = True
+                return gen
             except BackendError as exc:
                 if not exc.retryable or delivered:
                     raise
@@ -88,7 +95,10 @@ class LLMSession:
                     await self.balancer.mark_down(backend)
             finally:
                 if lease is not None:
-                    await self.balancer.release(lease)
+                    if generated and release_later:
+                        self._finished.append(lease)
+                    else:
+                        await self.balancer.release(lease)
         assert last_error is not None
         raise last_error
 
@@ -121,7 +131,15 @@ class LLMSession:
     def backend(self) -> str | None:
         return self.backends_used[-1] if self.backends_used else None
 
+    async def release_finished(self) -> None:
+        """Give back the backend slots of the turns generated with ``release_later`` (one script)."""
+        if self._finished:
+            leases, self._finished = self._finished, []
+            assert self.balancer is not None
+            await self.balancer.release(*leases)
+
     async def close(self) -> None:
         """Forget the job's stickiness (its leases were given back turn by turn)."""
+        await self.release_finished()
         if self.balancer is not None:
             await self.balancer.forget_job(self.job_id)

@@ -4,7 +4,6 @@ for plain code; both speak to Redis directly, the HTTP API offers the same opera
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
@@ -18,8 +17,14 @@ from rollstream.config import Settings, load_settings
 from rollstream.errors import InvalidJob, RedisUnavailable
 from rollstream.messages import ID_RULE, Job, Result, new_id, valid_id
 from rollstream.pipeline import cancel as cancel_flags
-from rollstream.pipeline.connection import (MAX_BLOCK_MS, SOCKET_TIMEOUT_S, async_redis, check_async,
-                                            raise_if_cancelled, raise_refusal)
+from rollstream.pipeline.connection import (
+    MAX_BLOCK_MS,
+    SOCKET_TIMEOUT_S,
+    async_redis,
+    check_async,
+    raise_if_cancelled,
+    raise_refusal,
+)
 from rollstream.pipeline.embedded import running_url
 from rollstream.pipeline.groups import ensure_group
 from rollstream.pipeline.jobstate import JobState, read_state
@@ -46,7 +51,7 @@ class SubmittedId(str):
     status: str | None = None
 
     @classmethod
-    def known(cls, job_id: str, status: str) -> "SubmittedId":
+    def known(cls, job_id: str, status: str) -> SubmittedId:
         marked = cls(job_id)
         marked.duplicate, marked.status = True, status
         return marked
@@ -99,7 +104,7 @@ class AsyncClient:
         self._fast_submit = FastRedis.from_client(self.r)
         self._fast_results = FastRedis.from_client(self.r)
 
-    async def __aenter__(self) -> "AsyncClient":
+    async def __aenter__(self) -> AsyncClient:
         await check_async(self.r, self.url)
         return self
 
@@ -379,7 +384,7 @@ class Client:
             pass
         self._loop.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc) -> None:

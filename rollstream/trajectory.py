@@ -69,7 +69,7 @@ class Trajectory(BaseModel):
     segments: list[Segment] = Field(default_factory=list)
 
     @model_validator(mode="after")
-    def _aligned(self) -> "Trajectory":
+    def _aligned(self) -> Trajectory:
         n = len(self.response_ids)
         if len(self.loss_mask) != n or len(self.logprobs) != n:
             raise ValueError(

@@ -8,13 +8,14 @@ import asyncio
 import json
 import logging
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from rollstream.agent.chat import ChatRenderer
 from rollstream.agent.parsing import MalformedToolCall, ToolCall, malformed_call_observation, parse_tool_calls
 from rollstream.agent.session import LLMSession
-from rollstream.episode_settings import AgentSettings
 from rollstream.agent.tools import ToolBox, ToolOutput, call_with_timeout, schema_name, submit_tool_schema
+from rollstream.episode_settings import AgentSettings
 from rollstream.llm.inference_client import BackendError, ContextLengthError
 from rollstream.pipeline.balancer import NoBackendAvailable
 from rollstream.trajectory import FinishReason, Message, ToolCallRecord, Trajectory
@@ -102,7 +103,7 @@ class _Episode:
         t0 = time.monotonic()
         try:
             gen = await asyncio.wait_for(self.llm.generate(ids, params), self.time_left_s())
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise _EpisodeEnd("timeout", "wall time ran out during a model turn") from None
         except ContextLengthError as exc:
             raise _EpisodeEnd("context", exc.reason) from None
@@ -168,7 +169,13 @@ class _Episode:
             elapsed = time.monotonic() - t0
             self.timings["tools_s"] += elapsed
             self.traj.tool_calls.append(
-                ToolCallRecord(name=call.name, arguments=call.arguments, ok=output.ok, duration_ms=elapsed * 1000, error=output.error)
+                ToolCallRecord(
+                    name=call.name,
+                    arguments=call.arguments,
+                    ok=output.ok,
+                    duration_ms=elapsed * 1000,
+                    error=output.error,
+                )
             )
             text = truncate_middle(output.text, self.settings.max_observation_chars) or "(no output)"
             messages.append(_tool_message(call.name, text))
@@ -220,7 +227,9 @@ def _message(message: dict, raw_text: str | None = None) -> Message:
         content = raw_text
     elif not isinstance(content, str):
         content = json.dumps(content) if content is not None else ""
-    return Message(role=message["role"], content=content, tool_calls=message.get("tool_calls"), name=message.get("name"))
+    return Message(
+        role=message["role"], content=content, tool_calls=message.get("tool_calls"), name=message.get("name")
+    )
 
 
 async def run_agent(

@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from importlib import import_module
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from rollstream.agent.door_service import open_harness_door, preset_dirs
 from rollstream.agent.episode import truncate_middle
@@ -87,7 +88,7 @@ class HarnessContext:
         started = time.monotonic()
         try:
             output = await asyncio.wait_for(self.sandbox.call_tool(name, arguments), self.settings.tool_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self.tool_calls.append(ToolCallRecord(name=name, ok=False, error="timeout",
                                                   duration_ms=(time.monotonic() - started) * 1000))
             return f"Error: tool {name} timed out after {self.settings.tool_timeout_s:.0f}s"
@@ -109,7 +110,7 @@ def harness_names() -> list[str]:
     return sorted(set(HARNESSES) | {ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)} | set(all_presets()))
 
 
-@lru_cache(maxsize=None)
+@cache
 def get_harness(name: str) -> Harness:
     target = HARNESSES.get(name)
     if target is None:
@@ -145,7 +146,7 @@ async def run_harness(harness: str, messages: list[dict], tools: list[dict], env
     answer, finish, detail = None, "stop", None
     try:
         answer = await asyncio.wait_for(_call(fn, hctx), settings.max_wall_time_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         finish, detail = "timeout", f"the harness ran past max_wall_time_s={settings.max_wall_time_s:g}"
     except (JobFailed, JobCancelled):
         raise

@@ -139,12 +139,14 @@ class CallRecorder:
         for chain in self.chains:
             if chain.busy or chain.tools_key != key or len(norm) <= len(chain.messages):
                 continue
-            if norm[:len(chain.messages)] == chain.messages and (best is None or len(chain.messages) > len(best.messages)):
+            longer = best is None or len(chain.messages) > len(best.messages)
+            if norm[: len(chain.messages)] == chain.messages and longer:
                 best = chain
         if best is not None:
             try:
-                added = renderer.observation_ids(best.messages, norm[len(best.messages):], best.ended_turn,
-                                                 before=best.rendered)
+                added = renderer.observation_ids(
+                    best.messages, norm[len(best.messages) :], best.ended_turn, before=best.rendered
+                )
             except ChatTemplateError:
                 pass  # a template that is not prefix-stable here: a new, still exact, segment
             else:
@@ -164,7 +166,7 @@ class CallRecorder:
         chain = claim.chain if claim.chain is not None and claim.chain in self.chains else None
         if chain is not None:
             seg = self.segments[chain.segment]
-            added = prompt_ids[len(seg.prompt_ids) + len(seg.response_ids):]
+            added = prompt_ids[len(seg.prompt_ids) + len(seg.response_ids) :]
             seg.response_ids += added
             seg.loss_mask += [0] * len(added)
             seg.logprobs += [0.0] * len(added)
@@ -181,9 +183,14 @@ class CallRecorder:
             self.versions.append(gen.policy_version)
         ended = bool(gen.token_ids) and gen.token_ids[-1] == renderer.end_of_turn_id
         index = chain.segment if chain is not None else len(self.segments) - 1
-        opened = _Open(messages=claim.messages + normalize_messages([reply]), tools_key=key,
-                       ids=list(prompt_ids) + list(gen.token_ids), ended_turn=ended, segment=index,
-                       busy=chain.busy if chain is not None else False)
+        opened = _Open(
+            messages=claim.messages + normalize_messages([reply]),
+            tools_key=key,
+            ids=list(prompt_ids) + list(gen.token_ids),
+            ended_turn=ended,
+            segment=index,
+            busy=chain.busy if chain is not None else False,
+        )
         if chain is not None:
             claim.chain = opened  # released through the claim, like the chain it replaces
         self.chains.append(opened)
@@ -191,9 +198,16 @@ class CallRecorder:
         if len(self.chains) > MAX_OPEN_CHAINS and idle:
             self.chains.remove(idle[0])
         self.last_messages = opened.messages
-        self.calls.append(CallRecord(segment=index, prompt_tokens=len(prompt_ids),
-                                     completion_tokens=len(gen.token_ids), backend=gen.backend,
-                                     finish_reason=gen.finish_reason, extended=chain is not None))
+        self.calls.append(
+            CallRecord(
+                segment=index,
+                prompt_tokens=len(prompt_ids),
+                completion_tokens=len(gen.token_ids),
+                backend=gen.backend,
+                finish_reason=gen.finish_reason,
+                extended=chain is not None,
+            )
+        )
 
     def prepare(self) -> None:
         """Render the open chains' messages ahead of their next calls (one of the two renderings
@@ -210,11 +224,18 @@ class CallRecorder:
     def trajectory(self) -> Trajectory:
         """The episode: every segment, the last one also in the top-level fields."""
         last = self.segments[-1] if self.segments else Segment()
-        traj = Trajectory(prompt_ids=list(last.prompt_ids), response_ids=list(last.response_ids),
-                          loss_mask=list(last.loss_mask), logprobs=list(last.logprobs),
-                          num_turns=len(self.calls), segments=[s.model_copy() for s in self.segments],
-                          messages=[Message(role=m["role"], content=m["content"], tool_calls=m.get("tool_calls"),
-                                            name=m.get("name")) for m in self.last_messages])
+        traj = Trajectory(
+            prompt_ids=list(last.prompt_ids),
+            response_ids=list(last.response_ids),
+            loss_mask=list(last.loss_mask),
+            logprobs=list(last.logprobs),
+            num_turns=len(self.calls),
+            segments=[s.model_copy() for s in self.segments],
+            messages=[
+                Message(role=m["role"], content=m["content"], tool_calls=m.get("tool_calls"), name=m.get("name"))
+                for m in self.last_messages
+            ],
+        )
         traj.policy_version = min(self.versions) if self.versions else 0
         if len(set(self.versions)) > 1:
             traj.extra["policy_versions"] = self.versions

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from rollstream.sandboxes.results import ToolOutput  # the one tool-result model, shared with sandboxes
 
@@ -54,7 +55,7 @@ class FunctionToolBox:
 
     tools: dict[str, tuple[dict, Callable[..., Any]]] = field(default_factory=dict)
 
-    def add(self, schema: dict, fn: Callable[..., str | Awaitable[str]]) -> "FunctionToolBox":
+    def add(self, schema: dict, fn: Callable[..., str | Awaitable[str]]) -> FunctionToolBox:
         self.tools[schema_name(schema)] = (schema, fn)
         return self
 
@@ -103,7 +104,7 @@ async def call_with_timeout(tools: ToolBox, name: str, arguments: dict, timeout_
     """One call bounded in time; a timeout or an exception becomes an error observation."""
     try:
         return await asyncio.wait_for(tools.call(name, arguments), timeout_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return ToolOutput(text=f"Error: tool {name} timed out after {timeout_s:.0f}s", ok=False, error="timeout")
     except asyncio.CancelledError:
         raise

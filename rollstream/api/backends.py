@@ -7,8 +7,14 @@ from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, Field
 
 from rollstream.api.state import Shared
-from rollstream.pipeline.balancer import (BackendStatus, Balancer, add_backend, list_backends, normalize_url,
-                                         remove_backend)
+from rollstream.pipeline.balancer import (
+    BackendStatus,
+    Balancer,
+    add_backend,
+    list_backends,
+    normalize_url,
+    remove_backend,
+)
 
 router = APIRouter(tags=["backends"])
 

@@ -22,7 +22,7 @@ async def health(state: Shared) -> dict:
     full disk under its AOF, a read-only replica, its memory limit, no answer)."""
     try:
         problem = await asyncio.wait_for(redis_problem(state.r, state.keys, terse=True), 2.0)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         problem = "Redis did not answer within 2 s"
     if problem:
         raise HTTPException(503, detail=problem)

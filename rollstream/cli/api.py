@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 from rollstream.cli.common import console, data_dir_option, namespace_option, redis_option, require_redis, settings_from
 
 
-def api(redis: Optional[str] = redis_option(), namespace: Optional[str] = namespace_option(),
-        data_dir: Optional[Path] = data_dir_option(),
+def api(redis: str | None = redis_option(), namespace: str | None = namespace_option(),
+        data_dir: Path | None = data_dir_option(),
         host: str = typer.Option("127.0.0.1", help="Address to listen on; nothing public by default."),
         port: int = typer.Option(8321, help="TCP port to listen on.")):
     """Serve the HTTP API (OpenAPI spec at /openapi.json, docs at /docs)."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Optional
 
 import typer
 from rich.table import Table
@@ -40,7 +39,7 @@ def _check(url: str) -> None:
 
 @app.command()
 def add(url: str = typer.Argument(..., help="Base URL, e.g. http://gpu1:8000"),
-        redis: Optional[str] = redis_option(), namespace: Optional[str] = namespace_option()):
+        redis: str | None = redis_option(), namespace: str | None = namespace_option()):
     """Register a backend (idempotent)."""
     _check(url)
     new = _run(lambda r, ns: add_backend(r, url, ns), redis, namespace)
@@ -48,7 +47,7 @@ def add(url: str = typer.Argument(..., help="Base URL, e.g. http://gpu1:8000"),
 
 
 @app.command("list")
-def list_(redis: Optional[str] = redis_option(), namespace: Optional[str] = namespace_option(),
+def list_(redis: str | None = redis_option(), namespace: str | None = namespace_option(),
           as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts.")):
     """Backends with their in-flight requests and health."""
     rows = _run(list_backends, redis, namespace)
@@ -67,7 +66,7 @@ def list_(redis: Optional[str] = redis_option(), namespace: Optional[str] = name
 
 @app.command()
 def remove(url: str = typer.Argument(..., help="Base URL as registered."),
-           redis: Optional[str] = redis_option(), namespace: Optional[str] = namespace_option()):
+           redis: str | None = redis_option(), namespace: str | None = namespace_option()):
     """Remove a backend; run workers stop sending it new turns."""
     _check(url)
     if not _run(lambda r, ns: remove_backend(r, url, ns), redis, namespace):
@@ -80,7 +79,7 @@ def pause(reason: str = typer.Option("paused by the operator", help="Why; shown 
           ttl_s: float = typer.Option(600.0, help="The pause ends by itself after this long (a forgotten one "
                                                   "never stops training for good)."),
           drain_timeout_s: float = typer.Option(120.0, help="How long the turns in flight may take to finish."),
-          redis: Optional[str] = redis_option(), namespace: Optional[str] = namespace_option()):
+          redis: str | None = redis_option(), namespace: str | None = namespace_option()):
     """Pause generation on every backend: no new model turn starts; returns once the turns in
     flight have finished (what a weight sync does around loading, by itself)."""
     drained_s = _run(lambda r, ns: Balancer(r, namespace=ns).pause(reason, ttl_s=ttl_s,
@@ -90,7 +89,7 @@ def pause(reason: str = typer.Option("paused by the operator", help="Why; shown 
 
 
 @app.command()
-def resume(redis: Optional[str] = redis_option(), namespace: Optional[str] = namespace_option()):
+def resume(redis: str | None = redis_option(), namespace: str | None = namespace_option()):
     """Resume generation after 'backends pause'."""
     resumed = _run(lambda r, ns: Balancer(r, namespace=ns).resume(), redis, namespace)
     console.print("generation resumed" if resumed else "generation was not paused")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -19,11 +18,11 @@ from rollstream.demo.report import print_closing
 from rollstream.demo.run import local_model, quiet_transformers, run_demo
 
 
-def demo(backend: Optional[str] = typer.Option(None, "--backend", help="Use this OpenAI-compatible server "
+def demo(backend: str | None = typer.Option(None, "--backend", help="Use this OpenAI-compatible server "
                                                "(e.g. vLLM) instead of the built-in one; needs --model-dir."),
-         model_dir: Optional[Path] = typer.Option(None, "--model-dir", help="Tokenizer (and, for the built-in "
+         model_dir: Path | None = typer.Option(None, "--model-dir", help="Tokenizer (and, for the built-in "
                                                   "server, weights) of the model; default: the local tiny model."),
-         data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Where the embedded Redis, logs, "
+         data_dir: Path | None = typer.Option(None, "--data-dir", help="Where the embedded Redis, logs, "
                                                  "trajectories and the training run go (default: the data dir)."),
          jobs: int = typer.Option(16, help="Arith rollouts (in groups of --group-size) before training."),
          group_size: int = typer.Option(4, help="Rollouts per arith prompt before training."),

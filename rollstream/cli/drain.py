@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Optional
 
 import typer
 
@@ -37,11 +36,11 @@ async def _drain(url: str, namespace: str, node: str, grace_s: float, worker_ttl
 
 
 def drain(node: str = typer.Argument(..., help="The node's name (its workers' ROLLSTREAM_NODE)."),
-          grace_s: Optional[float] = typer.Option(None, "--grace-s", min=0, help="Seconds the node's workers may "
+          grace_s: float | None = typer.Option(None, "--grace-s", min=0, help="Seconds the node's workers may "
                                                   "finish their jobs before handing the rest back to init "
                                                   "(default: drain_grace_s, 60)."),
           wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait until the node's workers have left."),
-          redis: Optional[str] = redis_option(), namespace: Optional[str] = namespace_option(),
+          redis: str | None = redis_option(), namespace: str | None = namespace_option(),
           as_json: bool = typer.Option(False, "--json", help="Print the outcome as JSON.")):
     """Drain NODE: it takes no new init work, finishes or hands back what it holds within the
     grace time, and leaves the live list ('rollstream status' shows its workers as draining)."""

@@ -29,7 +29,9 @@ def _presets() -> dict[str, presets.Preset]:
 
 
 @app.command("list")
-def list_presets(as_json: bool = typer.Option(False, "--json", help="One JSON object per preset, for scripts.")) -> None:
+def list_presets(
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per preset, for scripts."),
+) -> None:
     """The presets a job may name ("agent": {"harness": NAME}) and where each is installed."""
     found = [presets.describe(p) for p in _presets().values()]
     if as_json:
@@ -40,17 +42,22 @@ def list_presets(as_json: bool = typer.Option(False, "--json", help="One JSON ob
     for row in found:
         host = row["prefix"] if row["host"] else f"no ({row['prefix']}; rollstream harnesses install {row['name']})"
         package = (row["package"] or "") + (f"\n(node {row['node']})" if row.get("node") else "")  # npm: its own node
-        table.add_row(row["name"], package, row["api"], host, "\n".join(row["images"]) or "none",
-                      row["file"])
+        table.add_row(row["name"], package, row["api"], host, "\n".join(row["images"]) or "none", row["file"])
     console.print(table)
 
 
 @app.command()
-def install(name: str = typer.Argument(..., help="The preset's name (rollstream harnesses list)."),
-            image: str | None = typer.Option(None, "--image", help="Build an environment image: this base image "
-                                                "with the preset installed (its tag is printed). Without it, the "
-                                                "preset is installed on this host, where bwrap sandboxes on the "
-                                                "host's own root find it.")) -> None:
+def install(
+    name: str = typer.Argument(..., help="The preset's name (rollstream harnesses list)."),
+    image: str | None = typer.Option(
+        None,
+        "--image",
+        help="Build an environment image: this base image "
+        "with the preset installed (its tag is printed). Without it, the "
+        "preset is installed on this host, where bwrap sandboxes on the "
+        "host's own root find it.",
+    ),
+) -> None:
     """Install a preset once: into an image built from --image, or into its prefix on this host."""
     preset = _presets().get(name)
     if preset is None:

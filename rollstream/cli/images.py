@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 from pydantic import ValidationError
@@ -40,14 +39,22 @@ def _queued(request_id: str, what: str) -> None:
                   "a node's 'rollstream images worker' runs it")
 
 
+IMAGES_DIR_HELP = (
+    "where images go; default $ROLLSTREAM_IMAGES_DIR, else ~/.cache/rollstream/images"
+    " (as root /var/cache/rollstream/images)"
+)
+
 @app.command()
 def pull(
     source: str = typer.Argument(..., help="docker://IMAGE, a .sif file or a rootfs tarball"),
     backend: str = typer.Option("singularity", help="singularity (makes a SIF) or bwrap (unpacks a rootfs folder)"),
-    images_dir: str = typer.Option(None, help="where images go; default $ROLLSTREAM_IMAGES_DIR, else ~/.cache/rollstream/images (as root /var/cache/rollstream/images)"),
+    images_dir: str = typer.Option(
+        None,
+        help=IMAGES_DIR_HELP,
+    ),
     now: bool = typer.Option(False, "--now", help="run here and wait instead of queueing an rq job"),
-    redis: Optional[str] = redis_option(REDIS_HELP),
-    redis_url: Optional[str] = redis_url_alias(),
+    redis: str | None = redis_option(REDIS_HELP),
+    redis_url: str | None = redis_url_alias(),
 ) -> None:
     """Fetch an image for a backend."""
     if backend not in ("singularity", "bwrap"):
@@ -64,20 +71,31 @@ def pull(
 
 @app.command()
 def build(
-    source: str = typer.Argument(..., help="SWE instances (.jsonl/.json: each distinct environment recipe is built "
-                                 "once) or an Apptainer/Singularity definition file"),
-    name: Optional[str] = typer.Argument(None, help="with a definition file: the image name (NAME.sif)"),
-    backend: list[str] = typer.Option(["docker", "bwrap"], "--backend", help="environment images: which artifacts to "
-                                      "make: docker (the engine's image), bwrap (an unpacked rootfs), singularity (a SIF)"),
-    mirror: Optional[str] = typer.Option(None, help="repository mirror; default $ROLLSTREAM_SWE_MIRROR"),
+    source: str = typer.Argument(
+        ...,
+        help="SWE instances (.jsonl/.json: each distinct environment recipe is built "
+        "once) or an Apptainer/Singularity definition file",
+    ),
+    name: str | None = typer.Argument(None, help="with a definition file: the image name (NAME.sif)"),
+    backend: list[str] = typer.Option(
+        ["docker", "bwrap"],
+        "--backend",
+        help="environment images: which artifacts to "
+        "make: docker (the engine's image), bwrap (an unpacked rootfs), singularity (a SIF)",
+    ),
+    mirror: str | None = typer.Option(None, help="repository mirror; default $ROLLSTREAM_SWE_MIRROR"),
     force: bool = typer.Option(False, "--force", help="rebuild even when cached"),
-    images_dir: str = typer.Option(None, help="where images go; default $ROLLSTREAM_IMAGES_DIR, else ~/.cache/rollstream/images (as root /var/cache/rollstream/images)"),
+    images_dir: str = typer.Option(
+        None,
+        help=IMAGES_DIR_HELP,
+    ),
     now: bool = typer.Option(False, "--now", help="run here and wait instead of queueing an rq job"),
     as_json: bool = typer.Option(False, "--json", help="with --now: print what was built as JSON"),
-    redis: Optional[str] = redis_option(REDIS_HELP),
-    redis_url: Optional[str] = redis_url_alias(),
+    redis: str | None = redis_option(REDIS_HELP),
+    redis_url: str | None = redis_url_alias(),
 ) -> None:
-    """Build environment images for SWE instances (once per recipe, cached by content), or a SIF from a definition file."""
+    """Build environment images for SWE instances (once per recipe, cached by content),
+    or a SIF from a definition file."""
     if source.endswith((".jsonl", ".json")):
         _build_environments(source, tuple(backend), mirror, images_dir, force, now, as_json, redis, redis_url)
         return
@@ -89,13 +107,23 @@ def build(
         return
     if images_dir is not None:
         raise typer.BadParameter(WORKER_OWNS.format(flag="--images-dir"))
-    request_id = image_jobs.enqueue(_redis_url(redis, redis_url),
-                                    image_jobs.SifBuildRequest(definition=source, name=name))
+    request_id = image_jobs.enqueue(
+        _redis_url(redis, redis_url), image_jobs.SifBuildRequest(definition=source, name=name)
+    )
     _queued(request_id, f"build {name}")
 
 
-def _build_environments(source: str, backends: tuple[str, ...], mirror: str | None, images_dir: str | None,
-                        force: bool, now: bool, as_json: bool, redis: str | None, redis_url: str | None) -> None:
+def _build_environments(
+    source: str,
+    backends: tuple[str, ...],
+    mirror: str | None,
+    images_dir: str | None,
+    force: bool,
+    now: bool,
+    as_json: bool,
+    redis: str | None,
+    redis_url: str | None,
+) -> None:
     unknown = set(backends) - {"docker", "bwrap", "singularity"}
     if unknown:
         raise typer.BadParameter(f"--backend takes docker, bwrap or singularity, not {sorted(unknown)}")
@@ -112,8 +140,13 @@ def _build_environments(source: str, backends: tuple[str, ...], mirror: str | No
             return
         table = Table("image", "built now", "seconds", "rootfs", "instances")
         for entry in built:
-            table.add_row(entry["tag"], str(entry["built"]), f"{entry['build_s']:.1f}", entry["rootfs"] or "-",
-                          ", ".join(entry["instances"]))
+            table.add_row(
+                entry["tag"],
+                str(entry["built"]),
+                f"{entry['build_s']:.1f}",
+                entry["rootfs"] or "-",
+                ", ".join(entry["instances"]),
+            )
         console.print(table)
         return
     for flag, value in (("--mirror", mirror), ("--images-dir", images_dir)):
@@ -122,21 +155,30 @@ def _build_environments(source: str, backends: tuple[str, ...], mirror: str | No
     url = _redis_url(redis, redis_url)
     for instance in instances:
         request = image_jobs.EnvironmentsRequest.model_validate(
-            {"instances": [instance], "backends": list(backends), "force": force})
+            {"instances": [instance], "backends": list(backends), "force": force}
+        )
         _queued(image_jobs.enqueue(url, request), f"environment of {instance.get('instance_id')}")
 
 
 @app.command()
 def worker(
-    images_dir: str = typer.Option(None, help="where images go; default $ROLLSTREAM_IMAGES_DIR, else ~/.cache/rollstream/images (as root /var/cache/rollstream/images)"),
-    mirror: Optional[str] = typer.Option(None, help="repository mirror of environment builds; "
-                                         "default $ROLLSTREAM_SWE_MIRROR"),
-    source_dir: list[str] = typer.Option([], "--source-dir", help="a folder queued pulls may take local tarballs and "
-                                         "SIFs (and SIF builds their definition files) from; repeatable; none by "
-                                         "default: registry URIs only"),
+    images_dir: str = typer.Option(
+        None,
+        help=IMAGES_DIR_HELP,
+    ),
+    mirror: str | None = typer.Option(
+        None, help="repository mirror of environment builds; default $ROLLSTREAM_SWE_MIRROR"
+    ),
+    source_dir: list[str] = typer.Option(
+        [],
+        "--source-dir",
+        help="a folder queued pulls may take local tarballs and "
+        "SIFs (and SIF builds their definition files) from; repeatable; none by "
+        "default: registry URIs only",
+    ),
     burst: bool = typer.Option(False, "--burst", help="stop once no request is waiting"),
-    redis: Optional[str] = redis_option(REDIS_HELP),
-    redis_url: Optional[str] = redis_url_alias(),
+    redis: str | None = redis_option(REDIS_HELP),
+    redis_url: str | None = redis_url_alias(),
 ) -> None:
     """Run queued image requests on this node: pulls, SIF builds and environment images.
 
@@ -153,8 +195,8 @@ def worker(
 @app.command()
 def result(
     request_id: str = typer.Argument(..., help="the id 'rollstream images pull|build' printed"),
-    redis: Optional[str] = redis_option(REDIS_HELP),
-    redis_url: Optional[str] = redis_url_alias(),
+    redis: str | None = redis_option(REDIS_HELP),
+    redis_url: str | None = redis_url_alias(),
 ) -> None:
     """Print a queued request's outcome as JSON (status finished, failed or refused), or say it is waiting."""
     outcome = image_jobs.result(_redis_url(redis, redis_url), request_id)
@@ -166,7 +208,10 @@ def result(
 
 @app.command("list")
 def list_(
-    images_dir: str = typer.Option(None, help="where images are; default $ROLLSTREAM_IMAGES_DIR, else ~/.cache/rollstream/images (as root /var/cache/rollstream/images)"),
+    images_dir: str = typer.Option(
+        None,
+        help=IMAGES_DIR_HELP.replace("go;", "are;"),
+    ),
     as_json: bool = typer.Option(False, "--json", help="print JSON for scripts"),
 ) -> None:
     """List prepared images."""

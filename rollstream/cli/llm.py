@@ -41,7 +41,9 @@ def serve_model_command(
     if logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
         raise typer.BadParameter("use raw_logprobs or processed_logprobs", param_hint="--logprobs-mode")
     if not model.is_dir():
-        raise typer.BadParameter(f"{model} is not a folder; build one with `rollstream tiny-model DIR`", param_hint="--model")
+        raise typer.BadParameter(
+            f"{model} is not a folder; build one with `rollstream tiny-model DIR`", param_hint="--model"
+        )
     logging.basicConfig(level=log_level.upper(), format="%(message)s")
     redis_url, namespace = None, "rs"
     if register:
@@ -49,8 +51,11 @@ def serve_model_command(
         redis_url, namespace = settings.redis_url, settings.namespace
         logging.getLogger(registration.__name__).setLevel(logging.INFO)  # the "registered ..." line
     url = advertise_url or f"http://{host}:{port}"
-    typer.echo(f"serving {model} on {url} (loading the model; ready when /health answers"
-               + (", then 'registered' below)" if register else ")"), err=True)
+    typer.echo(
+        f"serving {model} on {url} (loading the model; ready when /health answers"
+        + (", then 'registered' below)" if register else ")"),
+        err=True,
+    )
     serve_model(
         model,
         host=host,

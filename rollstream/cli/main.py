@@ -9,14 +9,21 @@ import asyncio
 import json
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.live import Live
 
 from rollstream.cli import api, backends, demo, drain, harnesses, images, llm, sandboxes, submit, train, up
-from rollstream.cli.common import (console, data_dir_option, namespace_option, redis_option, require_redis,
-                                   settings_from, setup_logging, verbose_option)
+from rollstream.cli.common import (
+    console,
+    data_dir_option,
+    namespace_option,
+    redis_option,
+    require_redis,
+    settings_from,
+    setup_logging,
+    verbose_option,
+)
 from rollstream.cli.status_view import rate_sampler, render
 from rollstream.pipeline.embedded import EmbeddedRedis, embedded_dir
 from rollstream.workers.process import run_worker
@@ -27,8 +34,10 @@ app = typer.Typer(help="rollstream: rollout-as-a-service for RL of multi-turn LL
 
 
 @app.command()
-def redis(data_dir: Optional[Path] = data_dir_option(), port: int = typer.Option(0, help="Also listen on this "
-                                                                              "TCP port on 127.0.0.1 (0 = unix socket only).")):
+def redis(
+    data_dir: Path | None = data_dir_option(),
+    port: int = typer.Option(0, help="Also listen on this TCP port on 127.0.0.1 (0 = unix socket only)."),
+):
     """Start the embedded redis-server alone (AOF on) and wait; prints its URL."""
     settings = settings_from(data_dir=data_dir)
     server = EmbeddedRedis(embedded_dir(settings.data_dir), port=port).start()
@@ -43,14 +52,20 @@ def redis(data_dir: Optional[Path] = data_dir_option(), port: int = typer.Option
 
 
 @app.command()
-def worker(stage: str = typer.Argument(..., help="init, run or eval"),
-           concurrency: int = typer.Option(64, help="Jobs in flight in this process."),
-           redis: Optional[str] = redis_option(), namespace: Optional[str] = namespace_option(),
-           data_dir: Optional[Path] = data_dir_option(),
-           node: Optional[str] = typer.Option(None, help="Node name (default: host name)."),
-           model_dir: Optional[Path] = typer.Option(None, "--model-dir", help="Tokenizer folder of the served "
-                                                    "model (run workers of LLM tasks); default $ROLLSTREAM_MODEL_DIR."),
-           verbose: bool = verbose_option()):
+def worker(
+    stage: str = typer.Argument(..., help="init, run or eval"),
+    concurrency: int = typer.Option(64, help="Jobs in flight in this process."),
+    redis: str | None = redis_option(),
+    namespace: str | None = namespace_option(),
+    data_dir: Path | None = data_dir_option(),
+    node: str | None = typer.Option(None, help="Node name (default: host name)."),
+    model_dir: Path | None = typer.Option(
+        None,
+        "--model-dir",
+        help="Tokenizer folder of the served model (run workers of LLM tasks); default $ROLLSTREAM_MODEL_DIR.",
+    ),
+    verbose: bool = verbose_option(),
+):
     """Run one stage's worker process (asyncio, CONCURRENCY jobs in flight) until SIGTERM."""
     setup_logging(verbose)
     settings = settings_from(redis, namespace, data_dir, node)
@@ -61,9 +76,12 @@ def worker(stage: str = typer.Argument(..., help="init, run or eval"),
 
 
 @app.command()
-def status(redis: Optional[str] = redis_option(), namespace: Optional[str] = namespace_option(),
-           as_json: bool = typer.Option(False, "--json", help="Print one JSON snapshot."),
-           watch: bool = typer.Option(False, "--watch", help="Redraw every second until Ctrl-C.")):
+def status(
+    redis: str | None = redis_option(),
+    namespace: str | None = namespace_option(),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON snapshot."),
+    watch: bool = typer.Option(False, "--watch", help="Redraw every second until Ctrl-C."),
+):
     """Streams, pending messages, consumers, workers, throughput and dead letters."""
     settings = require_redis(settings_from(redis, namespace), "status")
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -33,7 +32,7 @@ def _root(root_dir: str | None, namespace: str | None) -> str:
 @app.command("list")
 def list_sandboxes(
     root_dir: str = typer.Option(None, help=ROOT_HELP),
-    namespace: Optional[str] = namespace_option(),
+    namespace: str | None = namespace_option(),
     as_json: bool = typer.Option(False, "--json", help="print JSON for scripts"),
 ) -> None:
     """List the sandboxes of this node."""
@@ -51,7 +50,7 @@ def list_sandboxes(
 @app.command()
 def reap(
     root_dir: str = typer.Option(None, help=ROOT_HELP),
-    namespace: Optional[str] = namespace_option(),
+    namespace: str | None = namespace_option(),
     all_: bool = typer.Option(False, "--all", help="also destroy running sandboxes (default: only dead leftovers)"),
 ) -> None:
     """Clean up crashed sandboxes' leftovers (and with --all, every sandbox)."""
@@ -62,7 +61,7 @@ def reap(
 @app.command("forkserver")
 def forkserver_command(
     root_dir: str = typer.Option(None, help=ROOT_HELP),
-    namespace: Optional[str] = namespace_option(),
+    namespace: str | None = namespace_option(),
     start: bool = typer.Option(False, "--start", help="start it now (create_sandbox otherwise does, once)"),
     stop: bool = typer.Option(False, "--stop", help="stop it; its sandboxes live on"),
 ) -> None:
@@ -77,4 +76,6 @@ def forkserver_command(
     if start and asyncio.run(supervisor_spawn.ping_fork_server(root)) is None:
         asyncio.run(supervisor_spawn.start_fork_server(root))
     pid = asyncio.run(supervisor_spawn.ping_fork_server(root))
-    console.print(f"fork server pid {pid} at {supervisor_spawn.socket_path(root)}" if pid else f"no fork server in {root}")
+    console.print(
+        f"fork server pid {pid} at {supervisor_spawn.socket_path(root)}" if pid else f"no fork server in {root}"
+    )

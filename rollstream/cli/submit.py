@@ -9,13 +9,11 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from rollstream.cli.common import (console, fail, namespace_option, redis_option, require_redis,
-                                   settings_from)
+from rollstream.cli.common import console, fail, namespace_option, redis_option, require_redis, settings_from
 from rollstream.client import AsyncClient
 from rollstream.errors import InvalidJob, JobFailed, RedisUnavailable
 from rollstream.messages import Result
@@ -125,14 +123,14 @@ def submit(
                                 "or openenv:PATH[:JSON-FIELDS], an OpenEnv environment folder (one job, or one per "
                                 "reset seed of \"seeds\": [...]), or nemo-gym:SERVER:DATASET.jsonl, one job per "
                                 "row of a NeMo Gym resources server's dataset."),
-    redis: Optional[str] = redis_option(), namespace: Optional[str] = namespace_option(),
+    redis: str | None = redis_option(), namespace: str | None = namespace_option(),
     group_size: int = typer.Option(1, "--group-size", "-n", min=1, help="Submit each line as a group of N jobs."),
     wait: bool = typer.Option(False, "--wait", help="Show progress, print each result as a JSON line as it "
                               "arrives; exit 1 if any job failed or was cancelled."),
-    submitter: Optional[str] = typer.Option(None, "--submitter", help="Results stream name (default: random)."),
+    submitter: str | None = typer.Option(None, "--submitter", help="Results stream name (default: random)."),
     timeout_s: float = typer.Option(600.0, "--timeout-s", help="With --wait: the deadline, in seconds from "
                                     "submission, for all results (exit 3 past it; the jobs keep running)."),
-    priority: Optional[int] = typer.Option(None, "--priority", min=0, max=100, help="0-100, higher first "
+    priority: int | None = typer.Option(None, "--priority", min=0, max=100, help="0-100, higher first "
                                            "(default: a line's own \"priority\", else 50); queued jobs are "
                                            "served by queue time + (100 - priority) * ROLLSTREAM_PRIORITY_AGING_S, "
                                            "so none starves."),
@@ -172,13 +170,13 @@ def submit(
 
 
 def cancel(
-    job: Optional[str] = typer.Option(None, "--job", help="Cancel this job id."),
-    group: Optional[str] = typer.Option(None, "--group", help="Cancel every job of this group id."),
-    submitter: Optional[str] = typer.Option(None, "--submitter", help="Cancel every job this submitter "
+    job: str | None = typer.Option(None, "--job", help="Cancel this job id."),
+    group: str | None = typer.Option(None, "--group", help="Cancel every job of this group id."),
+    submitter: str | None = typer.Option(None, "--submitter", help="Cancel every job this submitter "
                                             "has queued or running."),
     everything: bool = typer.Option(False, "--all", help="Cancel every job of every submitter in the "
                                     "namespace."),
-    redis: Optional[str] = redis_option(), namespace: Optional[str] = namespace_option(),
+    redis: str | None = redis_option(), namespace: str | None = namespace_option(),
 ) -> None:
     """Cancel jobs; each cancelled job still yields one result, with status 'cancelled'."""
     if not (job or group or submitter or everything):

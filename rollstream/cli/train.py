@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -15,9 +14,9 @@ from rollstream.trainer.config import TrainConfig
 
 def train_command(
     config: Path = typer.Argument(..., exists=True, dir_okay=False, help="TOML train config (see README 'Training')"),
-    steps: Optional[int] = typer.Option(None, help="override: training steps"),
-    output_dir: Optional[Path] = typer.Option(None, help="override: run folder (checkpoints, metrics, weights)"),
-    redis: Optional[str] = typer.Option(None, "--redis", help="override: Redis URL (else the config's, else $REDIS_URL)"),
+    steps: int | None = typer.Option(None, help="override: training steps"),
+    output_dir: Path | None = typer.Option(None, help="override: run folder (checkpoints, metrics, weights)"),
+    redis: str | None = typer.Option(None, "--redis", help="override: Redis URL (else the config's, else $REDIS_URL)"),
     resume: bool = typer.Option(True, help="continue from the newest checkpoint in the run folder"),
     as_json: bool = typer.Option(False, "--json", help="print the summary as JSON"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="debug logging"),

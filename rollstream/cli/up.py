@@ -6,23 +6,29 @@ from __future__ import annotations
 import asyncio
 import signal
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.live import Live
 from rich.markup import escape
 
-from rollstream.cli.common import (console, data_dir_option, fail, namespace_option, redis_for, redis_option,
-                                   settings_from)
+from rollstream.cli.common import (
+    console,
+    data_dir_option,
+    fail,
+    namespace_option,
+    redis_for,
+    redis_option,
+    settings_from,
+)
 from rollstream.cli.status_view import rate_sampler, render
 from rollstream.workers.pool import WorkerPool, WorkerProcessExited
 
 
-def up(redis: Optional[str] = redis_option("Redis URL; default $REDIS_URL, else an embedded redis-server "
+def up(redis: str | None = redis_option("Redis URL; default $REDIS_URL, else an embedded redis-server "
                                            "in the data folder (started here, or shared if one runs)."),
-       namespace: Optional[str] = namespace_option(),
-       data_dir: Optional[Path] = data_dir_option(),
-       model_dir: Optional[Path] = typer.Option(None, "--model-dir", help="Tokenizer folder of the served "
+       namespace: str | None = namespace_option(),
+       data_dir: Path | None = data_dir_option(),
+       model_dir: Path | None = typer.Option(None, "--model-dir", help="Tokenizer folder of the served "
                                                 "model, which run workers of LLM tasks (arith, math, code, swe) "
                                                 "need; default $ROLLSTREAM_MODEL_DIR."),
        processes: int = typer.Option(1, help="Processes per stage."),
@@ -64,7 +70,7 @@ def up(redis: Optional[str] = redis_option("Redis URL; default $REDIS_URL, else 
                     try:
                         await asyncio.wait_for(stop.wait(), 1.0)
                         break
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         pass
             await gen.aclose()
 

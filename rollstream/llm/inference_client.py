@@ -355,18 +355,24 @@ class VLLMClient(_HTTPBackend):
         lp = choice.get("logprobs") or {}
         token_logprobs = lp.get("token_logprobs")
         if token_logprobs is None:
-            raise BackendError(base_url, "vllm response has no logprobs; is 'logprobs' disabled on the server?", retryable=False)
+            raise BackendError(
+                base_url, "vllm response has no logprobs; is 'logprobs' disabled on the server?", retryable=False
+            )
         token_ids = choice.get("token_ids")
         if token_ids is None:
             try:
                 token_ids = [_parse_token_id(t) for t in lp.get("tokens") or []]
             except ValueError as exc:
                 raise BackendError(
-                    base_url, f"cannot recover token ids ({exc}); upgrade vLLM to >= 0.10.2 for return_token_ids", retryable=False
+                    base_url,
+                    f"cannot recover token ids ({exc}); upgrade vLLM to >= 0.10.2 for return_token_ids",
+                    retryable=False,
                 ) from exc
         if len(token_ids) != len(token_logprobs):
             raise BackendError(
-                base_url, f"{len(token_ids)} token ids but {len(token_logprobs)} logprobs in the response", retryable=False
+                base_url,
+                f"{len(token_ids)} token ids but {len(token_logprobs)} logprobs in the response",
+                retryable=False,
             )
         usage = body.get("usage") or {}
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
@@ -393,8 +399,14 @@ class VLLMClient(_HTTPBackend):
         data = await self._request("POST", f"{base_url}/v1/completions", base_url, timeout_s, json=body)
         return self.parse_response(base_url, data)
 
-    async def generate_stream(self, base_url: str, prompt_ids: list[int], params: SamplingParams,
-                              on_tokens: TokensCallback, timeout_s: float | None = None) -> Generation:
+    async def generate_stream(
+        self,
+        base_url: str,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        on_tokens: TokensCallback,
+        timeout_s: float | None = None,
+    ) -> Generation:
         """``generate`` streamed (stream=true): ``on_tokens`` gets each chunk's ids and logprobs
         as the backend sends them; the Generation returned is the whole turn, as ``generate``'s."""
         base_url = base_url.rstrip("/")
@@ -404,9 +416,12 @@ class VLLMClient(_HTTPBackend):
         assembly = StreamAssembly(base_url)
         try:
             async with asyncio.timeout(total):
-                async with self._http().stream("POST", f"{base_url}/v1/completions", json=body,
-                                               timeout=httpx.Timeout(total, connect=min(CONNECT_TIMEOUT_S, total))
-                                               ) as resp:
+                async with self._http().stream(
+                    "POST",
+                    f"{base_url}/v1/completions",
+                    json=body,
+                    timeout=httpx.Timeout(total, connect=min(CONNECT_TIMEOUT_S, total)),
+                ) as resp:
                     if resp.status_code >= 400:
                         await resp.aread()
                         raise_for_error_status(self.kind, base_url, resp)
@@ -457,7 +472,9 @@ class SGLangClient(_HTTPBackend):
             raise BackendError(base_url, f"sglang response has no meta_info: {body!r:.300}", retryable=False)
         triples = meta.get("output_token_logprobs")
         if triples is None:
-            raise BackendError(base_url, "sglang response has no output_token_logprobs; send return_logprob", retryable=False)
+            raise BackendError(
+                base_url, "sglang response has no output_token_logprobs; send return_logprob", retryable=False
+            )
         logprobs = [float("-inf") if t[0] is None else float(t[0]) for t in triples]
         token_ids = body.get("output_ids")
         if token_ids is None:

@@ -6,11 +6,11 @@ reached the demo's terminal. Code that passes or reads a cache goes through thes
 from __future__ import annotations
 
 import inspect
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 
-@lru_cache(maxsize=None)
+@cache
 def _cache_argument(model_class: type) -> str:
     parameters = inspect.signature(model_class.forward).parameters
     return "cache" if "cache" in parameters else "past_key_values"

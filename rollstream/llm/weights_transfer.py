@@ -14,8 +14,8 @@ import os
 import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:  # torch is imported where weights move: the CLI and a base install (no torch) import this module
@@ -132,7 +132,8 @@ class MappedWriter:
         with torch.no_grad():
             for tensor, (start, end) in zip(tensors.values(), spans):
                 if end > start:
-                    whole[data_start + start:data_start + end].copy_(tensor.detach().contiguous().reshape(-1).view(torch.uint8))
+                    flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+                    whole[data_start + start : data_start + end].copy_(flat)
         del whole
 
     def close(self) -> None:
@@ -144,11 +145,12 @@ class MappedWriter:
 def _write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data).cast("B")
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def _pinned_staging(tensors: dict[str, torch.Tensor]) -> torch.Tensor | None:
     import torch
+
     on_gpu = [t for t in tensors.values() if t.device.type == "cuda"]
     if not on_gpu:
         return None
@@ -180,6 +182,7 @@ def mapped_safetensors(folder: Path) -> Iterator[dict[str, torch.Tensor]]:
     (no copy; the pages are faulted in by the kernel up front). Every file is checked against
     its header before anything is yielded: a file cut short is refused, not half-read."""
     import torch
+
     tensors: dict[str, torch.Tensor] = {}
     for file in sorted(Path(folder).glob("*.safetensors")):
         fd = os.open(file, os.O_RDONLY)
@@ -197,7 +200,7 @@ def mapped_safetensors(folder: Path) -> Iterator[dict[str, torch.Tensor]]:
         for name, entry in header.items():
             start, end = entry["data_offsets"]
             dtype, shape = _dtypes()[1][entry["dtype"]], entry["shape"]
-            raw = whole[data_start + start:data_start + end]
+            raw = whole[data_start + start : data_start + end]
             if (data_start + start) % dtype.itemsize:
                 raw = raw.clone()  # a tensor after an odd-sized one: align it (rare, small)
             tensors[name] = raw.view(dtype).reshape(shape)
@@ -225,6 +228,7 @@ class Placement:
 
 def placement(device: torch.device | str = "cpu") -> Placement:
     import torch
+
     device = torch.device(device)
     try:
         boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
@@ -253,8 +257,7 @@ def choose_transfer(requested: Transfer, trainer: Placement, servers: list[Place
     if not servers or len(known) < len(servers) or not trainer.boot_id:
         return "disk"
     same_host = all(s.boot_id == trainer.boot_id for s in known)
-    if (same_host and trainer.gpu_uuid is not None
-            and all(s.gpu_uuid == trainer.gpu_uuid for s in known)):
+    if same_host and trainer.gpu_uuid is not None and all(s.gpu_uuid == trainer.gpu_uuid for s in known):
         return "cuda_ipc"
     if same_host and trainer.shm is not None and all(s.shm == trainer.shm for s in known):
         return "shm"
@@ -275,13 +278,40 @@ def export_cuda_ipc(tensors: dict[str, torch.Tensor]) -> dict[str, dict[str, Any
     for name, tensor in tensors.items():
         if tensor.device.type != "cuda":
             raise WeightsFileError(f"tensor {name} is on {tensor.device}; CUDA IPC carries GPU tensors only")
-        (_, (_, size, stride, offset, _, dtype, device, handle, storage_bytes, storage_offset_bytes, _,
-             ref_handle, ref_offset, event_handle, event_sync)) = reduce_tensor(tensor.detach())
-        out[name] = {"size": list(size), "stride": list(stride), "offset": offset,
-                     "dtype": str(dtype).removeprefix("torch."), "device": device, "handle": b64(handle),
-                     "storage_bytes": storage_bytes, "storage_offset_bytes": storage_offset_bytes,
-                     "ref_handle": b64(ref_handle), "ref_offset": ref_offset, "event_handle": b64(event_handle),
-                     "event_sync": bool(event_sync)}
+        (
+            _,
+            (
+                _,
+                size,
+                stride,
+                offset,
+                _,
+                dtype,
+                device,
+                handle,
+                storage_bytes,
+                storage_offset_bytes,
+                _,
+                ref_handle,
+                ref_offset,
+                event_handle,
+                event_sync,
+            ),
+        ) = reduce_tensor(tensor.detach())
+        out[name] = {
+            "size": list(size),
+            "stride": list(stride),
+            "offset": offset,
+            "dtype": str(dtype).removeprefix("torch."),
+            "device": device,
+            "handle": b64(handle),
+            "storage_bytes": storage_bytes,
+            "storage_offset_bytes": storage_offset_bytes,
+            "ref_handle": b64(ref_handle),
+            "ref_offset": ref_offset,
+            "event_handle": b64(event_handle),
+            "event_sync": bool(event_sync),
+        }
     return out
 
 
@@ -303,10 +333,22 @@ def cuda_ipc_tensors(handles: dict[str, dict[str, Any]]) -> Iterator[dict[str, t
         if h["dtype"] not in _dtypes()[2]:
             raise WeightsFileError(f"tensor {name}: dtype {h['dtype']!r} cannot be carried")
         tensors[name] = rebuild_cuda_tensor(
-            torch.Tensor, torch.Size(h["size"]), tuple(h["stride"]), int(h["offset"]), torch.UntypedStorage,
-            _dtypes()[2][h["dtype"]], int(h["device"]), raw(h["handle"]), int(h["storage_bytes"]),
-            int(h["storage_offset_bytes"]), False, raw(h["ref_handle"]), int(h["ref_offset"]),
-            raw(h["event_handle"]), bool(h["event_sync"]))
+            torch.Tensor,
+            torch.Size(h["size"]),
+            tuple(h["stride"]),
+            int(h["offset"]),
+            torch.UntypedStorage,
+            _dtypes()[2][h["dtype"]],
+            int(h["device"]),
+            raw(h["handle"]),
+            int(h["storage_bytes"]),
+            int(h["storage_offset_bytes"]),
+            False,
+            raw(h["ref_handle"]),
+            int(h["ref_offset"]),
+            raw(h["event_handle"]),
+            bool(h["event_sync"]),
+        )
     try:
         yield tensors
     finally:

@@ -51,9 +51,7 @@ def _with_c_packer(cls: type) -> type:
     class FastPacking(cls):  # type: ignore[misc, valid-type]
         def pack_command(self, *args):
             first = args[0]
-            if isinstance(first, str) and " " in first:
-                args = (*first.split(), *args[1:])
-            elif isinstance(first, bytes) and b" " in first:
+            if isinstance(first, str) and " " in first or isinstance(first, bytes) and b" " in first:
                 args = (*first.split(), *args[1:])
             return [hiredis.pack_command(args)]
 

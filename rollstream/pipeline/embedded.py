@@ -83,7 +83,7 @@ class EmbeddedRedis:
         except (redis.RedisError, OSError):
             return False
 
-    def start(self, timeout_s: float = 10.0) -> "EmbeddedRedis":
+    def start(self, timeout_s: float = 10.0) -> EmbeddedRedis:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if self._answers():
             log.info("reusing the redis-server already serving %s", self.socket_path)
@@ -141,7 +141,7 @@ class EmbeddedRedis:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
 
-    def __enter__(self) -> "EmbeddedRedis":
+    def __enter__(self) -> EmbeddedRedis:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -92,7 +92,7 @@ class FastRedis:
         self._corked = False
 
     @classmethod
-    def from_client(cls, client: aioredis.Redis) -> "FastRedis | None":
+    def from_client(cls, client: aioredis.Redis) -> FastRedis | None:
         """A fast connection with ``client``'s address and credentials, or None where it
         cannot be had (TLS, or no hiredis packer): callers then keep using redis-py."""
         pool = client.connection_pool
@@ -121,7 +121,7 @@ class FastRedis:
                 else:
                     coro = loop.create_connection(lambda: proto, self.host, self.port)
                 await asyncio.wait_for(coro, 10)
-            except (OSError, asyncio.TimeoutError, _ssl.SSLError) as exc:
+            except (TimeoutError, OSError, _ssl.SSLError) as exc:
                 raise redis.ConnectionError(f"cannot connect to Redis at {self.path or f'{self.host}:{self.port}'}: "
                                             f"{exc}") from exc
             self._proto = proto

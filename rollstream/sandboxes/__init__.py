@@ -43,7 +43,9 @@ def __getattr__(name: str):
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'rollstream.sandboxes' has no attribute {name!r}")
-    return getattr(importlib.import_module(module if module.startswith("rollstream.") else f".{module}", __name__), name)
+    return getattr(
+        importlib.import_module(module if module.startswith("rollstream.") else f".{module}", __name__), name
+    )
 
 
 if TYPE_CHECKING:
@@ -53,6 +55,6 @@ if TYPE_CHECKING:
     from .lifecycle import create_sandbox, destroy_sandbox
     from .reaper import Reaper, become_subreaper
     from .results import BashResult, EditResult, IPythonResult, ToolOutput
-    from .sandbox_client import SandboxClient
     from .roots import default_root_dir
+    from .sandbox_client import SandboxClient
     from .tools import call_tool, tool_schemas

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -67,7 +67,7 @@ class EnvironmentsRequest(BaseModel):
     force: bool = False
 
 
-ImageRequest = Annotated[Union[PullRequest, SifBuildRequest, EnvironmentsRequest], Field(discriminator="kind")]
+ImageRequest = Annotated[PullRequest | SifBuildRequest | EnvironmentsRequest, Field(discriminator="kind")]
 _REQUEST = TypeAdapter(ImageRequest)
 
 

@@ -65,7 +65,9 @@ def _unpack_tarball(tarball: str, destination: str) -> None:
     os.replace(partial, destination)
 
 
-def pull_image(source: str, backend: ImageBackend = "singularity", images_dir: str | None = None, force: bool = False) -> str:
+def pull_image(
+    source: str, backend: ImageBackend = "singularity", images_dir: str | None = None, force: bool = False
+) -> str:
     """Fetch or unpack `source` for `backend`; returns the SIF path or the rootfs folder."""
     images_dir = images_folder(images_dir)
     name = image_name(source)
@@ -107,8 +109,11 @@ def export_rootfs(image: str, images_dir: str | None = None, force: bool = False
     if os.path.isdir(target) and not force:
         return target
     env = _docker_env()
-    container = subprocess.run(["docker", "create", image, "true"], check=True, capture_output=True, text=True,
-                               env=env).stdout.strip().splitlines()[-1]
+    container = (
+        subprocess.run(["docker", "create", image, "true"], check=True, capture_output=True, text=True, env=env)
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     tarball = f"{target}.{os.getpid()}.tar"
     try:
         subprocess.run(["docker", "export", "--output", tarball, container], check=True, capture_output=True, env=env)
@@ -156,9 +161,14 @@ def sif_from_engine_image(image: str, images_dir: str | None = None, force: bool
     images_folder(os.path.dirname(target))
     archive = f"{target}.{os.getpid()}.oci.tar"
     try:
-        subprocess.run(["docker", "save", "--format", "oci-archive", "--output", archive, image]
-                       if shutil.which("podman") else ["docker", "save", "--output", archive, image],
-                       check=True, capture_output=True, env=_docker_env())
+        subprocess.run(
+            ["docker", "save", "--format", "oci-archive", "--output", archive, image]
+            if shutil.which("podman")
+            else ["docker", "save", "--output", archive, image],
+            check=True,
+            capture_output=True,
+            env=_docker_env(),
+        )
         subprocess.run(sif_build_argv(image, target + ".partial", archive), check=True, capture_output=True)
         os.replace(target + ".partial", target)
     finally:

@@ -21,8 +21,8 @@ from .backends import SandboxLayout, select_backend
 from .backends.common import write_plan
 from .errors import SandboxError, SandboxGone, SandboxSetupError, SandboxStartError
 from .reaper import reap_finished_children, teardown
-from .runtime.supervisor import remove_tree
 from .roots import default_root_dir, ensure_root
+from .runtime.supervisor import remove_tree
 from .sandbox_client import SandboxClient
 from .supervisor_spawn import ForkServerUnavailable, spawn_direct, spawn_supervisor
 
@@ -187,7 +187,7 @@ async def destroy_sandbox(handle: SandboxHandle | dict, timeout_s: float = 30.0)
             # The supervisor closes our connection only by exiting, after its teardown.
             assert client._read_task is not None
             await asyncio.wait_for(asyncio.shield(client._read_task), timeout_s)
-        except (SandboxGone, asyncio.TimeoutError):
+        except (TimeoutError, SandboxGone):
             log.warning("sandbox %s did not shut down cleanly; killing it", handle.id)
         finally:
             await client.close()

@@ -60,7 +60,7 @@ class OverridePolicy:
     image_folders: tuple[str, ...] = ()  # empty: the image cache alone
 
     @classmethod
-    def from_settings(cls, settings: Any) -> "OverridePolicy":
+    def from_settings(cls, settings: Any) -> OverridePolicy:
         return cls(tuple(settings.sandbox_job_overrides), bool(settings.sandbox_job_may_raise_limits),
                    tuple(settings.sandbox_images), tuple(str(f) for f in settings.sandbox_image_folders))
 

@@ -30,13 +30,13 @@ class SandboxClient:
         self._read_task: asyncio.Task | None = None
         self._closed_error: Exception | None = None
 
-    async def connect(self) -> "SandboxClient":
+    async def connect(self) -> SandboxClient:
         try:
             self._reader, self._writer = await asyncio.wait_for(
                 open_unix_connection(self.socket_path, limit=protocol.MAX_FRAME_BYTES),
                 self.connect_timeout_s,
             )
-        except (FileNotFoundError, ConnectionRefusedError, asyncio.TimeoutError) as error:
+        except (TimeoutError, FileNotFoundError, ConnectionRefusedError) as error:
             raise SandboxGone(
                 f"no sandbox supervisor answers at {self.socket_path} ({type(error).__name__}); it was "
                 "destroyed, reaped for idleness, or lives on another node"
@@ -44,7 +44,7 @@ class SandboxClient:
         self._read_task = asyncio.get_running_loop().create_task(self._read_replies())
         return self
 
-    async def __aenter__(self) -> "SandboxClient":
+    async def __aenter__(self) -> SandboxClient:
         return await self.connect()
 
     async def __aexit__(self, *exc_info: object) -> None:

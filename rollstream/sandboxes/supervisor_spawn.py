@@ -111,7 +111,7 @@ async def start_fork_server(root_dir: str, idle_exit_s: float | None = None) -> 
     log_path = os.path.join(root_dir, ".forkserver.log")
     try:
         line = await _start_detached(FORKSERVER_SCRIPT, root_dir, extra, log_path, root_dir, _START_TIMEOUT_S)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         line = f"error it did not report ready within {_START_TIMEOUT_S:g} s"
     if line.startswith("ok ") or line.startswith("busy"):
         return  # "busy": another worker's server won the lock; it is binding its socket
@@ -127,7 +127,7 @@ async def _ask(root_dir: str, op: str, timeout_s: float) -> int | None:
     try:
         writer.write(protocol.pack({"op": op}))
         line = await asyncio.wait_for(reader.readline(), timeout_s)
-    except (ConnectionError, asyncio.TimeoutError):
+    except (TimeoutError, ConnectionError):
         return None
     finally:
         writer.close()
@@ -159,7 +159,7 @@ async def _request_spawn(root_dir: str, request: dict, timeout_s: float) -> str 
         writer.write(protocol.pack(request))
         try:
             accepted = await asyncio.wait_for(reader.readline(), 10.0)
-        except (ConnectionError, asyncio.TimeoutError):
+        except (TimeoutError, ConnectionError):
             return None  # the server exited (idle) with our connection still queued
         if accepted != b"accepted\n":
             if accepted.startswith(b"error"):
@@ -167,7 +167,7 @@ async def _request_spawn(root_dir: str, request: dict, timeout_s: float) -> str 
             return None
         try:
             line = await asyncio.wait_for(reader.readline(), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return f"error the supervisor did not report ready within {timeout_s:g} s"
         except ConnectionError:
             line = b""
@@ -204,5 +204,5 @@ async def spawn_direct(plan_path: str, log_path: str, cwd: str, timeout_s: float
     """Start a supervisor as a new interpreter (slower; no fork server needed)."""
     try:
         return await _start_detached(SUPERVISOR_SCRIPT, plan_path, [], log_path, cwd, timeout_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return f"error the supervisor did not report ready within {timeout_s:g} s"

@@ -73,7 +73,9 @@ def tool_schemas(names: list[str] | None = None) -> list[dict]:
         parameters.pop("title", None)
         for field in parameters.get("properties", {}).values():
             field.pop("title", None)
-        schemas.append({"type": "function", "function": {"name": name, "description": description, "parameters": parameters}})
+        schemas.append(
+            {"type": "function", "function": {"name": name, "description": description, "parameters": parameters}}
+        )
     return schemas
 
 

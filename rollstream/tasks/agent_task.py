@@ -9,9 +9,9 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import ClassVar
 
-from rollstream.agent.harness import run_harness
-from rollstream.agent.episode import run_agent
 from rollstream.agent.chat import job_template
+from rollstream.agent.episode import run_agent
+from rollstream.agent.harness import run_harness
 from rollstream.agent.tools import CallToolAdapter, ToolBox
 from rollstream.episode_settings import agent_settings
 from rollstream.errors import JobCancelled, JobFailed

@@ -97,8 +97,10 @@ class ArithTask(AgentTask):
     def validate(self, instance: dict) -> None:
         try:
             int(instance["a"]), int(instance["b"])
-        except (KeyError, TypeError, ValueError):
-            raise InvalidJob("arith needs integer instance.a and instance.b, e.g. {\"a\": 3, \"op\": \"+\", \"b\": 4}")
+        except (KeyError, TypeError, ValueError) as e:
+            raise InvalidJob(
+                "arith needs integer instance.a and instance.b, e.g. {\"a\": 3, \"op\": \"+\", \"b\": 4}"
+            ) from e
         if instance.get("op") not in OPS:
             raise InvalidJob(f"arith: op must be one of {sorted(OPS)}")
 

@@ -7,9 +7,10 @@ the spec, run and eval connect to it and hand the hooks the connected client as
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Awaitable, Callable, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from rollstream.messages import Envelope
 from rollstream.sandbox_spec import SandboxSpec

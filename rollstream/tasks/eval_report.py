@@ -5,7 +5,8 @@ is what it is in ``trajectory.extra["eval"]`` so the submitter sees the reason."
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from rollstream.errors import InvalidJob
 from rollstream.messages import Envelope
@@ -53,5 +54,5 @@ async def within_limit(env: Envelope, limit_s: float, score: Callable[[], Awaita
     the reason, and the eval worker moves on (the sandbox is destroyed by teardown)."""
     try:
         return await asyncio.wait_for(score(), limit_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return record(env, 0.0, f"eval exceeded its time limit of {limit_s:g} s (instance eval_timeout_s)")

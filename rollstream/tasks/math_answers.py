@@ -202,8 +202,12 @@ def _too_big(expr) -> bool:
 
 def _sympy_parse(text: str) -> _Parsed | None:
     import sympy
-    from sympy.parsing.sympy_parser import (convert_xor, implicit_multiplication_application, parse_expr,
-                                            standard_transformations)
+    from sympy.parsing.sympy_parser import (
+        convert_xor,
+        implicit_multiplication_application,
+        parse_expr,
+        standard_transformations,
+    )
 
     transformations = standard_transformations + (implicit_multiplication_application, convert_xor)
     try:

@@ -4,7 +4,7 @@ user's package can add its own), plus tasks registered in-process."""
 from __future__ import annotations
 
 import logging
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -39,7 +39,7 @@ def available_tasks() -> list[str]:
     return sorted(set(_registered) | set(_entry_points()))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _instances(name: str) -> Task:
     if name in _registered:
         return _registered[name]()

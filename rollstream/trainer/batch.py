@@ -40,10 +40,10 @@ class PaddedBatch:
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
 
-    def to(self, device: torch.device | str) -> "PaddedBatch":
+    def to(self, device: torch.device | str) -> PaddedBatch:
         return PaddedBatch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
 
-    def select(self, rows: torch.Tensor | slice) -> "PaddedBatch":
+    def select(self, rows: torch.Tensor | slice) -> PaddedBatch:
         """A sub-batch, trimmed to its own longest sequence (less padding per micro-batch)."""
         picked = {f.name: getattr(self, f.name)[rows] for f in fields(self)}
         length = int(picked["attention_mask"].sum(dim=1).max().item()) if len(picked["input_ids"]) else 0
@@ -51,7 +51,7 @@ class PaddedBatch:
             picked[name] = picked[name][:, : max(length, 1)]
         return PaddedBatch(**picked)
 
-    def micro_batches(self, micro_batch_size: int) -> list["PaddedBatch"]:
+    def micro_batches(self, micro_batch_size: int) -> list[PaddedBatch]:
         """Split into micro-batches of similar length (sorted), so padding stays small."""
         if micro_batch_size <= 0:
             raise ValueError(f"micro_batch_size must be positive, got {micro_batch_size}")
@@ -79,7 +79,9 @@ def build_batch(
         raise ValueError(f"need one advantage per trajectory: {len(trajectories)} vs {tuple(advantages.shape)}")
 
     rows: list[tuple[list[int], list[int], list[float]]] = []
-    sequences = [(seq, adv) for traj, adv in zip(trajectories, advantages.tolist()) for seq in (traj.segments or [traj])]
+    sequences = [
+        (seq, adv) for traj, adv in zip(trajectories, advantages.tolist()) for seq in (traj.segments or [traj])
+    ]
     advantages = torch.tensor([adv for _seq, adv in sequences], dtype=torch.float32)
     for traj, _adv in sequences:
         prompt, response = list(traj.prompt_ids), list(traj.response_ids)

@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from pydantic import BaseModel, Field
 
 from rollstream.trainer.weight_sync import atomic_folder
@@ -97,12 +96,16 @@ def model_dir(checkpoint: Path | str) -> Path:
     return Path(checkpoint) / _MODEL
 
 
-def load_checkpoint(checkpoint: Path | str, *, optimizer: torch.optim.Optimizer | None = None, restore_rng: bool = True) -> CheckpointMeta:
+def load_checkpoint(
+    checkpoint: Path | str, *, optimizer: torch.optim.Optimizer | None = None, restore_rng: bool = True
+) -> CheckpointMeta:
     """Restore the optimizer (its params must be the model loaded from `model_dir(checkpoint)`)
     and the RNGs; return the step, policy version and sampler state to hand on."""
     checkpoint = Path(checkpoint)
     if not (checkpoint / _STATE).exists():
-        raise FileNotFoundError(f"{checkpoint} is not a complete checkpoint (no {_STATE}); pick another with list_checkpoints")
+        raise FileNotFoundError(
+            f"{checkpoint} is not a complete checkpoint (no {_STATE}); pick another with list_checkpoints"
+        )
     meta = CheckpointMeta.model_validate(json.loads((checkpoint / _STATE).read_text()))
     if optimizer is not None:
         optimizer.load_state_dict(torch.load(checkpoint / _OPTIMIZER, map_location="cpu", weights_only=False))

@@ -20,7 +20,9 @@ class LossConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     clip_low: float = Field(0.2, ge=0.0, lt=1.0, description="epsilon_low: ratio clipped below at 1 - clip_low")
-    clip_high: float = Field(0.28, ge=0.0, description="epsilon_high (clip-higher): ratio clipped above at 1 + clip_high")
+    clip_high: float = Field(
+        0.28, ge=0.0, description="epsilon_high (clip-higher): ratio clipped above at 1 + clip_high"
+    )
     tis_cap: float | None = Field(
         None, gt=0.0, description="truncated importance sampling cap C for trainer/rollout mismatch; None = off"
     )
@@ -52,7 +54,9 @@ class OptimConfig(BaseModel):
         1024, ge=1, description="tokens whose [chunk, vocab] logits are computed at once for the chosen-token logprobs"
     )
     mini_batches: int = Field(
-        1, ge=1, description="optimizer steps per batch; >1 reuses rollouts off-policy (ratios against recomputed old logprobs)"
+        1,
+        ge=1,
+        description="optimizer steps per batch; >1 reuses rollouts off-policy (ratios against recomputed old logprobs)",
     )
     max_seq_len: int = Field(4096, ge=8, description="prompt + response tokens; longer responses are cut at the end")
 
@@ -69,7 +73,9 @@ class TrainConfig(BaseModel):
     steps: int = Field(100, ge=1, description="training steps (batches)")
     seed: int = 0
     device: str = Field("auto", description="'auto' (cuda if available), 'cpu', 'cuda', 'cuda:1', ...")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="parameter dtype of the trained model")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="parameter dtype of the trained model"
+    )
 
     redis_url: str | None = Field(None, description="rollstream's Redis; None = REDIS_URL / settings")
     namespace: str = "rs"
@@ -86,26 +92,31 @@ class TrainConfig(BaseModel):
     loss: LossConfig = Field(default_factory=LossConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     backends: list[BackendSpec] = Field(
-        default_factory=list, description="servers to publish weights to; empty = every backend registered in Redis (builtin)"
+        default_factory=list,
+        description="servers to publish weights to; empty = every backend registered in Redis (builtin)",
     )
     sync_every_steps: int = Field(1, ge=1, description="publish weights every N steps")
     keep_weight_versions: int = Field(2, ge=1)
     weights_transfer: Literal["auto", "cuda_ipc", "shm", "disk"] = Field(
-        "auto", description="how weights reach the built-in servers: auto picks per sync from where each one runs "
-                            "(same GPU: cuda_ipc; same host: shm, a /dev/shm folder; else disk, OUTPUT/weights)")
+        "auto",
+        description="how weights reach the built-in servers: auto picks per sync from where each one runs "
+        "(same GPU: cuda_ipc; same host: shm, a /dev/shm folder; else disk, OUTPUT/weights)",
+    )
     checkpoint_every_steps: int = Field(10, ge=1)
     keep_checkpoints: int = Field(2, ge=1)
     resume: bool = Field(True, description="continue from the newest checkpoint in output_dir if there is one")
     progress: bool = Field(True, description="live progress view (rich) on a terminal")
 
     @model_validator(mode="after")
-    def _consistent(self) -> "TrainConfig":
+    def _consistent(self) -> TrainConfig:
         if self.optim.mini_batches > self.sampler.groups_per_batch * self.sampler.group_size:
-            raise ValueError("optim.mini_batches cannot exceed the sequences in a batch (groups_per_batch * group_size)")
+            raise ValueError(
+                "optim.mini_batches cannot exceed the sequences in a batch (groups_per_batch * group_size)"
+            )
         return self
 
     @classmethod
-    def from_toml(cls, path: Path | str, **overrides: Any) -> "TrainConfig":
+    def from_toml(cls, path: Path | str, **overrides: Any) -> TrainConfig:
         """Read a TOML file; relative paths resolve against its folder. Top-level keys or a
         [trainer] table both work, so the file can be shared with other components."""
         path = Path(path)

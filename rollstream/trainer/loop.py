@@ -170,7 +170,9 @@ class Trainer:
             reward_t = reward_t + overlong_penalty(lengths, loss.max_response_tokens, loss.overlong_buffer_tokens,
                                                    loss.overlong_penalty_factor)
         advantages = group_advantages(reward_t, torch.tensor(groups), eps=loss.advantage_eps)
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else (self.tokenizer.eos_token_id or 0)
+        pad = self.tokenizer.pad_token_id
+        if pad is None:
+            pad = self.tokenizer.eos_token_id or 0
         batch = build_batch(trajectories, advantages, pad_token_id=pad, max_seq_len=self.config.optim.max_seq_len)
         return batch, rewards, trajectories, results
 
@@ -225,7 +227,10 @@ class Trainer:
 
     def _checkpoint(self, step: int) -> Path:
         return save_checkpoint(
-            self.checkpoint_root, model=self.model, tokenizer=self.tokenizer, optimizer=self.updater.optimizer,
+            self.checkpoint_root,
+            model=self.model,
+            tokenizer=self.tokenizer,
+            optimizer=self.updater.optimizer,
             meta=CheckpointMeta(step=step, policy_version=self.policy_version, sampler=self.sampler.state_dict()),
             keep=self.config.keep_checkpoints,
         )

@@ -75,7 +75,9 @@ class ProgressView:
                 TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                 TextColumn("{task.fields[line]}"),
             )
-            self._task = self._progress.add_task("train", total=total_steps, completed=start_step, line="waiting for rollouts")
+            self._task = self._progress.add_task(
+                "train", total=total_steps, completed=start_step, line="waiting for rollouts"
+            )
             self._progress.start()
 
     def update(self, row: dict[str, Any]) -> None:

@@ -84,7 +84,9 @@ def pack_rows(batch: PaddedBatch, rows: list[int]) -> PackedMicroBatch:
     )
 
 
-def micro_batch_rows(batch: PaddedBatch, micro_batch_size: int, micro_batch_tokens: int | None = None) -> list[list[int]]:
+def micro_batch_rows(
+    batch: PaddedBatch, micro_batch_size: int, micro_batch_tokens: int | None = None
+) -> list[list[int]]:
     """Rows of `batch` grouped into micro-batches, in order: at most `micro_batch_size`
     sequences each and, when `micro_batch_tokens` is given, at most that many tokens (a single
     longer sequence is a micro-batch of its own; sequences are never split)."""
@@ -109,7 +111,8 @@ def micro_batch_rows(batch: PaddedBatch, micro_batch_size: int, micro_batch_toke
     return groups
 
 
-def pack_micro_batches(batch: PaddedBatch, micro_batch_size: int,
-                       micro_batch_tokens: int | None = None) -> list[PackedMicroBatch]:
+def pack_micro_batches(
+    batch: PaddedBatch, micro_batch_size: int, micro_batch_tokens: int | None = None
+) -> list[PackedMicroBatch]:
     """The whole batch as packed micro-batches (micro_batch_rows, then pack_rows)."""
     return [pack_rows(batch, rows) for rows in micro_batch_rows(batch, micro_batch_size, micro_batch_tokens)]

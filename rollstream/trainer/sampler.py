@@ -67,17 +67,28 @@ class SamplerConfig(BaseModel):
     overflow_mode: Literal["cancel", "carry"] = Field(
         "cancel", description="on a full batch: cancel in-flight groups, or carry them into the next step"
     )
-    max_staleness: int = Field(1, ge=0, description="carry/keep a group only if its policy version is at most this far behind")
+    max_staleness: int = Field(
+        1, ge=0, description="carry/keep a group only if its policy version is at most this far behind"
+    )
     oversample: float = Field(1.25, ge=1.0, description="slack on top of needed / keep_rate groups in flight")
     max_in_flight_groups: int = Field(64, ge=1, description="hard cap on groups in flight")
-    min_keep_rate: float = Field(0.1, gt=0.0, le=1.0, description="floor of the keep-rate estimate (bounds over-submission)")
-    keep_rate_ema: float = Field(0.2, gt=0.0, le=1.0, description="weight of each new group outcome in the keep-rate estimate")
+    min_keep_rate: float = Field(
+        0.1, gt=0.0, le=1.0, description="floor of the keep-rate estimate (bounds over-submission)"
+    )
+    keep_rate_ema: float = Field(
+        0.2, gt=0.0, le=1.0, description="weight of each new group outcome in the keep-rate estimate"
+    )
     initial_keep_rate: float = Field(1.0, gt=0.0, le=1.0)
     min_completed_per_group: int = Field(2, ge=2, description="a group with fewer completed rollouts is dropped")
-    result_timeout_s: float = Field(600.0, gt=0, description="raise SamplerStalled when no result arrives for this long")
+    result_timeout_s: float = Field(
+        600.0, gt=0, description="raise SamplerStalled when no result arrives for this long"
+    )
     max_failed_groups_in_a_row: int | None = Field(
-        None, ge=1, description="raise SamplerStalled after this many groups in a row in which no rollout "
-        "completed (every one failed: a broken backend, task or sandbox); default 2 × max_in_flight_groups")
+        None,
+        ge=1,
+        description="raise SamplerStalled after this many groups in a row in which no rollout "
+        "completed (every one failed: a broken backend, task or sandbox); default 2 × max_in_flight_groups",
+    )
     seed: int = 0
 
 
@@ -111,8 +122,7 @@ class SampledGroup:
     def completed(self) -> list[Any]:
         """The scored rollouts. An infrastructure or task failure is never among them: it is
         dropped from its group (not scored 0), whatever its status says."""
-        return [r for r in self.results if r.status == "completed" and r.reward is not None
-                and not _unscorable(r)]
+        return [r for r in self.results if r.status == "completed" and r.reward is not None and not _unscorable(r)]
 
     @property
     def rewards(self) -> list[float]:
@@ -272,7 +282,7 @@ class DynamicSampler(Generic[P]):
             except StopAsyncIteration:
                 self._results = None  # a source whose stream ended on a poll timeout: reopen
                 await asyncio.sleep(0)
-            except asyncio.TimeoutError as exc:
+            except TimeoutError as exc:
                 raise SamplerStalled(
                     f"no rollout result for {self.config.result_timeout_s:.0f} s with "
                     f"{len(self._in_flight)} groups in flight; check that init/run/eval workers "

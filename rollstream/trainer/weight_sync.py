@@ -32,10 +32,10 @@ import tempfile
 import time
 import weakref
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractAsyncContextManager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncContextManager, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import httpx
 from pydantic import BaseModel, Field
@@ -125,7 +125,8 @@ class VllmReloadBackend:
                 )
             _check(response, f"{base}/collective_rpc reload_weights")
             if self.sleep_first:
-                _check(await client.post(f"{base}/wake_up", params={"tags": "kv_cache"}), f"{base}/wake_up?tags=kv_cache")
+                woke = await client.post(f"{base}/wake_up", params={"tags": "kv_cache"})
+                _check(woke, f"{base}/wake_up?tags=kv_cache")
             _check(await client.post(f"{base}/reset_prefix_cache"), f"{base}/reset_prefix_cache")
         except BaseException:
             # Put back the weights vLLM serves, so that a restart serves what the trainer
@@ -484,7 +485,8 @@ class WeightPublisher:
             saved = time.monotonic()
             async with self._generation_paused(policy_version):
                 outcomes = await self._load_all(client, model, weights_dir, policy_version, handles)
-                if handles is not None and self.transfer == "auto" and any(isinstance(o, BaseException) for o in outcomes):
+                ipc_failed = any(isinstance(o, BaseException) for o in outcomes)
+                if handles is not None and self.transfer == "auto" and ipc_failed:
                     # Most likely a server that cannot open another process's GPU memory (a
                     # container without IPC, another driver): stage through memory from now on.
                     self._ipc_failed = "; ".join(repr(o) for o in outcomes if isinstance(o, BaseException))
@@ -518,7 +520,7 @@ class WeightPublisher:
         return SyncReport(policy_version, weights_dir, save_s=saved - started, load_s=loaded - saved,
                           served={b.url: policy_version for b in self.backends}, transfer=transfer)
 
-    def _generation_paused(self, policy_version: int) -> AsyncContextManager:
+    def _generation_paused(self, policy_version: int) -> AbstractAsyncContextManager:
         """With Redis, generation is paused on every backend while they load (turns in flight
         finish first, none starts until all have loaded), so no turn mixes two policies and
         every backend serves the new one from the same moment; saving happens before."""

@@ -82,5 +82,5 @@ class LettingGo:
                     raise
             try:
                 await asyncio.wait_for(self.stopping.wait(), _CHECK_S)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass

@@ -1,6 +1,6 @@
 """How the stages reach the sandboxes of this node: init creates a job's sandbox here
-(workers/init.py; warm_pool.py keeps some ready), run and eval connect to it, and the stage a job leaves the node from destroys
-it. A handle read from a stream is never trusted: its paths are rebuilt from its id."""
+(workers/init.py; warm_pool.py keeps some ready), run and eval connect to it, and the stage a job
+leaves the node from destroys it. A handle read from a stream is never trusted: its paths are rebuilt from its id."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from rollstream.sandboxes.errors import SandboxSetupError
 from rollstream.sandboxes.lifecycle import checked_handle, create_sandbox, destroy_sandbox
 from rollstream.sandboxes.paths import sandbox_id_for
 from rollstream.sandboxes.policy import OverridePolicy
-from rollstream.sandboxes.sandbox_client import SandboxClient
 from rollstream.sandboxes.roots import namespace_root_dir
+from rollstream.sandboxes.sandbox_client import SandboxClient
 
 if TYPE_CHECKING:
     from rollstream.workers.warm_pool import WarmPool
@@ -34,8 +34,11 @@ class NodeSandboxes:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> NodeSandboxes:
-        return cls(namespace_root_dir(settings.namespace, settings.sandbox_root), settings.sandbox_backend,
-                   OverridePolicy.from_settings(settings))
+        return cls(
+            namespace_root_dir(settings.namespace, settings.sandbox_root),
+            settings.sandbox_backend,
+            OverridePolicy.from_settings(settings),
+        )
 
     def with_warm_pool(self, pool: WarmPool) -> NodeSandboxes:
         return replace(self, warm_pool=pool)
@@ -72,8 +75,9 @@ class NodeSandboxes:
     async def start(self, env: Envelope, spec: SandboxSpec) -> SandboxHandle:
         """Start the sandbox of this attempt of the job from a ``resolved`` spec."""
         try:
-            return await create_sandbox(spec, sandbox_id=sandbox_id_for(env.job.job_id, env.attempt),
-                                        owner=env.job.job_id, root_dir=self.root)
+            return await create_sandbox(
+                spec, sandbox_id=sandbox_id_for(env.job.job_id, env.attempt), owner=env.job.job_id, root_dir=self.root
+            )
         except SandboxSetupError as exc:  # the job's own environment recipe fails: not the service's fault
             raise JobFailed(str(exc), failure="job") from exc
 

@@ -79,13 +79,18 @@ def create_app(engine: Engine, registration: Registration | None = None) -> Fast
     @app.post("/v1/completions", response_model=CompletionResponse, responses={400: {"model": ErrorResponse}})
     async def completions(body: CompletionRequest, request: Request):
         if body.model is not None and body.model != engine.model_name:
-            return _error(404, f"The model `{body.model}` does not exist; this server serves `{engine.model_name}`", "NotFoundError")
+            return _error(
+                404,
+                f"The model `{body.model}` does not exist; this server serves `{engine.model_name}`",
+                "NotFoundError",
+            )
         samples = to_samples(engine, body)
         for sample in samples:
             engine.validate(sample.request)
         if body.stream:
-            return StreamingResponse(stream_chunks(engine, body, next_request_id(), samples),
-                                     media_type="text/event-stream")
+            return StreamingResponse(
+                stream_chunks(engine, body, next_request_id(), samples), media_type="text/event-stream"
+            )
         tasks = [asyncio.ensure_future(engine.generate(s.request)) for s in samples]
         everything = asyncio.gather(*tasks)
         # A client that gave up (timeout, cancelled job) frees its batch slots at once, as
@@ -183,9 +188,23 @@ def start_server_process(
     import httpx
 
     port = port or free_port(host)
-    log = tempfile.NamedTemporaryFile(prefix="rollstream-model-server-", suffix=".log", delete=False)
-    cmd = [sys.executable, "-m", "rollstream.llm.server", "--model", str(model_dir), "--host", host,
-           "--port", str(port), "--device", device, *(extra_args or [])]
+    log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - the server writes it for its whole life, past this call
+        prefix="rollstream-model-server-", suffix=".log", delete=False
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "rollstream.llm.server",
+        "--model",
+        str(model_dir),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--device",
+        device,
+        *(extra_args or []),
+    ]
     env = {**os.environ, **(env or {})}
     # Two server processes on a small machine must not each spawn a thread per core.
     env.setdefault("OMP_NUM_THREADS", "1")

@@ -51,9 +51,9 @@ class PrefixHit:
 class _Node:
     """One block of ids on the way of one or more cached entries: a trie over blocks."""
 
-    parent: "_Node | None" = None
+    parent: _Node | None = None
     block: tuple[int, ...] = ()  # this node's key among its parent's children
-    children: dict[tuple[int, ...], "_Node"] = field(default_factory=dict)
+    children: dict[tuple[int, ...], _Node] = field(default_factory=dict)
     through: set[int] = field(default_factory=set)  # entries whose ids run through this block
     tails: dict[tuple[int, ...], int] = field(default_factory=dict)  # last ids (< BLOCK) -> entry ending here
     # The children's blocks and the non-empty tails, sorted: of all of them, the one sharing
@@ -108,7 +108,7 @@ class PrefixCache:
 
     max_bytes: int = 1 << 30
     min_reuse_tokens: int = 1
-    _entries: "OrderedDict[int, _Entry]" = field(default_factory=OrderedDict)
+    _entries: OrderedDict[int, _Entry] = field(default_factory=OrderedDict)
     _root: _Node = field(default_factory=_Node)
     _next_key: int = 0
     _bytes: int = 0

@@ -38,9 +38,7 @@ class Sample:
 
 def _prompts(engine: Engine, prompt) -> list[list[int]]:
     """The request's prompts as id lists: ids, text, a batch of either."""
-    if isinstance(prompt, str):
-        prompt = [prompt]
-    elif not prompt or not isinstance(prompt[0], (list, str)):
+    if isinstance(prompt, str) or not prompt or not isinstance(prompt[0], (list, str)):
         prompt = [prompt]
     out = []
     for item in prompt:
@@ -59,11 +57,15 @@ def _check(body: CompletionRequest, max_model_len: int) -> None:
     if body.n > 1 and body.temperature is not None and body.temperature < GREEDY_EPS:
         raise EngineError(f"n must be 1 when using greedy sampling, got {body.n}.")
     if body.logprobs is not None and body.logprobs > MAX_LOGPROBS:
-        raise EngineError(f"Requested sample logprobs of {body.logprobs}, which is greater than max allowed: {MAX_LOGPROBS}")
+        raise EngineError(
+            f"Requested sample logprobs of {body.logprobs}, which is greater than max allowed: {MAX_LOGPROBS}"
+        )
     max_tokens = body.max_tokens or 16
     if max_tokens > max_model_len:
-        raise EngineError(f"max_tokens={max_tokens} cannot be greater than max_model_len={max_model_len}. "
-                          "Please request fewer output tokens.")
+        raise EngineError(
+            f"max_tokens={max_tokens} cannot be greater than max_model_len={max_model_len}. "
+            "Please request fewer output tokens."
+        )
     if body.min_tokens > max_tokens:
         raise EngineError(f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {body.min_tokens}.")
 
@@ -74,7 +76,8 @@ def _room(prompt_ids: list[int], max_tokens: int, max_model_len: int) -> int:
         raise ContextTooLong(
             f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains "
             f"{len(prompt_ids)} input tokens, which exceeds this limit even without any output tokens. "
-            "Please reduce the length of the input prompt.")
+            "Please reduce the length of the input prompt."
+        )
     room = min(max_tokens, max_model_len - len(prompt_ids))
     if room < 1:
         raise EngineError(f"max_tokens must be at least 1, got {room}.")
@@ -105,10 +108,15 @@ def to_samples(engine: Engine, body: CompletionRequest) -> list[Sample]:
             )
             sampling.make_generator(engine.device)
             request = GenerateRequest(
-                prompt_ids=prompt_ids, max_tokens=max_tokens, sampling=sampling, stop=stop,
-                stop_token_ids=list(body.stop_token_ids or []), ignore_eos=body.ignore_eos,
+                prompt_ids=prompt_ids,
+                max_tokens=max_tokens,
+                sampling=sampling,
+                stop=stop,
+                stop_token_ids=list(body.stop_token_ids or []),
+                ignore_eos=body.ignore_eos,
                 skip_special_tokens=body.skip_special_tokens,
-                include_stop_str_in_output=body.include_stop_str_in_output)
+                include_stop_str_in_output=body.include_stop_str_in_output,
+            )
             samples.append(Sample(p * body.n + i, prompt_ids, request))
     return samples
 
@@ -167,24 +175,38 @@ def usage_of(body: CompletionRequest, samples: list[Sample], results: list[Gener
     prompt_tokens = sum(len(s.prompt_ids) for s in samples if s.index % body.n == 0)
     completion_tokens = sum(len(r.token_ids) for r in results)
     cached = sum(r.cached_tokens for s, r in zip(samples, results) if s.index % body.n == 0)
-    return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                     total_tokens=prompt_tokens + completion_tokens, prompt_tokens_details={"cached_tokens": cached})
+    return UsageInfo(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details={"cached_tokens": cached},
+    )
 
 
-def completion_response(engine: Engine, body: CompletionRequest, request_id: str, samples: list[Sample],
-                        results: list[GenerateResult]) -> CompletionResponse:
+def completion_response(
+    engine: Engine, body: CompletionRequest, request_id: str, samples: list[Sample], results: list[GenerateResult]
+) -> CompletionResponse:
     names = TokenNames(engine, bool(body.return_tokens_as_token_ids))
     with_ids = bool(body.return_token_ids)
     choices = [
         CompletionChoice(
-            index=s.index, text=out.text, finish_reason=out.finish_reason, stop_reason=out.stop_reason,
+            index=s.index,
+            text=out.text,
+            finish_reason=out.finish_reason,
+            stop_reason=out.stop_reason,
             logprobs=_logprobs(names, out) if body.logprobs is not None else None,
             token_ids=out.token_ids if with_ids else None,
-            prompt_token_ids=s.prompt_ids if with_ids else None)
-        for s, out in zip(samples, results)]
-    return CompletionResponse(id=request_id, model=engine.model_name, choices=choices,
-                              usage=usage_of(body, samples, results),
-                              policy_version=min(r.policy_version for r in results))
+            prompt_token_ids=s.prompt_ids if with_ids else None,
+        )
+        for s, out in zip(samples, results)
+    ]
+    return CompletionResponse(
+        id=request_id,
+        model=engine.model_name,
+        choices=choices,
+        usage=usage_of(body, samples, results),
+        policy_version=min(r.policy_version for r in results),
+    )
 
 
 class _StreamedChoice:
@@ -209,19 +231,27 @@ class _StreamedChoice:
         if final is None:
             text = self.text.text
             text = text[: max(len(self.sent_text), len(text) - self.holdback)]
-            piece = text[len(self.sent_text):] if text.startswith(self.sent_text) else ""
+            piece = text[len(self.sent_text) :] if text.startswith(self.sent_text) else ""
         else:
-            piece = final.text[len(self.sent_text):]
+            piece = final.text[len(self.sent_text) :]
         self.sent_text += piece
-        choice = {"index": self.sample.index, "text": piece, "logprobs": None,
-                  "finish_reason": final.finish_reason if final else None,
-                  "stop_reason": final.stop_reason if final else None}
+        choice = {
+            "index": self.sample.index,
+            "text": piece,
+            "logprobs": None,
+            "finish_reason": final.finish_reason if final else None,
+            "stop_reason": final.stop_reason if final else None,
+        }
         if body.logprobs is not None:
             name = self.names(token_id, before)
             top = {self.names(alt, before): v for alt, v in alternatives}
             top[name] = logprob
-            choice["logprobs"] = {"text_offset": [self.offset], "token_logprobs": [logprob], "tokens": [name],
-                                  "top_logprobs": [top]}
+            choice["logprobs"] = {
+                "text_offset": [self.offset],
+                "token_logprobs": [logprob],
+                "tokens": [name],
+                "top_logprobs": [top],
+            }
             self.offset += len(name)
         if body.return_token_ids:
             choice["prompt_token_ids"] = self.sample.prompt_ids if len(self.text.ids) == 1 else None
@@ -229,8 +259,9 @@ class _StreamedChoice:
         return choice
 
 
-async def stream_chunks(engine: Engine, body: CompletionRequest, request_id: str,
-                        samples: list[Sample]) -> AsyncIterator[str]:
+async def stream_chunks(
+    engine: Engine, body: CompletionRequest, request_id: str, samples: list[Sample]
+) -> AsyncIterator[str]:
     """Server-sent events as vLLM streams a completion, sent as the tokens are generated: a
     chunk per token of each choice (the first naming the prompt ids, the last with the finish
     reason), then usage if asked for (stream_options.include_usage), then [DONE]."""
@@ -245,8 +276,14 @@ async def stream_chunks(engine: Engine, body: CompletionRequest, request_id: str
         task.add_done_callback(lambda done, number=number: events.put_nowait((number, done)))
 
     def event(chunk_choices: list[dict], **extra) -> str:
-        chunk = {"id": request_id, "object": "text_completion", "created": created, "model": engine.model_name,
-                 "choices": chunk_choices, **extra}
+        chunk = {
+            "id": request_id,
+            "object": "text_completion",
+            "created": created,
+            "model": engine.model_name,
+            "choices": chunk_choices,
+            **extra,
+        }
         return f"data: {json.dumps(chunk)}\n\n"
 
     results: list[GenerateResult | None] = [None] * len(samples)
@@ -268,6 +305,9 @@ async def stream_chunks(engine: Engine, body: CompletionRequest, request_id: str
             task.cancel()  # a client that went away frees its batch slots
     if (body.stream_options or {}).get("include_usage"):
         # As the whole body's: the weights version that produced every token (not in vLLM).
-        yield event([], usage=usage_of(body, samples, results).model_dump(),
-                    policy_version=min(r.policy_version for r in results if r is not None))
+        yield event(
+            [],
+            usage=usage_of(body, samples, results).model_dump(),
+            policy_version=min(r.policy_version for r in results if r is not None),
+        )
     yield "data: [DONE]\n\n"

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 
 from rollstream.llm.server.cache import KV, PrefixCache, kv_length
-from rollstream.llm.transformers_compat import cache_kwargs, output_cache
 from rollstream.llm.server.detokenizer import IncrementalText
 from rollstream.llm.server.sampling import Choice, LogprobsMode, SequenceSampling, choose_next
+from rollstream.llm.transformers_compat import cache_kwargs, output_cache
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +103,9 @@ class _WeightSwap:
     loop: asyncio.AbstractEventLoop
 
 
-def _resolve(fut: asyncio.Future, loop: asyncio.AbstractEventLoop, result=None, error: BaseException | None = None) -> None:
+def _resolve(
+    fut: asyncio.Future, loop: asyncio.AbstractEventLoop, result=None, error: BaseException | None = None
+) -> None:
     def _set() -> None:
         if fut.done():
             return
@@ -227,8 +229,10 @@ class Engine:
         if not isinstance(source, dict):
             source = Path(source)
             if not source.is_dir() or not any(source.glob("*.safetensors")):
-                raise EngineError(f"no *.safetensors files in {source}; save the policy with "
-                                  f"model.save_pretrained({str(source)!r}) (a /dev/shm folder is only seen on its host)")
+                raise EngineError(
+                    f"no *.safetensors files in {source}; save the policy with "
+                    f"model.save_pretrained({str(source)!r}) (a /dev/shm folder is only seen on its host)"
+                )
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         version = self.policy_version + 1 if policy_version is None else int(policy_version)
@@ -371,7 +375,9 @@ class Engine:
         self.generated_tokens += 1
         if seq.request.on_token is not None:
             try:
-                seq.loop.call_soon_threadsafe(seq.request.on_token, choice.token_id, choice.logprob, choice.top_logprobs)
+                seq.loop.call_soon_threadsafe(
+                    seq.request.on_token, choice.token_id, choice.logprob, choice.top_logprobs
+                )
             except RuntimeError:
                 pass  # the caller's loop is closed; nobody is listening
 
@@ -395,7 +401,9 @@ class Engine:
             text = seq.text.text
             if seq.stop_floor is None:
                 # As in vLLM, stop strings count only once min_tokens have been generated.
-                seq.stop_floor = len(self.text_of(seq.output_ids[: req.sampling.min_tokens], req)) if req.sampling.min_tokens else 0
+                seq.stop_floor = (
+                    len(self.text_of(seq.output_ids[: req.sampling.min_tokens], req)) if req.sampling.min_tokens else 0
+                )
             # Only where the newest text can complete a match: the rest was searched before.
             searched, seq.stop_searched = max(seq.stop_floor, seq.stop_searched), len(text)
             hits = [(at, s) for s in req.stop if s for at in [text.find(s, max(0, searched - len(s) + 1))] if at >= 0]
@@ -461,8 +469,9 @@ class Engine:
             with mapped_safetensors(source) if isinstance(source, Path) else cuda_ipc_tensors(source) as tensors:
                 unknown = [k for k in tensors if k not in own]
                 if unknown:
-                    raise EngineError(f"{label} has tensors this model does not: {unknown[:3]}; "
-                                      "is it the same architecture?")
+                    raise EngineError(
+                        f"{label} has tensors this model does not: {unknown[:3]}; is it the same architecture?"
+                    )
                 wrong = [k for k, t in tensors.items() if tuple(t.shape) != tuple(own[k].shape)]
                 if wrong:
                     raise EngineError(f"{label} has tensors of the wrong shape: {wrong[:3]}")

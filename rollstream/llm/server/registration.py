@@ -24,7 +24,9 @@ class Registration:
         redis = async_redis(self.redis_url)
         try:
             await check_async(redis, self.redis_url)
-            await add_backend(redis, self.advertise_url, namespace=self.namespace, info={"kind": "builtin", **self.info})
+            await add_backend(
+                redis, self.advertise_url, namespace=self.namespace, info={"kind": "builtin", **self.info}
+            )
         finally:
             await redis.aclose()
         logger.info("registered %s with the balancer (namespace %s)", self.advertise_url, self.namespace)

@@ -26,7 +26,7 @@ class SandboxLayout:
     dir: str
 
     @classmethod
-    def of(cls, root_dir: str, sandbox_id: str) -> "SandboxLayout":
+    def of(cls, root_dir: str, sandbox_id: str) -> SandboxLayout:
         """Refuses (PathEscape) an id that is not one plain folder name under `root_dir`."""
         return cls(child_path(os.path.abspath(root_dir), sandbox_id))
 

@@ -29,7 +29,15 @@ from .common import (
 
 LABEL = "rollstream.sandbox"
 # The docker CLI needs its own configuration from the host environment, and nothing else.
-_CLIENT_ENV = ("PATH", "HOME", "DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CONTEXT", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY")
+_CLIENT_ENV = (
+    "PATH",
+    "HOME",
+    "DOCKER_HOST",
+    "DOCKER_CONFIG",
+    "DOCKER_CONTEXT",
+    "DOCKER_CERT_PATH",
+    "DOCKER_TLS_VERIFY",
+)
 
 
 PODMAN_SOCKET = "/run/podman/podman.sock"
@@ -85,22 +93,37 @@ class DockerBackend:
         if not spec.image:
             raise ValueError("backend='docker' needs an image, e.g. image='python:3.11-slim'")
         if spec.image.startswith("-"):
-            raise ValueError(f"backend='docker' image {spec.image!r} starts with '-': an option, not an image reference")
+            raise ValueError(
+                f"backend='docker' image {spec.image!r} starts with '-': an option, not an image reference"
+            )
         limits = spec.limits
         argv = [
-            which("docker") or "docker", "run", "--detach",
-            "--name", container_name(sandbox_id),
-            "--label", f"{LABEL}={sandbox_id}",
-            "--label", f"rollstream.owner={owner}",
-            "--hostname", "sandbox",
-            "--cap-drop", "ALL",
-            "--security-opt", "no-new-privileges",
+            which("docker") or "docker",
+            "run",
+            "--detach",
+            "--name",
+            container_name(sandbox_id),
+            "--label",
+            f"{LABEL}={sandbox_id}",
+            "--label",
+            f"rollstream.owner={owner}",
+            "--hostname",
+            "sandbox",
+            "--cap-drop",
+            "ALL",
+            "--security-opt",
+            "no-new-privileges",
             *_rlimit_flags(limits.max_open_files),
-            "--volume", f"{layout.work}:{spec.workdir}",
-            "--volume", f"{layout.tmp}:/tmp",
-            "--volume", f"{layout.kernel}:{KERNEL_DIR_INNER}",
-            "--volume", f"{layout.door}:{DOOR_DIR_INNER}:ro",
-            "--workdir", spec.workdir,
+            "--volume",
+            f"{layout.work}:{spec.workdir}",
+            "--volume",
+            f"{layout.tmp}:/tmp",
+            "--volume",
+            f"{layout.kernel}:{KERNEL_DIR_INNER}",
+            "--volume",
+            f"{layout.door}:{DOOR_DIR_INNER}:ro",
+            "--workdir",
+            spec.workdir,
         ]
         if not spec.network:
             argv += ["--network", "none"]
@@ -142,9 +165,7 @@ class DockerBackend:
             bash_argv=self.exec_prefix(spec, sandbox_id, env, tty=True)
             + ulimit_wrapped(BASH_ARGS, spec.limits, before="stty -echo -onlcr"),
             exec_prefix=self.exec_prefix(spec, sandbox_id, env, tty=False),
-            kernel_argv=ulimit_wrapped(
-                [spec.python or "python3", *KERNEL_ARGS], spec.limits
-            ),
+            kernel_argv=ulimit_wrapped([spec.python or "python3", *KERNEL_ARGS], spec.limits),
             kernel_dir_inner=KERNEL_DIR_INNER,
             spawn_env=host_env,
             spawn_cwd=layout.dir,

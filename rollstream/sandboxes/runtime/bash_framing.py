@@ -80,7 +80,9 @@ def _restore(status: int, last_arg: bool) -> str:
     return f"\\__rs_pre {status}{word}&&:;"
 
 
-def encode_command(command: bytes, number: int, status: int = 0, xtrace: bool = False, xtrace_on: bool = False) -> tuple[bytes, bool]:
+def encode_command(
+    command: bytes, number: int, status: int = 0, xtrace: bool = False, xtrace_on: bool = False
+) -> tuple[bytes, bool]:
     """The input line(s) that run `command` as command `number` in the session, after a
     command that exited with `status`; `xtrace`: the agent's `set -x` is in effect; `xtrace_on`:
     it is still on in the shell (a lean epilogue left it). Returns the bytes and whether the

@@ -332,7 +332,7 @@ class BashSession:
         deadline: float,
         no_output_s: float | None,
         watch_bash: bool = False,
-        caller: "Caller | None" = None,
+        caller: Caller | None = None,
     ) -> tuple[str, int | None]:
         """Read output into `collector` until the marker of command `number`.
 
@@ -408,7 +408,7 @@ class BashSession:
         command: bytes,
         timeout_s: float,
         no_output_timeout_s: float | None,
-        caller: "Caller | None" = None,
+        caller: Caller | None = None,
     ) -> dict:
         """Run `command`. With a `caller`, its descriptor is watched while the command runs,
         and `caller.busy()` called (once) when it becomes readable or the call turns slow
@@ -424,7 +424,7 @@ class BashSession:
             self.lock.release()
 
     def _run(
-        self, command: bytes, timeout_s: float, no_output_timeout_s: float | None, caller: "Caller | None"
+        self, command: bytes, timeout_s: float, no_output_timeout_s: float | None, caller: Caller | None
     ) -> dict:
         started = time.monotonic()
         notes: list[str] = []

@@ -219,7 +219,7 @@ class Kernel:
             raise
         argv = [a.replace("{connection_file}", os.path.join(self.inner_dir, CONNECTION_FILE))
                 for a in self.kernel_argv]
-        log = open(self.log_path, "ab")
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the kernel process, closed below
         try:
             self.process = self.spawner(
                 lambda: subprocess.Popen(

@@ -138,6 +138,6 @@ try:
 except Exception:  # noqa: BLE001, S110 - another ipykernel: its own flush stays
     pass
 
-from ipykernel import kernelapp
+from ipykernel import kernelapp  # noqa: E402 - after OutStream is patched, before it is used
 
 kernelapp.launch_new_instance()

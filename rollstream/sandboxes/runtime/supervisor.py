@@ -20,24 +20,24 @@ import time
 
 if __package__:
     from . import confine, identity, protocol
-    from .unix_path import bind_unix
     from .bash_session import BashSession, SessionBusy
     from .bash_terminal import container_pid_namespace
     from .child_processes import Spawner, kill_session_processes
     from .editor import Editor, EditorError, PathMap
     from .host_masks import MASK_RACE_RETRIES, without_vanished_masks
     from .standby_threads import HandOff, StandbyThreads
+    from .unix_path import bind_unix
 else:  # python -S supervisor.py: sibling modules are top-level
     import confine
     import identity
     import protocol
-    from unix_path import bind_unix
     from bash_session import BashSession, SessionBusy
     from bash_terminal import container_pid_namespace
     from child_processes import Spawner, kill_session_processes
     from editor import Editor, EditorError, PathMap
     from host_masks import MASK_RACE_RETRIES, without_vanished_masks
     from standby_threads import HandOff, StandbyThreads
+    from unix_path import bind_unix
 
 MAX_SESSIONS = 16
 EDITOR_LOCK_WAIT_S = 30.0
@@ -347,14 +347,13 @@ class Supervisor:
             hand_off.busy()
         session = self.session(name)
         notes = []
-        if self.confinement is not None:
-            if self.confinement.at_process_limit():
-                if hand_off is not None:
-                    hand_off.busy()
-                if self._kill_shell(session):
-                    # A fork bomb from an earlier command still holds every process slot.
-                    notes.append(self._limit_note("before this command"))
-                    self.limit_hits_told = self.confinement.pid_limit_hits()
+        if self.confinement is not None and self.confinement.at_process_limit():
+            if hand_off is not None:
+                hand_off.busy()
+            if self._kill_shell(session):
+                # A fork bomb from an earlier command still holds every process slot.
+                notes.append(self._limit_note("before this command"))
+                self.limit_hits_told = self.confinement.pid_limit_hits()
         result = session.run(command, timeout_s, float(no_output) if no_output else None, hand_off)
         if self.confinement is not None and (hits := self.confinement.pid_limit_hits()) > self.limit_hits_told:
             runaway = self._forks_still_failing(hits)

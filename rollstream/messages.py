@@ -8,7 +8,7 @@ import math
 import re
 import time
 import uuid
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -18,7 +18,14 @@ from rollstream.sandbox_spec import SandboxHandle, SandboxOverrides
 from rollstream.trajectory import Trajectory
 
 JobStatus = Literal["queued", "running", "completed", "failed", "cancelled"]
+# The stages, in the order a job goes through them: the one place they are spelled. init's
+# stream is shared; run and eval are per node, where the job's sandbox is.
 StageName = Literal["init", "run", "eval"]
+STAGES: tuple[StageName, ...] = get_args(StageName)
+INIT_STAGE, RUN_STAGE, EVAL_STAGE = STAGES
+NODE_STAGES = STAGES[1:]  # those whose streams are per node (run, eval)
+# Where a job's state hash says it is: a stage, or out of the pipeline (a result, a dead letter).
+JobStage = StageName | Literal["done", "dead"]
 ResultStatus = Literal["completed", "failed", "cancelled"]
 # Whose fault a result's shortfall is. "infrastructure": the service failed the job (sandbox,
 # backend, worker, a service timeout); trainers drop it per sample, never score it.
@@ -109,17 +116,15 @@ def payload_problem(value: object, field: str) -> str | None:
                 return f"{_where(path)} nests deeper than {MAX_NESTING} levels"
             pairs = item.items() if isinstance(item, dict) else enumerate(item)
             stack.extend((child, (path, key), depth + 1) for key, child in pairs)
-        elif isinstance(item, int):
-            if not INT_RANGE[0] <= item <= INT_RANGE[1]:
-                digits = str(item) if item.bit_length() < 200 else f"a {item.bit_length()}-bit integer"
-                return f"{_where(path)}: {digits} is outside the 64-bit integer range"
-        elif isinstance(item, float):
-            if not math.isfinite(item):
-                return f"{_where(path)}: {item} is not a finite number"
+        elif isinstance(item, int) and not INT_RANGE[0] <= item <= INT_RANGE[1]:
+            digits = str(item) if item.bit_length() < 200 else f"a {item.bit_length()}-bit integer"
+            return f"{_where(path)}: {digits} is outside the 64-bit integer range"
+        elif isinstance(item, float) and not math.isfinite(item):
+            return f"{_where(path)}: {item} is not a finite number"
     return None
 
 
-def job_problem(job: "Job") -> str | None:
+def job_problem(job: Job) -> str | None:
     """The first bound a job breaks (see ``payload_problem``), or None."""
     if not 0 <= job.priority <= 100:  # a Job copied with an update skips the field's own check
         return f"priority {job.priority} is outside 0-100"

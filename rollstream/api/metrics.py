@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
+from rollstream.messages import STAGES
 from rollstream.pipeline import histograms
 from rollstream.pipeline.balancer import list_backends
 from rollstream.pipeline.keys import Keys
@@ -43,7 +44,7 @@ async def render_metrics(r: aioredis.Redis, keys: Keys) -> str:
     metric("rollstream_policy_version", "gauge", "Policy version new trajectories carry.", [("", st.policy_version)])
     out.append("# HELP rollstream_stage_duration_seconds Time a job spent in each stage's work.")
     out.append("# TYPE rollstream_stage_duration_seconds histogram")
-    for stage in ("init", "run", "eval"):
+    for stage in STAGES:
         raw = await histograms.read(r, keys.stage_histogram(stage))
         out.extend(histograms.prometheus_lines("rollstream_stage_duration_seconds", f'stage="{stage}",', raw))
     out.append("# HELP rollstream_tool_call_seconds Latency of the agents' tool calls, by tool.")

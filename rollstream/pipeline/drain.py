@@ -12,7 +12,9 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 from pydantic import BaseModel, Field
 
-from rollstream.pipeline.keys import STAGES, Keys
+from rollstream.messages import STAGES
+from rollstream.pipeline.keys import Keys
+from rollstream.pipeline.workerstate import WorkerRecord
 
 
 class DrainStarted(BaseModel):
@@ -37,10 +39,10 @@ async def node_members(r: aioredis.Redis, keys: Keys, node: str, worker_ttl_s: f
         return []
     async with r.pipeline(transaction=False) as pipe:
         for name in names:
-            pipe.hmget(keys.worker(name), "node", "stage", "draining")
-        infos = await pipe.execute()
-    return [Member(name, stage.decode(), draining == b"1") for name, (n, stage, draining) in zip(names, infos)
-            if n is not None and n.decode() == node and stage is not None]
+            pipe.hgetall(keys.worker(name))
+        records = [WorkerRecord.parse(raw) for raw in await pipe.execute()]
+    return [Member(name, rec.stage, rec.draining) for name, rec in zip(names, records)
+            if rec is not None and rec.node == node]
 
 
 async def node_workers(r: aioredis.Redis, keys: Keys, node: str, worker_ttl_s: float,

@@ -17,10 +17,11 @@ from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from rollstream.errors import JobCancelled
-from rollstream.messages import DeadLetter, Envelope, Job, Result
+from rollstream.messages import INIT_STAGE, STAGES, DeadLetter, Envelope, Job, Result, StageName
 from rollstream.pipeline import cancel
 from rollstream.pipeline.codec import pack
 from rollstream.pipeline.connection import refused_write
+from rollstream.pipeline.jobstate import JobStateFields, hash_args
 from rollstream.pipeline.keys import Keys
 from rollstream.pipeline.replication import ReplicasBehind, script_then_wait
 from rollstream.pipeline.wire import FastRedis
@@ -83,26 +84,23 @@ class Handoff:
         sandbox_id = sandbox_of(env)
         return SandboxCount("SREM", env.node, sandbox_id) if sandbox_id and env.node else None
 
-    async def _move(self, src: Source, job_id: str, state: dict, dests: list[tuple[str, int, bytes]],
+    async def _move(self, src: Source, job_id: str, state: JobStateFields, dests: list[tuple[str, int, bytes]],
                     *, ttl_s: int = 0, stat: str = "", count: SandboxCount | None = None,
                     refuse_if_cancelled: Job | None = None, via: FastRedis | None = None) -> int:
-        stage = src.group if src.group in ("init", "run", "eval") else "client"
+        stage: StageName | None = next((s for s in STAGES if s == src.group), None)  # else a client's move
         if state and src.consumer:
             state.setdefault("worker", src.consumer)
-        if state and src.started_at and stage != "client":
-            state[f"{stage}_started_at"] = src.started_at
-        flat: list = []
-        for k, v in state.items():
-            flat += [k, "" if v is None else v]
+        started = (stage, src.started_at) if state and src.started_at and stage is not None else None
+        flat = hash_args(state, started)
         job = refuse_if_cancelled
         flags = cancel.flag_keys(self.keys, job) if job else [self.keys.job(job_id)] * 3
-        keys = [src.stream, self.keys.job(job_id), self.keys.stats(stage),
+        keys = [src.stream, self.keys.job(job_id), self.keys.stats(stage or "client"),
                 self.keys.node_sandboxes(count.node) if count else self.keys.job(job_id), *flags,
                 *(d[0] for d in dests)]
         args: list = [src.group, src.msg_id, src.consumer, ttl_s, stat,
                       count.op if count else "", count.sandbox_id if count else "",
                       repr(job.submitted_at) if job else "", "1" if job and job.group_id else "",
-                      len(state), len(dests), *flat]
+                      len(flat) // 2, len(dests), *flat]
         for _, maxlen, payload in dests:
             args += [maxlen, payload]
         if self.replica_acks and src.consumer:  # sent again until confirmed: only a move the owner check guards
@@ -154,19 +152,19 @@ class Handoff:
             return int(await self._fast.evalsha(_SCRIPT, keys, args))
         return int(await self._script(keys=keys, args=args))
 
-    async def forward(self, src: Source, env: Envelope, to_stream: str, to_stage: str, *,
+    async def forward(self, src: Source, env: Envelope, to_stream: str, to_stage: StageName, *,
                       via: FastRedis | None = None) -> bool:
         """Acknowledge ``src`` and queue the job on the next stage's stream; False if this
         consumer no longer owns the message. Raises ``JobCancelled`` (and moves nothing: the
         message stays pending with the caller, who ends the job) if the job was cancelled:
         a cancelled job never reaches the next stage. ``via``: a connection to send the
         script on instead of the hand-off's own (one that no blocking command holds)."""
-        state = {"stage": to_stage, "status": "queued", "node": env.node or "", "attempts": env.attempt + 1}
+        state = JobStateFields(stage=to_stage, status="queued", node=env.node or "", attempts=env.attempt + 1)
         sandbox_id = sandbox_of(env)
         if sandbox_id:
             state["sandbox"] = sandbox_id
         # A sandbox leaving init starts counting against its node, atomically with the move.
-        count = SandboxCount("SADD", env.node or "", sandbox_id) if sandbox_id and src.group == "init" else None
+        count = SandboxCount("SADD", env.node or "", sandbox_id) if sandbox_id and src.group == INIT_STAGE else None
         code = await self._move(src, env.job.job_id, state, [(to_stream, 0, pack(env))], stat="forwarded",
                                 count=count, refuse_if_cancelled=env.job, via=via)
         if code > 1:
@@ -177,8 +175,8 @@ class Handoff:
                      via: FastRedis | None = None) -> bool:
         """Acknowledge ``src`` and deliver the job's one result (and, with ``count``, stop
         counting its torn-down sandbox against the node; ``via`` as for ``forward``)."""
-        state = {"stage": "done", "status": result.status, "finished_at": result.finished_at,
-                 "error": result.error or "", "attempts": result.attempts}
+        state = JobStateFields(stage="done", status=result.status, finished_at=result.finished_at,
+                               error=result.error or "", attempts=result.attempts)
         if result.reward is not None:
             state["reward"] = result.reward
         if result.failure is not None:
@@ -192,21 +190,21 @@ class Handoff:
         """Acknowledge ``src``, record the dead letter and, when the submitter is known,
         deliver a failed result so it never waits in silence."""
         dests = [(self.keys.dead, self.dead_maxlen, pack(letter))]
-        state: dict = {"stage": "dead", "status": "failed", "error": letter.error, "finished_at": time.time()}
+        state = JobStateFields(stage="dead", status="failed", error=letter.error, finished_at=time.time())
         if result is not None:
             dests.append((self.keys.results(result.submitter), self.results_maxlen, pack(result)))
             if result.failure is not None:
                 state["failure"] = result.failure
         job_id = letter.job_id or f"undecodable-{src.msg_id}"
         if letter.job_id is None:
-            state = {}
+            state = JobStateFields()
         return await self._move(src, job_id, state, dests, ttl_s=self.state_ttl_s if state else 0, stat="dead",
                                 count=count) == 1
 
-    async def requeue(self, src: Source, env: Envelope, stream: str, stage: str, reason: str, *,
+    async def requeue(self, src: Source, env: Envelope, stream: str, stage: StageName, reason: str, *,
                       count: SandboxCount | None = None) -> bool:
         """Acknowledge ``src`` and put the job on ``stream`` again (a retry, a restart from
         init, or work handed back by a worker that is shutting down)."""
-        state = {"stage": stage, "status": "queued", "attempts": env.attempt + 1, "last_error": reason[:2000]}
+        state = JobStateFields(stage=stage, status="queued", attempts=env.attempt + 1, last_error=reason[:2000])
         return await self._move(src, env.job.job_id, state, [(stream, 0, pack(env))], stat="requeued",
                                 count=count) == 1

@@ -12,8 +12,8 @@ import bisect
 import redis
 import redis.asyncio as aioredis
 
-from rollstream.messages import Result
-from rollstream.pipeline.keys import STAGES, Keys
+from rollstream.messages import STAGES, Result
+from rollstream.pipeline.keys import Keys
 
 # Seconds: from a fast tool call to a long agent episode.
 BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)

@@ -1,22 +1,64 @@
 """A job's state hash (stage, status, attempts, worker, node, timings, error): the hand-off
 script writes where the job goes, workers mark it running (``RunningMarks``), and
-``GET /v1/jobs/{id}`` / ``rollstream status`` read it."""
+``GET /v1/jobs/{id}`` / ``rollstream status`` read it. Written as ``JobStateFields`` and read
+as ``JobState``: the same fields by the same names (``hash_args`` puts them on the wire)."""
 
 from __future__ import annotations
 
 from importlib import resources
+from typing import Literal, NamedTuple, TypedDict
 
 import redis.asyncio as aioredis
 from pydantic import BaseModel, Field
 
+from rollstream.messages import FailureKind, JobStage, JobStatus, StageName
 from rollstream.pipeline.keys import Keys
 from rollstream.pipeline.wire import FastRedis
 
 
+class JobStateFields(TypedDict, total=False):
+    """A write to a job's state hash: the fields it sets (the others stay as they are). A plain
+    dict at run time, so the hot path pays nothing; its names are ``JobState``'s."""
+
+    job_id: str
+    group_id: str
+    submitter: str
+    task: str
+    stage: JobStage
+    status: JobStatus
+    attempts: int
+    worker: str
+    node: str
+    sandbox: str
+    error: str
+    last_error: str
+    failure: FailureKind
+    reward: float
+    priority: int
+    submitted_at: float
+    finished_at: float
+
+
+def started_at_field(stage: StageName) -> str:
+    """The timing field a stage's start is written to (read back into ``JobState.timings``)."""
+    return f"{stage}_started_at"
+
+
+def hash_args(fields: JobStateFields, started: tuple[StageName, float] | None = None) -> list:
+    """``fields`` as HSET's flat field/value list, in the order given (a stage's start time
+    last); None is written as ''. Values go as they are: redis-py encodes the numbers."""
+    flat: list = []
+    for k, v in fields.items():
+        flat += [k, "" if v is None else v]
+    if started is not None:
+        flat += [started_at_field(started[0]), started[1]]
+    return flat
+
+
 class JobState(BaseModel):
     job_id: str
-    stage: str = ""
-    status: str = ""
+    stage: JobStage | Literal[""] = ""
+    status: JobStatus | Literal[""] = ""
     attempts: int = 0
     submitter: str = ""
     group_id: str = ""
@@ -26,7 +68,8 @@ class JobState(BaseModel):
     sandbox: str = ""
     error: str = ""
     last_error: str = ""
-    failure: str = Field("", description="Whose fault a failed or cancelled job's end is (messages.FailureKind).")
+    failure: FailureKind | Literal[""] = Field(
+        "", description="Whose fault a failed or cancelled job's end is (messages.FailureKind).")
     reward: float | None = None
     priority: int = 50
     submitted_at: float | None = None
@@ -66,6 +109,16 @@ def entry_token(stream: str, msg_id: str) -> str:
     return f"{stream} {msg_id}"
 
 
+class RunningMark(NamedTuple):
+    """A job marked running: its id, the stage message it is (``entry_token``), the fields set
+    and when the stage started it."""
+
+    job_id: str
+    entry: str
+    fields: JobStateFields
+    started: tuple[StageName, float] | None = None
+
+
 _RUNNING = resources.files("rollstream.pipeline").joinpath("lua/running.lua").read_text()
 
 
@@ -85,20 +138,13 @@ class RunningMarks:
         if self._fast is not None:
             await self._fast.close()
 
-    async def mark(self, marks: list[tuple[str, str, dict]]) -> None:
-        """``marks``: (job_id, entry_token of the stage message, fields) per job, in one
-        round trip."""
+    async def mark(self, marks: list[RunningMark]) -> None:
+        """``marks``: one per job, in one round trip."""
+        commands = [(self.keys.job(m.job_id), [m.entry, *hash_args(m.fields, m.started)]) for m in marks]
         if self._fast is not None:
-            commands = []
-            for job_id, msg_id, fields in marks:
-                flat = [x for k, v in fields.items() for x in (k, v)]
-                commands.append((self.keys.job(job_id), [msg_id, *flat]))
             await self._fast.evalsha_many(_RUNNING, commands)
             return
         async with self.r.pipeline(transaction=False) as pipe:
-            for job_id, msg_id, fields in marks:
-                flat: list = [msg_id]
-                for k, v in fields.items():
-                    flat += [k, v]
-                await self._script(keys=[self.keys.job(job_id)], args=flat, client=pipe)
+            for key, args in commands:
+                await self._script(keys=[key], args=args, client=pipe)
             await pipe.execute()

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-STAGES = ("init", "run", "eval")
+from rollstream.messages import EVAL_STAGE, INIT_STAGE, RUN_STAGE, STAGES
+
+__all__ = ["STAGES", "RESULTS_GROUP", "Keys"]
 RESULTS_GROUP = "submitter"
 
 
@@ -22,22 +24,22 @@ class Keys:
     # sandbox lives on the node that made it.
     @property
     def init_stream(self) -> str:
-        return self._k("jobs", "init")
+        return self._k("jobs", INIT_STAGE)
 
     @property
     def init_waiting(self) -> str:
         """Sorted set of jobs waiting for init by rank (priorities.py): readers move the best
         onto the init stream as they read."""
-        return self._k("init", "waiting")
+        return self._k(INIT_STAGE, "waiting")
 
     def run_stream(self, node: str) -> str:
-        return self._k("jobs", "run", node)
+        return self._k("jobs", RUN_STAGE, node)
 
     def eval_stream(self, node: str) -> str:
-        return self._k("jobs", "eval", node)
+        return self._k("jobs", EVAL_STAGE, node)
 
     def stage_stream(self, stage: str, node: str) -> str:
-        return self.init_stream if stage == "init" else self._k("jobs", stage, node)
+        return self.init_stream if stage == INIT_STAGE else self._k("jobs", stage, node)
 
     def results(self, submitter: str) -> str:
         return self._k("results", submitter)

@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 from pydantic import ValidationError
 
 from rollstream.config import Settings
-from rollstream.messages import DeadLetter, Result
+from rollstream.messages import INIT_STAGE, NODE_STAGES, DeadLetter, Result
 from rollstream.pipeline.codec import DecodeError, decode_envelope
 from rollstream.pipeline.groups import ensure_group
 from rollstream.pipeline.handoff import Handoff, Source
@@ -42,14 +42,14 @@ async def _move_back(handoff: Handoff, keys: Keys, settings: Settings, src: Sour
         return
     env = env.model_copy(update={"attempt": env.attempt + 1, "sandbox": None, "state": {}, "trajectory": None,
                                  "node": None, "errors": [*env.errors, reason]})
-    await handoff.requeue(src, env, keys.init_stream, "init", reason)
+    await handoff.requeue(src, env, keys.init_stream, INIT_STAGE, reason)
 
 
 async def rescue_node(r: aioredis.Redis, keys: Keys, handoff: Handoff, settings: Settings,
                       node: str, rescuer: str, batch: int = 100) -> int:
     """Move every job held or queued on ``node``'s run and eval streams back to init."""
     moved = 0
-    for stage in ("run", "eval"):
+    for stage in NODE_STAGES:
         stream = keys.stage_stream(stage, node)
         if not await r.exists(stream):
             continue

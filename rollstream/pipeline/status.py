@@ -10,8 +10,10 @@ import redis
 import redis.asyncio as aioredis
 from pydantic import BaseModel, Field
 
+from rollstream.messages import INIT_STAGE, NODE_STAGES, STAGES
 from rollstream.pipeline.connection import refused_write, transient_problem
-from rollstream.pipeline.keys import STAGES, Keys
+from rollstream.pipeline.keys import Keys
+from rollstream.pipeline.workerstate import WorkerRecord
 
 # Workers whose heartbeat is older than this are left out (and dropped from the workers set)
 # when the caller does not say: the default worker_ttl_s.
@@ -85,23 +87,22 @@ async def redis_problem(r: aioredis.Redis, keys: Keys, *, terse: bool = False) -
 async def snapshot(r: aioredis.Redis, keys: Keys, *, worker_ttl_s: float = DEFAULT_WORKER_TTL_S) -> PipelineStatus:
     """Reads only (it works while Redis refuses writes, and says so in ``redis_problem``)."""
     status = PipelineStatus(redis_problem=await redis_problem(r, keys))
-    status.streams.append(await _stream_status(r, keys.init_stream, "init", None))
+    status.streams.append(await _stream_status(r, keys.init_stream, INIT_STAGE, None))
     status.streams[0].waiting = await r.zcard(keys.init_waiting)
     nodes = sorted(n.decode() for n in await r.zrange(keys.nodes, 0, -1))
     for node in nodes:
-        for stage in ("run", "eval"):
+        for stage in NODE_STAGES:
             status.streams.append(await _stream_status(r, keys.stage_stream(stage, node), stage, node))
     now = time.time()
     if status.redis_problem is None:  # workers dead for worker_ttl_s leave the list
         await r.zremrangebyscore(keys.workers, "-inf", now - worker_ttl_s)
     for worker, beat in await r.zrangebyscore(keys.workers, now - worker_ttl_s, "+inf", withscores=True):
         name = worker.decode()
-        info = {k.decode(): v.decode() for k, v in (await r.hgetall(keys.worker(name))).items()}
-        status.workers.append(WorkerStatus(
-            worker=name, stage=info.get("stage", ""), node=info.get("node", ""),
-            inflight=int(info.get("inflight", 0)), processed=int(info.get("processed", 0)),
-            concurrency=int(info.get("concurrency", 0)), heartbeat_age_s=round(now - beat, 1),
-            draining=info.get("draining") == "1"))
+        rec = WorkerRecord.parse(await r.hgetall(keys.worker(name)))
+        age_s = round(now - beat, 1)
+        status.workers.append(WorkerStatus(worker=name, heartbeat_age_s=age_s) if rec is None else WorkerStatus(
+            worker=name, stage=rec.stage, node=rec.node, inflight=rec.inflight, processed=rec.processed,
+            concurrency=rec.concurrency, heartbeat_age_s=age_s, draining=rec.draining))
     status.dead_letters = await r.xlen(keys.dead)
     for submitter in await r.zrange(keys.submitters, 0, -1):
         status.results_waiting += await r.xlen(keys.results(submitter.decode()))

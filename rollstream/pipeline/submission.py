@@ -10,26 +10,19 @@ from dataclasses import dataclass, field
 import redis.asyncio as aioredis
 
 from rollstream.errors import InvalidJob, JobTooLarge
-from rollstream.messages import Envelope, Job, job_problem
+from rollstream.messages import INIT_STAGE, Envelope, Job, job_problem
 from rollstream.pipeline.codec import pack
+from rollstream.pipeline.jobstate import JobStateFields, hash_args
 from rollstream.pipeline.keys import Keys
 from rollstream.pipeline.priorities import INIT_GROUP, SUBMIT_SCRIPT, rank_offset_s
 from rollstream.pipeline.replication import ReplicasBehind, script_then_wait
 from rollstream.pipeline.wire import FastRedis
 
 
-def initial_state(job: Job) -> dict:
-    return {
-        "job_id": job.job_id,
-        "group_id": job.group_id or "",
-        "submitter": job.submitter,
-        "task": job.task,
-        "stage": "init",
-        "status": "queued",
-        "attempts": 0,
-        "submitted_at": job.submitted_at,
-        "priority": job.priority,
-    }
+def initial_state(job: Job) -> JobStateFields:
+    return JobStateFields(job_id=job.job_id, group_id=job.group_id or "", submitter=job.submitter, task=job.task,
+                          stage=INIT_STAGE, status="queued", attempts=0, submitted_at=job.submitted_at,
+                          priority=job.priority)
 
 
 def check_bounds(job: Job) -> None:
@@ -83,10 +76,8 @@ async def enqueue(r: aioredis.Redis, keys: Keys, jobs: list[Job], *, max_job_byt
     submitters = sorted({job.submitter for job in jobs})
     args: list = [time.time(), len(submitters), *submitters, INIT_GROUP]
     for job, payload in zip(jobs, payloads):
-        state = initial_state(job)
-        args += [payload, rank_offset_s(job.priority, priority_aging_s), len(state)]
-        for name, value in state.items():
-            args += [name, value]
+        state = hash_args(initial_state(job))
+        args += [payload, rank_offset_s(job.priority, priority_aging_s), len(state) // 2, *state]
     script_keys = [keys.init_stream, keys.submitters, keys.init_waiting, *(keys.job(job.job_id) for job in jobs)]
     if replica_acks:
         queued, confirmed = await script_then_wait(r, fast, SUBMIT_SCRIPT, script_keys, args, acks=replica_acks,

@@ -10,7 +10,7 @@ import os
 import shutil
 
 from rollstream.errors import InvalidJob, JobFailed
-from rollstream.messages import Envelope
+from rollstream.messages import STAGES, Envelope
 from rollstream.sandboxes.paths import safe_name
 from rollstream.tasks import eval_report
 from rollstream.tasks.base import Task, TaskContext
@@ -31,7 +31,7 @@ class EchoTask(Task):
         for knob in ("init_s", "run_s", "eval_s"):
             if not isinstance(instance.get(knob, 0), (int, float)) or instance.get(knob, 0) < 0:
                 raise InvalidJob(f"echo: {knob} must be a number of seconds ≥ 0")
-        if instance.get("fail_in") not in (None, "init", "run", "eval"):
+        if instance.get("fail_in") not in (None, *STAGES):
             raise InvalidJob("echo: fail_in must be one of init, run, eval")
 
     @staticmethod

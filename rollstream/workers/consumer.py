@@ -25,7 +25,7 @@ from rollstream.pipeline.codec import DecodeError, decode_envelope
 from rollstream.pipeline.connection import SOCKET_TIMEOUT_S, Outage, raise_if_cancelled, transient_problem
 from rollstream.pipeline.groups import ensure_group
 from rollstream.pipeline.handoff import Source, sandbox_of
-from rollstream.pipeline.jobstate import entry_token
+from rollstream.pipeline.jobstate import JobStateFields, RunningMark, entry_token
 from rollstream.pipeline.priorities import feed, feed_command, queued_at
 from rollstream.pipeline.rescue import rescue_dead_nodes
 from rollstream.pipeline.wire import FastRedis, stream_entries
@@ -159,7 +159,7 @@ class ConsumerLoop:
             raise_if_cancelled()
             try:
                 await asyncio.wait_for(until.wait(), period_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def _flush_observations(self, final: bool = False) -> None:
@@ -185,7 +185,7 @@ class ConsumerLoop:
                     self._slot_freed.clear()
                     try:
                         await asyncio.wait_for(self._slot_freed.wait(), 0.2)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         pass
                     continue
                 entries = await self._read(free)
@@ -264,8 +264,8 @@ class ConsumerLoop:
             except (DecodeError, ValidationError, InvalidJob) as exc:
                 self._track(msg_id, None, self._guard(src, None, self.outcomes.undecodable(src, fields, exc)))
                 continue
-            marks[msg_id] = (env.job.job_id, entry_token(self.stream, msg_id), {"stage": stage, "status": "running", "worker": self.consumer,
-                                                      "node": self.ctx.node, f"{stage}_started_at": started})
+            running = JobStateFields(stage=stage, status="running", worker=self.consumer, node=self.ctx.node)
+            marks[msg_id] = RunningMark(env.job.job_id, entry_token(self.stream, msg_id), running, (stage, started))
             self._track(msg_id, env, self._guard(src, env, self._run_job(src, env, deliveries)))
         self.running_marks.send_soon()
 
@@ -294,8 +294,12 @@ class ConsumerLoop:
             if transient_problem(exc) is None:
                 raise
             # The job stays pending; after the visibility timeout a worker reclaims it.
-            log.error("job %s: Redis failed during %s (%s); left pending for reclaim",
-                      env.job.job_id if env else "?", self.stage.name, exc)
+            log.error(
+                "job %s: Redis failed during %s (%s); left pending for reclaim",
+                env.job.job_id if env else "?",
+                self.stage.name,
+                exc,
+            )
         except (ValueError, TypeError, OverflowError) as exc:
             if env is None:
                 raise
@@ -310,14 +314,15 @@ class ConsumerLoop:
         try:
             await asyncio.wait_for(self._stopping.wait(), delay)
             return False
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return True
 
     async def _run_job(self, src: Source, env: Envelope, deliveries: int) -> None:
         job, stage, started, outcomes = env.job, self.stage.name, src.started_at, self.outcomes
         if deliveries > self.s.max_deliveries:
-            return await outcomes.give_up(src, env, f"delivered {deliveries} times to {stage} workers that "
-                                                    "died or hung before finishing it")
+            return await outcomes.give_up(
+                src, env, f"delivered {deliveries} times to {stage} workers that died or hung before finishing it"
+            )
         reason = self.cancels.book.reason(job)
         if reason:
             return await outcomes.end(src, env, "cancelled", reason)
@@ -332,7 +337,7 @@ class ConsumerLoop:
         at_work = self.cancels.at_work
         try:
             if left_s <= 0:
-                raise asyncio.TimeoutError
+                raise TimeoutError
             at_work.add(src.msg_id)
             self.deadlines.set(src.msg_id, left_s)
             outcome = await self.stage.process(env, self.ctx.task_context(lambda: self.cancels.check(job)))
@@ -365,8 +370,7 @@ class ConsumerLoop:
                 for key, seconds in histograms.result_latencies(self.ctx.keys, outcome):
                     self.observations.observe(key, seconds)
         if not moved:
-            log.warning("job %s: %s finished after another worker reclaimed it; dropped this copy",
-                        job.job_id, stage)
+            log.warning("job %s: %s finished after another worker reclaimed it; dropped this copy", job.job_id, stage)
 
     # -- shutdown ----------------------------------------------------------------------
     async def _drain(self) -> None:
@@ -383,5 +387,6 @@ class ConsumerLoop:
             if pending:
                 _done, stuck = await asyncio.wait(pending, timeout=10.0)
                 if stuck:
-                    log.error("%s: %d jobs did not stop; their messages stay pending for reclaim",
-                              self.consumer, len(stuck))
+                    log.error(
+                        "%s: %d jobs did not stop; their messages stay pending for reclaim", self.consumer, len(stuck)
+                    )

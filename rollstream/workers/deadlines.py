@@ -7,14 +7,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from rollstream.messages import Envelope, Job
+from rollstream.messages import Envelope, Job, StageName
 from rollstream.workers.stage import queued_s
 
 # The interrupt reason of a job whose timeout_s ran out while its stage worked on it.
 TIMED_OUT = "timed out"
 
 
-def queue_overrun(env: Envelope, stage: str) -> str | None:
+def queue_overrun(env: Envelope, stage: StageName) -> str | None:
     """Why the job must end unrun: it waited in queues (up to ``stage``) longer than its
     queue_timeout_s; None while it has not."""
     limit = env.job.queue_timeout_s

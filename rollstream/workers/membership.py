@@ -14,11 +14,12 @@ import time
 
 import redis
 
+from rollstream.messages import STAGES, StageName
 from rollstream.pipeline.connection import Outage
 from rollstream.pipeline.drain import node_members, node_workers
 from rollstream.pipeline.groups import autoclaim, ensure_group, remove_idle_consumer
-from rollstream.pipeline.keys import STAGES
 from rollstream.pipeline.rescue import rescue_node
+from rollstream.pipeline.workerstate import WorkerRecord
 from rollstream.workers.stage import WorkerContext
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ def message_id(raw) -> str:
 
 
 class Membership:
-    def __init__(self, ctx: WorkerContext, stage: str, stream: str, consumer: str, concurrency: int,
+    def __init__(self, ctx: WorkerContext, stage: StageName, stream: str, consumer: str, concurrency: int,
                  outage: Outage):
         self.r = ctx.redis
         self.keys = ctx.keys
@@ -59,10 +60,11 @@ class Membership:
             # Workers that stopped heart-beating (killed, their machine gone) leave the list.
             pipe.zremrangebyscore(keys.workers, "-inf", now - self.settings.worker_ttl_s)
             pipe.zadd(keys.nodes, {self.node: now})
-            pipe.hset(keys.worker(self.consumer), mapping={
-                "stage": self.stage, "node": self.node, "pid": os.getpid(), "concurrency": self.concurrency,
-                "inflight": len(inflight_ids), "processed": processed, "heartbeat_at": now,
-                "draining": int(draining), "event_loop": type(asyncio.get_running_loop()).__module__.split(".")[0]})
+            event_loop = type(asyncio.get_running_loop()).__module__.split(".")[0]
+            record = WorkerRecord(stage=self.stage, node=self.node, pid=os.getpid(), concurrency=self.concurrency,
+                                  inflight=len(inflight_ids), processed=processed, heartbeat_at=now,
+                                  draining=draining, event_loop=event_loop)
+            pipe.hset(keys.worker(self.consumer), mapping=record.hash_fields())
             pipe.expire(keys.worker(self.consumer), int(self.settings.worker_ttl_s * 3) + 1)
             pipe.get(keys.drain(self.node))
             replies = await pipe.execute()

@@ -11,6 +11,8 @@ import asyncio
 import logging
 import time
 
+from rollstream.messages import INIT_STAGE, NODE_STAGES
+from rollstream.pipeline.jobstate import parse_state
 from rollstream.pipeline.keys import Keys
 from rollstream.sandboxes.reaper import Reaper
 
@@ -24,18 +26,17 @@ async def reap_node(r, keys: Keys, node: str, root_dir: str | None) -> list[str]
     records = await asyncio.to_thread(reaper.sandboxes)
     async with r.pipeline(transaction=False) as pipe:
         for rec in records:
-            pipe.hmget(keys.job(rec.owner), "stage", "node", "sandbox")
+            pipe.hgetall(keys.job(rec.owner))
         states = await pipe.execute()
     now = time.time()
     # Warm-pool sandboxes (workers/warm_pool.py) while their lease lasts: a killed worker's run out.
     warm_key = keys.node_warm(node)
     await r.zremrangebyscore(warm_key, "-inf", now)
     wanted = {v.decode() for v in await r.zrangebyscore(warm_key, now, "+inf")}
-    for rec, (stage, st_node, sandbox) in zip(records, states):
-        stage, st_node, sandbox = (v.decode() if v else "" for v in (stage, st_node, sandbox))
-        if stage in ("run", "eval") and st_node == node and sandbox == rec.id:
-            wanted.add(rec.id)
-        elif stage == "init" and now - rec.created_at < INIT_GRACE_S:
+    for rec, raw in zip(records, states):
+        state = parse_state(rec.owner, raw)
+        if (state.stage in NODE_STAGES and state.node == node and state.sandbox == rec.id
+                or state.stage == INIT_STAGE and now - rec.created_at < INIT_GRACE_S):
             wanted.add(rec.id)
     reaped = await asyncio.to_thread(reaper.reap, lambda sandbox_id, _owner: sandbox_id in wanted)
     # Counts drift when a worker dies between a sandbox's end and the bookkeeping; the

@@ -11,7 +11,7 @@ import logging
 from pydantic import ValidationError
 
 from rollstream.errors import InvalidJob, JobCancelled, JobFailed
-from rollstream.messages import DeadLetter, Envelope, Result
+from rollstream.messages import INIT_STAGE, DeadLetter, Envelope, FailureKind, Result, ResultStatus
 from rollstream.pipeline.handoff import SandboxCount, Source
 from rollstream.workers.deadlines import TIMED_OUT, timed_out
 from rollstream.workers.malformed import malformed_message
@@ -67,11 +67,11 @@ class Outcomes:
             log.exception("job %s: freeing its resources failed", env.job.job_id)
         return self.handoff.sandbox_gone(env)
 
-    async def end(self, src: Source, env: Envelope, status: str, reason: str) -> None:
+    async def end(self, src: Source, env: Envelope, status: ResultStatus, reason: str) -> None:
         count = await self.release(env)
         await self.handoff.finish(src, ended_result(env, status, reason, self.stage.name), count=count)
 
-    async def give_up(self, src: Source, env: Envelope, error: str, failure: str = "infrastructure") -> None:
+    async def give_up(self, src: Source, env: Envelope, error: str, failure: FailureKind = "infrastructure") -> None:
         count = await self.release(env)
         stage = self.stage.name
         history = "; earlier attempts: " + " | ".join(env.errors) if env.errors else ""
@@ -81,7 +81,7 @@ class Outcomes:
         await self.handoff.dead_letter(src, letter, ended_result(env, "failed", error + history, stage, failure),
                                        count=count)
 
-    async def retry(self, src: Source, env: Envelope, error: str, failure: str = "infrastructure") -> None:
+    async def retry(self, src: Source, env: Envelope, error: str, failure: FailureKind = "infrastructure") -> None:
         """Free the node's resources and start the job over from init, unless it has had
         all its attempts."""
         count = await self.release(env)
@@ -90,12 +90,12 @@ class Outcomes:
         if env.attempt + 1 >= attempts:
             env.errors.pop()
             return await self.give_up(src, env, f"{error} (attempt {env.attempt + 1} of {attempts})", failure)
-        await self.handoff.requeue(src, _from_init(env, attempt=env.attempt + 1), self.ctx.keys.init_stream, "init",
+        await self.handoff.requeue(src, _from_init(env, attempt=env.attempt + 1), self.ctx.keys.init_stream, INIT_STAGE,
                                    error, count=count)
 
     async def hand_back(self, src: Source, env: Envelope) -> None:
         count = await self.release(env)
-        await self.handoff.requeue(src, _from_init(env), self.ctx.keys.init_stream, "init",
+        await self.handoff.requeue(src, _from_init(env), self.ctx.keys.init_stream, INIT_STAGE,
                                    f"handed back by {self.consumer} at shutdown", count=count)
 
     async def undecodable(self, src: Source, fields: dict, exc: Exception) -> None:

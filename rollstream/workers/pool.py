@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollstream.errors import RollstreamError
+from rollstream.messages import STAGES
 
 
 class WorkerProcessExited(RollstreamError):
@@ -42,11 +43,11 @@ class WorkerPool:
 
     def start(self, stage: str, *, processes: int = 1, concurrency: int = 64) -> list[subprocess.Popen]:
         started = []
-        for i in range(processes):
+        for _ in range(processes):
             out = subprocess.DEVNULL
             if self.log_dir:
                 self.log_dir.mkdir(parents=True, exist_ok=True)
-                out = open(self.log_dir / f"{stage}-{len(self.procs)}.log", "ab")
+                out = open(self.log_dir / f"{stage}-{len(self.procs)}.log", "ab")  # noqa: SIM115 - closed below
             proc = subprocess.Popen([*self.program, stage, "--concurrency", str(concurrency)],
                                     env=self._env(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             if out is not subprocess.DEVNULL:
@@ -56,7 +57,7 @@ class WorkerPool:
         return started
 
     def start_all(self, *, processes: int = 1, concurrency: int = 64) -> None:
-        for stage in ("init", "run", "eval"):
+        for stage in STAGES:
             self.start(stage, processes=processes, concurrency=concurrency)
 
     def alive(self) -> list[tuple[str, subprocess.Popen]]:
@@ -105,7 +106,7 @@ class WorkerPool:
                 proc.wait()
         self.procs.clear()
 
-    def __enter__(self) -> "WorkerPool":
+    def __enter__(self) -> WorkerPool:
         return self
 
     def __exit__(self, *exc) -> None:

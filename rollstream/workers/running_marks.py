@@ -13,7 +13,7 @@ import redis
 import redis.asyncio as aioredis
 
 from rollstream.pipeline.connection import Outage, transient_problem
-from rollstream.pipeline.jobstate import RunningMarks
+from rollstream.pipeline.jobstate import RunningMark, RunningMarks
 from rollstream.pipeline.keys import Keys
 
 log = logging.getLogger(__name__)
@@ -26,9 +26,9 @@ class LateRunningMarks:
         self.marks = RunningMarks(r, keys)
         self.outage = outage
         self.consumer = consumer
-        # message id -> (job id, entry token, state fields): the marks not yet sent. The loop
-        # adds a batch's marks here, then calls ``send_soon``.
-        self.unsent: dict[str, tuple[str, str, dict]] = {}
+        # message id -> its mark: the marks not yet sent. The loop adds a batch's marks here,
+        # then calls ``send_soon``.
+        self.unsent: dict[str, RunningMark] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._sending: set[asyncio.Task] = set()  # sent without awaiting; kept from GC
 
@@ -51,7 +51,7 @@ class LateRunningMarks:
             self._sending.add(task)
             task.add_done_callback(self._sending.discard)
 
-    async def _guarded(self, batch: list[tuple[str, str, dict]]) -> None:
+    async def _guarded(self, batch: list[RunningMark]) -> None:
         """A failure is logged, never raised: the marks are for observers."""
         try:
             await self.marks.mark(batch)

@@ -14,9 +14,9 @@ from pathlib import Path
 import redis.asyncio as aioredis
 
 from rollstream.config import Settings
-from rollstream.messages import Envelope, FailureKind, Result
+from rollstream.messages import STAGES, Envelope, FailureKind, Result, ResultStatus, StageName
 from rollstream.pipeline.handoff import Handoff
-from rollstream.pipeline.keys import STAGES, Keys
+from rollstream.pipeline.keys import Keys
 from rollstream.tasks.base import ProcessServices, TaskContext
 from rollstream.tasks.registry import get_task
 from rollstream.workers.node_sandboxes import NodeSandboxes
@@ -26,7 +26,7 @@ from rollstream.workers.node_sandboxes import NodeSandboxes
 class Forward:
     """Send the job on to ``stage`` on this node."""
 
-    stage: str
+    stage: StageName
 
 
 @dataclass
@@ -74,7 +74,8 @@ def completed_result(env: Envelope, reward: float) -> Result:
                   timings_s=env.timings_s, metadata=env.job.metadata)
 
 
-def ended_result(env: Envelope, status: str, error: str, stage: str, failure: FailureKind | None = None) -> Result:
+def ended_result(env: Envelope, status: ResultStatus, error: str, stage: StageName,
+                 failure: FailureKind | None = None) -> Result:
     """A failed or cancelled result. ``failure`` defaults to "cancelled" for a cancelled job
     and "infrastructure" for a failed one: a stage that gives up on a job is the service
     failing it unless the caller knows better (an invalid job, the agent's own failure)."""
@@ -86,14 +87,14 @@ def ended_result(env: Envelope, status: str, error: str, stage: str, failure: Fa
                   trajectory=env.trajectory, finished_at=time.time())
 
 
-def active_s(env: Envelope, stage: str) -> float:
+def active_s(env: Envelope, stage: StageName) -> float:
     """Seconds this attempt of the job has spent at work in the stages before ``stage``: what
     its ``timeout_s`` counts (queue time does not). Each attempt restarts from init, so the
     earlier stages' timings are always this attempt's own."""
     return sum(env.timings_s.get(f"{s}_s", 0.0) for s in STAGES[:STAGES.index(stage)])
 
 
-def queued_s(env: Envelope, stage: str) -> float:
+def queued_s(env: Envelope, stage: StageName) -> float:
     """Seconds the job has waited in stage queues up to the start of ``stage`` (that stage's
     own wait included): what its ``queue_timeout_s`` bounds."""
     return sum(env.timings_s.get(f"{s}_wait_s", 0.0) for s in STAGES[:STAGES.index(stage) + 1])
@@ -103,7 +104,7 @@ class Stage(ABC):
     """One pipeline stage. ``process`` does the stage's work on a job and returns where
     it goes next (a ``Forward``) or its final ``Result``."""
 
-    name: str
+    name: StageName
     # Pull work only while the node has sandbox slots free (init's back-pressure): the loop
     # reads the node's sandbox count with every read of the stream.
     limits_by_node_sandboxes: bool = False

@@ -26,6 +26,7 @@ import redis
 
 from rollstream.config import Settings
 from rollstream.pipeline.keys import Keys
+from rollstream.pipeline.workerstate import WorkerRecord
 from rollstream.sandbox_spec import SandboxHandle, SandboxSpec
 from rollstream.sandboxes import capacity
 from rollstream.sandboxes.errors import SandboxError
@@ -212,15 +213,14 @@ class WarmPool:
         async with self.r.pipeline(transaction=False) as pipe:
             pipe.scard(self.keys.node_sandboxes(node))
             for worker in workers:
-                pipe.hmget(self.keys.worker(worker.decode()), "stage", "node", "concurrency")
+                pipe.hgetall(self.keys.worker(worker.decode()))
             in_use, *infos = await pipe.execute()
         slots: Counter = Counter()
         peers = 0
-        for info in infos:
-            stage, at, count = (v.decode() if v else "" for v in info)
-            if at == node:
-                slots[stage] += int(count or 0)
-                peers += stage == self.stage
+        for rec in map(WorkerRecord.parse, infos):
+            if rec is not None and rec.node == node:
+                slots[rec.stage] += rec.concurrency
+                peers += rec.stage == self.stage
         in_use = int(in_use)
         wanted, peers = self.wanted(slots, in_use), max(1, peers)
         warm_now = sum(len(s.idle) + s.starting for s in self.shelves.values())

@@ -16,7 +16,7 @@ from rollstream.pipeline import cancel
 from rollstream.pipeline.codec import pack
 from rollstream.pipeline.connection import async_redis
 from rollstream.pipeline.handoff import Handoff, Source
-from rollstream.pipeline.jobstate import RunningMarks, entry_token, read_state
+from rollstream.pipeline.jobstate import JobStateFields, RunningMark, RunningMarks, entry_token, read_state
 from rollstream.pipeline.keys import Keys
 from rollstream.pipeline.wire import FastRedis
 from rollstream.sandbox_spec import SandboxHandle
@@ -96,11 +96,11 @@ async def test_a_late_running_mark_never_rewinds_the_state(broker):
     env = _env()
     src = await _take(r, keys, "init", env)
     token = entry_token(src.stream, src.msg_id)
-    await marks.mark([(env.job.job_id, token, {"stage": "init", "status": "running"})])
+    await marks.mark([RunningMark(env.job.job_id, token, JobStateFields(stage="init", status="running"))])
     assert (await read_state(r, keys, env.job.job_id)).status == "running"
     assert await handoff.forward(src, env, keys.run_stream("n1"), "run")
     # The same mark arriving after the hand-off (it is sent without waiting) is dropped.
-    await marks.mark([(env.job.job_id, token, {"stage": "init", "status": "running"})])
+    await marks.mark([RunningMark(env.job.job_id, token, JobStateFields(stage="init", status="running"))])
     state = await read_state(r, keys, env.job.job_id)
     assert (state.stage, state.status) == ("run", "queued")
     await marks.aclose()
@@ -122,7 +122,8 @@ async def test_a_late_mark_is_dropped_when_the_next_entry_has_the_same_id_in_ano
     assert await handoff.forward(src, env, run_stream, "run")
     assert (await r.xrange(run_stream))[-1][0].decode() == src.msg_id  # the same id, another stream
     assert (await r.hget(keys.job(env.job.job_id), "msg_id")).decode() == entry_token(run_stream, src.msg_id)
-    await marks.mark([(env.job.job_id, entry_token(src.stream, src.msg_id), {"stage": "init", "status": "running"})])
+    running = JobStateFields(stage="init", status="running")
+    await marks.mark([RunningMark(env.job.job_id, entry_token(src.stream, src.msg_id), running)])
     state = await read_state(r, keys, env.job.job_id)
     assert (state.stage, state.status) == ("run", "queued")
     await marks.aclose()

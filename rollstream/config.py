@@ -13,6 +13,9 @@ from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rollstream.sandboxes.policy import DEFAULT_IMAGES, DEFAULT_JOB_OVERRIDES
+from rollstream.sandboxes.runtime.env_settings import env_setting
+
+__all__ = ["Settings", "load_settings", "env_setting", "default_swe_mirror"]
 
 
 def _default_node() -> str:
@@ -25,7 +28,7 @@ def _default_data_dir() -> Path:
 
 def default_swe_mirror() -> Path:
     """Where the swe task's repository mirror lives unless a job names another."""
-    return Path(os.environ.get("ROLLSTREAM_SWE_MIRROR") or Path.home() / ".cache" / "rollstream" / "swe-mirror")
+    return Path(env_setting("SWE_MIRROR") or Path.home() / ".cache" / "rollstream" / "swe-mirror")
 
 
 def _default_swe_mirrors() -> list[Path]:
@@ -36,7 +39,7 @@ HARBOR_MAPPED_IMAGES = ("python", "python:*", "debian", "debian:*", "ubuntu", "u
 
 
 def _default_harbor_base_images() -> dict[str, str]:
-    base = os.environ.get("ROLLSTREAM_BASE_IMAGE", "localhost/rollstream/python:bookworm")
+    base = env_setting("BASE_IMAGE", "localhost/rollstream/python:bookworm")
     return {pattern: base for pattern in HARBOR_MAPPED_IMAGES}
 
 

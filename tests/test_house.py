@@ -173,6 +173,39 @@ def test_shared_worker_modules_do_not_branch_on_a_stage_name():
                            + "\n".join(offenders))
 
 
+def _lines_matching(pattern: re.Pattern, skip: set[str]) -> list[str]:
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = str(path.relative_to(PACKAGE))
+        if relative in skip or relative.startswith("data/"):
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if pattern.search(line.split("#", 1)[0]):
+                found.append(f"rollstream/{relative}:{number}: {line.strip()}")
+    return found
+
+
+def test_the_stage_set_is_spelled_in_one_place():
+    """messages.STAGES (and StageName) name the stages; elsewhere code compares with those
+    names, never with a stage spelled again (the stage modules name themselves)."""
+    # (A dataset's split named "eval" is no stage.)
+    compared = r"""(?<!split )(==|!=)\s*["'](init|run|eval)["']"""
+    listed = r"""["'](init|run)["']\s*,\s*["'](run|eval)["']"""
+    spelled = re.compile(f"{compared}|{listed}")
+    offenders = _lines_matching(spelled, {"messages.py", "workers/init.py", "workers/run.py", "workers/eval.py"})
+    assert not offenders, "use messages.STAGES / INIT_STAGE / NODE_STAGES:\n" + "\n".join(offenders)
+
+
+def test_environment_settings_are_read_in_one_place():
+    """ROLLSTREAM_* variables are read by config.Settings or by the stdlib reader the sandbox
+    runtime shares (sandboxes/runtime/env_settings.py), where each is documented; the SWE report
+    plugin runs inside the sandbox's own Python, apart from the package."""
+    read = re.compile(r"""(environ(\.get)?\s*[\[(]|getenv\()\s*f?["'](ROLLSTREAM_|RS_)""")
+    apart = {"config.py", "sandboxes/runtime/env_settings.py", "tasks/swe_report_plugin.py"}
+    offenders = _lines_matching(read, apart)
+    assert not offenders, "read settings through config.py or runtime/env_settings.py:\n" + "\n".join(offenders)
+
+
 def test_modules_stay_small():
     big = sorted((len(path.read_text().splitlines()), module_name(path)) for path in modules().values())
     too_big = [f"{name}: {lines} lines" for lines, name in big if lines > MAX_MODULE_LINES]

@@ -15,6 +15,8 @@ from pathlib import Path
 from fastapi import Depends, HTTPException, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from rollstream.config import env_setting
+
 _SCHEME = HTTPBearer(auto_error=False, scheme_name="bearer",
                      description="The API token: ROLLSTREAM_API_TOKEN, or <data_dir>/api-token")
 
@@ -24,9 +26,9 @@ class UnsafeTokenFile(RuntimeError):
 
 
 def load_token(data_dir: Path) -> str:
-    if token := os.environ.get("ROLLSTREAM_API_TOKEN"):
+    if token := env_setting("API_TOKEN"):
         return token.strip()
-    if named := os.environ.get("ROLLSTREAM_API_TOKEN_FILE"):
+    if named := env_setting("API_TOKEN_FILE"):
         return Path(named).read_text().strip()
     path = data_dir / "api-token"
     data_dir.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,6 @@ import fcntl
 import hashlib
 import json
 import logging
-import os
 import random
 import shutil
 import tempfile
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from rollstream.agent.chat import ChatRenderer
 from rollstream.agent.tools import submit_tool_schema
+from rollstream.config import env_setting
 from rollstream.llm.sequences import common_prefix_length
 from rollstream.llm.tiny_model import build_tiny_model
 from rollstream.llm.transformers_compat import cache_kwargs, output_cache
@@ -156,7 +156,7 @@ def recipe_folder_name(recipe: dict, prefix: str = "arith-rl") -> str:
 
 def model_cache() -> Path:
     """Where built models are kept across runs: ROLLSTREAM_MODEL_CACHE, else ~/.cache/rollstream/models."""
-    return Path(os.environ.get("ROLLSTREAM_MODEL_CACHE") or Path.home() / ".cache" / "rollstream" / "models")
+    return Path(env_setting("MODEL_CACHE") or Path.home() / ".cache" / "rollstream" / "models")
 
 
 @contextlib.contextmanager

@@ -13,13 +13,14 @@ from __future__ import annotations
 import os
 import threading
 
+from .runtime.env_settings import env_name, env_setting
+
 # MB a sandbox costs on a 2-core 24 GiB node (bwrap, host rootfs), rounded up: bash alone (tools.py's
 # live sandboxes); bash + a live IPython kernel + a sleeping python3 harness, 37.6 MB of PSS and
 # ~1.4 MB of kernel memory in its cgroup at 64 to 256 sandboxes (bench/density.py, bench/README.md).
 DEFAULT_SANDBOX_MB = {"bash": 7.0, "kernel": 40.0}
 # Memory left for everything else (workers, Redis, the tools' own growth): never planned away.
 DEFAULT_RESERVE_MB = 3072.0
-_ENV_PREFIX = "ROLLSTREAM_SANDBOX_MB_"
 
 _measured: dict[str, float] = {}
 _measured_lock = threading.Lock()
@@ -100,19 +101,20 @@ def sandbox_mb(kind: str) -> float:
     with _measured_lock:
         if kind in _measured:
             return _measured[kind]
-    configured = os.environ.get(_ENV_PREFIX + kind.upper())
+    variable = f"SANDBOX_MB_{kind.upper()}"
+    configured = env_setting(variable)
     if configured:
         try:
             value = float(configured)
         except ValueError:
             value = 0.0
         if value <= 0:
-            raise ValueError(f"{_ENV_PREFIX}{kind.upper()}={configured!r}: give the MB one sandbox costs, e.g. 40")
+            raise ValueError(f"{env_name(variable)}={configured!r}: give the MB one sandbox costs, e.g. 40")
         return value
     if kind not in DEFAULT_SANDBOX_MB:
         raise ValueError(
             f"no memory figure for sandbox kind {kind!r}: measure one with observe(), set "
-            f"{_ENV_PREFIX}{kind.upper()}, or use one of {sorted(DEFAULT_SANDBOX_MB)}"
+            f"{env_name(variable)}, or use one of {sorted(DEFAULT_SANDBOX_MB)}"
         )
     return DEFAULT_SANDBOX_MB[kind]
 

@@ -34,10 +34,11 @@ from .backends.docker import client_env
 from .errors import BackendUnavailable
 from .image_cache import rootfs_path
 from .images import export_rootfs, sif_from_engine_image
+from .runtime.env_settings import env_setting
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BASE_IMAGE = os.environ.get("ROLLSTREAM_BASE_IMAGE", "localhost/rollstream/python:bookworm")
+DEFAULT_BASE_IMAGE = env_setting("BASE_IMAGE", "localhost/rollstream/python:bookworm")
 ENV_PREFIX = "/opt/rs-env"
 ENV_REPOSITORY = "localhost/rollstream/env"
 RECIPE_FORMAT = 1  # bump when the build steps change, so old images are not reused
@@ -61,7 +62,7 @@ class EnvBuildFailed(RuntimeError):
 
 def build_network() -> str:
     """$ROLLSTREAM_ENV_BUILD_NETWORK: 'default' (the engine's own private network) or 'none'."""
-    network = os.environ.get("ROLLSTREAM_ENV_BUILD_NETWORK", "default")
+    network = env_setting("ENV_BUILD_NETWORK", "default")
     if network not in BUILD_NETWORKS:
         raise ValueError(f"ROLLSTREAM_ENV_BUILD_NETWORK={network!r}: environment builds run on 'default' (the "
                          "engine's private network: package indexes yes, the host's loopback no) or 'none'; "

@@ -9,12 +9,14 @@ from __future__ import annotations
 import os
 import re
 
+from .runtime.env_settings import env_setting
+
 
 def default_images_dir() -> str:
     """$ROLLSTREAM_IMAGES_DIR, else /var/cache/rollstream/images as root (bwrap runs sandboxes under
     an unprivileged uid, which could not reach a rootfs inside /root), else ~/.cache/rollstream/images."""
-    if os.environ.get("ROLLSTREAM_IMAGES_DIR"):
-        return os.environ["ROLLSTREAM_IMAGES_DIR"]
+    if configured := env_setting("IMAGES_DIR"):
+        return configured
     return "/var/cache/rollstream/images" if os.geteuid() == 0 else os.path.expanduser("~/.cache/rollstream/images")
 
 

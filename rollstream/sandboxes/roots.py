@@ -16,6 +16,7 @@ import os
 import stat
 
 from .errors import SandboxError
+from .runtime.env_settings import env_setting
 
 
 class UnsafeSandboxRoot(SandboxError):
@@ -27,7 +28,7 @@ def default_root_dir() -> str:
 
     Socket paths under it may be of any length (runtime/unix_path.py reaches long ones).
     """
-    return os.environ.get("ROLLSTREAM_SANDBOX_ROOT") or f"/tmp/rollstream-sb-{os.getuid()}"
+    return env_setting("SANDBOX_ROOT") or f"/tmp/rollstream-sb-{os.getuid()}"
 
 
 def namespace_root_dir(namespace: str, sandbox_root: str | os.PathLike | None = None) -> str:

@@ -200,7 +200,7 @@ async def _pytest(sandbox: SandboxClient, inst: dict, repo: str, limit_s: float,
     q = shlex.quote
     report = f"{EVAL_DIR}/report.json"
     test_command = inst.get("test_command", "python -m pytest")
-    command = (f"cd {q(repo)} && rm -f {report} && {prefix}RS_SWE_REPORT={report} "
+    command = (f"cd {q(repo)} && rm -f {report} && {prefix}ROLLSTREAM_SWE_REPORT={report} "
                f"PYTHONPATH={EVAL_DIR}${{PYTHONPATH:+:$PYTHONPATH}} "
                f"timeout -k 2 {limit_s:g} {test_command} -p rs_swe_report -p no:cacheprovider -q "
                f"{' '.join(q(t) for t in tests)} 2>&1 "

@@ -1,6 +1,6 @@
 """A pytest plugin the ``swe`` task's eval loads *inside the sandbox* (copied there as
 ``rs_swe_report.py``; it imports nothing from rollstream): it writes each test id's
-outcome to the JSON file named by ``$RS_SWE_REPORT``, so eval reads exact per-test
+outcome to the JSON file named by ``$ROLLSTREAM_SWE_REPORT``, so eval reads exact per-test
 results instead of parsing pytest's console output."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def pytest_collectreport(report):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    path = os.environ.get("RS_SWE_REPORT")
+    path = os.environ.get("ROLLSTREAM_SWE_REPORT")
     if path:
         with open(path, "w", encoding="utf-8") as f:
             json.dump({"outcomes": _outcomes, "exitstatus": int(exitstatus)}, f)

@@ -25,7 +25,7 @@ FORGE_AT_EXIT = '''
 import atexit, json, os
 
 def _forge():
-    path = os.environ.get("RS_SWE_REPORT")
+    path = os.environ.get("ROLLSTREAM_SWE_REPORT")
     if path and os.path.exists(path):
         with open(path) as f:
             report = json.load(f)
@@ -46,7 +46,7 @@ for arg in sys.argv[1:]:
     if arg.endswith(".py") and os.path.exists(arg):
         for name in re.findall(r"^def (test_\\w+)", open(arg).read(), re.M):
             outcomes[f"{arg}::{name}"] = "passed"
-with open(os.environ["RS_SWE_REPORT"], "w") as f:
+with open(os.environ["ROLLSTREAM_SWE_REPORT"], "w") as f:
     json.dump({"outcomes": outcomes, "exitstatus": 0}, f)
 print(len(outcomes), "passed")
 '''
@@ -73,7 +73,7 @@ def pytest_runtest_logreport(report):
 def pytest_collectreport(report):
     pass
 def pytest_sessionfinish(session, exitstatus):
-    with open(os.environ["RS_SWE_REPORT"], "w") as f:
+    with open(os.environ["ROLLSTREAM_SWE_REPORT"], "w") as f:
         json.dump({"outcomes": {t: "passed" for t in _seen}, "exitstatus": 0}, f)
 '''
 

@@ -19,6 +19,11 @@ import signal
 import time
 from stat import S_ISREG, S_IWGRP, S_IWOTH
 
+if __package__:
+    from .env_settings import env_setting
+else:  # python -S supervisor.py: sibling modules are top-level
+    from env_settings import env_setting
+
 RECORD_NAME = "confinement.json"
 # Parent folder of every sandbox cgroup, inside this process's own cgroup (so sandboxes
 # stay within a Slurm job's or a container's limits), or under $ROLLSTREAM_CGROUP_ROOT
@@ -82,7 +87,7 @@ def _under(mount_root: str, mount_point: str, path: str) -> str:
 
 
 def _v2_base(mount_root: str, mount_point: str, own: str, wanted: list[str]) -> tuple[Hierarchy | None, str]:
-    base = os.environ.get("ROLLSTREAM_CGROUP_ROOT")
+    base = env_setting("CGROUP_ROOT")
     if base:
         parent = os.path.dirname(base)
     else:
@@ -161,7 +166,7 @@ def hierarchies() -> tuple[list[Hierarchy], str]:
     """`discover()`, once per process (the fork server's answer is inherited by supervisors)."""
     global _discovered
     if _discovered is None:
-        _discovered = discover() if os.geteuid() == 0 or os.environ.get("ROLLSTREAM_CGROUP_ROOT") else (
+        _discovered = discover() if os.geteuid() == 0 or env_setting("CGROUP_ROOT") else (
             [], "not root: cgroups and mounts are not ours to create (set ROLLSTREAM_CGROUP_ROOT "
             "to a delegated cgroup v2 folder)"
         )
@@ -179,13 +184,13 @@ class Confinement:
 
     # -- creation (supervisor) ---------------------------------------------------------
     @classmethod
-    def create(cls, plan: dict) -> "Confinement":
+    def create(cls, plan: dict) -> Confinement:
         """Make the sandbox's cgroup and tmpfs where possible; never raises for a missing one."""
         record: dict = {"cgroups": [], "versions": [], "tmpfs": None, "limits": {}, "fallback": ""}
         confinement = cls(record)
         path = os.path.join(plan["dir"], RECORD_NAME)
         found, reason = hierarchies() if plan.get("confine_processes", True) else ([], "the container runtime")
-        off = os.environ.get("ROLLSTREAM_SANDBOX_CONFINE") == "off"  # another layer enforces limits
+        off = env_setting("SANDBOX_CONFINE") == "off"  # another layer enforces limits
         if off:
             found, reason = [], "turned off by ROLLSTREAM_SANDBOX_CONFINE=off"
         wanted = {"pids": True, "memory": bool(plan.get("memory_bytes")), "cpu": bool(plan.get("cpus"))}
@@ -264,7 +269,7 @@ class Confinement:
         os.replace(path + ".new", path)
 
     @classmethod
-    def load(cls, directory: str) -> "Confinement | None":
+    def load(cls, directory: str) -> Confinement | None:
         """The record of the sandbox folder `directory`; None without one. Raises ForeignRecord
         for a record not written by this uid, or one whose cgroups and mount are not those of
         this sandbox (named ID.PID in a `rollstream` cgroup folder, `<directory>/data`)."""
@@ -473,7 +478,7 @@ def _foreign_parts(record: dict, directory: str) -> list[str]:
     sandbox folder `directory`."""
     problems = []
     name = re.compile(re.escape(os.path.basename(directory)) + r"\.[0-9]+")
-    delegated = os.environ.get("ROLLSTREAM_CGROUP_ROOT")
+    delegated = env_setting("CGROUP_ROOT")
     cgroup_mounts = [point for _, point, _, _ in _mountinfo()]
     cgroups = record.get("cgroups")
     for path in cgroups if isinstance(cgroups, list) else [cgroups]:

@@ -15,12 +15,17 @@ import os
 import shutil
 import stat
 
+if __package__:
+    from .env_settings import env_setting
+else:  # python -S supervisor.py: sibling modules are top-level
+    from env_settings import env_setting
+
 # Above systemd's container range (524288-1879048191) and below 2^31 (tools that keep uids
 # in a signed int); ROLLSTREAM_SANDBOX_UID_BASE / _COUNT move it.
-UID_BASE = int(os.environ.get("ROLLSTREAM_SANDBOX_UID_BASE", "1900000000"))
-UID_COUNT = int(os.environ.get("ROLLSTREAM_SANDBOX_UID_COUNT", "65536"))
+UID_BASE = int(env_setting("SANDBOX_UID_BASE", "1900000000"))
+UID_COUNT = int(env_setting("SANDBOX_UID_COUNT", "65536"))
 # Node-wide (every sandbox root of the node draws from one range); root-only.
-LOCK_DIR = os.environ.get("ROLLSTREAM_SANDBOX_UID_LOCKS", "/run/rollstream-uids")
+LOCK_DIR = env_setting("SANDBOX_UID_LOCKS", "/run/rollstream-uids")
 
 
 class HostIdentity:

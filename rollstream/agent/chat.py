@@ -18,10 +18,18 @@ from typing import Any, TypeVar
 from rollstream.config import load_settings
 from rollstream.errors import InvalidJob
 
-try:  # what apply_chat_template renders with, once it has found the template (transformers >= 4.49)
-    from transformers.utils.chat_template_utils import render_jinja_template
-except ImportError:  # an older transformers: every rendering goes through apply_chat_template
-    render_jinja_template = None
+
+def _jinja_renderer() -> Callable[..., Any] | None:
+    """What apply_chat_template renders with once it has found the template (transformers >= 4.49);
+    None for an older transformers, where every rendering goes through apply_chat_template.
+    Imported where a tokenizer is in hand (transformers is loaded then): at the top of this module
+    it loaded transformers into every worker and CLI process, seconds of CPU each."""
+    try:
+        from transformers.utils.chat_template_utils import render_jinja_template
+    except ImportError:
+        return None
+    return render_jinja_template
+
 
 T = TypeVar("T")
 JOB_TEMPLATE = "chat_template"
@@ -123,7 +131,8 @@ class ChatRenderer:
         # are found once here, and each rendering is the same jinja call it makes with them.
         self._template: str | None = None
         self._variables: dict[str, Any] = {}
-        if render_jinja_template is not None and hasattr(tokenizer, "get_chat_template"):
+        self._render_jinja = _jinja_renderer()
+        if self._render_jinja is not None and hasattr(tokenizer, "get_chat_template"):
             variables = dict(self.template_kwargs)
             self._template = tokenizer.get_chat_template(variables.pop(JOB_TEMPLATE, None), self.tools)
             self._variables = {**tokenizer.special_tokens_map, **variables}
@@ -140,7 +149,7 @@ class ChatRenderer:
                 )
             # As apply_chat_template passes them: without the keys whose value is None.
             conversation = [{k: v for k, v in m.items() if v is not None} for m in messages]
-            rendered, _ = render_jinja_template(
+            rendered, _ = self._render_jinja(
                 conversations=[conversation],
                 tools=self.tools,
                 chat_template=self._template,

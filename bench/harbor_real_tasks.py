@@ -57,15 +57,17 @@ async def rollout(path: str, sandboxes: NodeSandboxes, solve: bool) -> tuple[flo
     _, env, ctx = await init(path, sandboxes)
     try:
         async with sandboxes.connected(env) as sandbox:
+            solved = ""
             if solve:
                 await sandbox.write_file("/tmp/.rs-solution.tar", TaskFolder.load(path).files("solution").tar())
-                await sandbox.bash(SOLVE, timeout_s=TaskFolder.load(path).config.agent.timeout_sec or 900)
+                ran = await sandbox.bash(SOLVE, timeout_s=TaskFolder.load(path).config.agent.timeout_sec or 900)
+                solved = f"solve.sh exited {ran.exit_code}: {ran.output[-300:]}; " if ran.exit_code else ""
             env.trajectory = Trajectory()
             ctx.sandbox, ctx.sandboxes = sandbox, sandboxes
             started = time.perf_counter()
             reward = await HarborTask().score(env, ctx)
             report = env.trajectory.extra.get("eval", {})
-            reason = f"{report.get('reason', '')}; output: {str(report.get('output', ''))[-400:]}"
+            reason = f"{solved}{report.get('reason', '')}; output: {str(report.get('output', ''))[-400:]}"
             return reward, time.perf_counter() - started, reason
     finally:
         await sandboxes.destroy(env)

@@ -42,7 +42,8 @@ REWARD_KEY = "rollstream_reward"
 # A job's earlier segments (the row is its last): RollstreamGRPOTrainer trains each as a row of its own.
 SEGMENTS_KEY = "rollstream_segments"
 EXTRA_KEYS = (REWARD_KEY, "rollstream_policy_version", "rollstream_job_id", "rollstream_status",
-              "rollstream_failure", "rollstream_error", "rollstream_finish_reason", "rollstream_num_turns", "rollstream_tool_calls")
+              "rollstream_failure", "rollstream_error", "rollstream_finish_reason", "rollstream_num_turns",
+              "rollstream_tool_calls")
 
 
 class TrlRolloutConfig(BaseModel):

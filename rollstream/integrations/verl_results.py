@@ -55,7 +55,7 @@ class ResultRouter:
     def healthy(self) -> bool:
         return self.failure is None and not (self._reader is not None and self._reader.done())
 
-    async def start(self) -> "ResultRouter":
+    async def start(self) -> ResultRouter:
         await self.client.__aenter__()  # fails fast, saying what to do, when Redis is not there
         self._reader = asyncio.create_task(self._read(), name=f"rollstream-results-{self.submitter}")
         return self
@@ -97,7 +97,7 @@ class ResultRouter:
         try:
             await self.client.submit(job)
             return await asyncio.wait_for(future, timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             await self._cancel(job.job_id)
             raise RolloutWaitTimeout(
                 f"no result for rollstream job {job.job_id} (task {job.task}) after {timeout_s:.0f}s; the job "
@@ -127,9 +127,9 @@ class ResultRouter:
 
 # One router per (event loop, Redis, namespace): verl makes a new agent-loop object for
 # every sample, and all of a worker's samples run on the same loop.
-_routers: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], ResultRouter]]" = \
+_routers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], ResultRouter]] = \
     weakref.WeakKeyDictionary()
-_locks: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock]" = weakref.WeakKeyDictionary()
+_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
 
 
 async def shared_router(settings: Settings, *, submitter_prefix: str = "verl") -> ResultRouter:

@@ -22,7 +22,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-LEGACY_FILES = {"task.yaml", "run-tests.sh", "solution.sh", "tests", "docker-compose.yaml", "docker-compose.yml"}
+# task.yaml is the task's metadata; its docker-compose file only ran the one container (its TEST_DIR
+# goes to task.toml), and a compose file in environment/ would make a multi-service environment.
+NOT_CONTEXT = {"task.yaml", "docker-compose.yaml", "docker-compose.yml"}
 _UV_INSTALLER = re.compile(r"astral\.sh/uv/([0-9][0-9A-Za-z.]*)/install\.sh")
 _UV_ADD = re.compile(r"^\s*uv add ([^\n;&|]+)$", re.M)
 _PIP_INSTALL = re.compile(r"\bpip3? install ((?:[^\n;&|)]|\\\n)+)")
@@ -59,8 +61,8 @@ def convert_terminal_bench(source: Path, target: Path) -> Path:
     (target / "instruction.md").write_text(instruction.rstrip() + "\n")
     environment = target / "environment"
     environment.mkdir()
-    for entry in source.iterdir():
-        if entry.name not in LEGACY_FILES:
+    for entry in source.iterdir():  # the build context was the whole folder (some Dockerfiles COPY tests/ in)
+        if entry.name not in NOT_CONTEXT:
             copy = shutil.copytree if entry.is_dir() and not entry.is_symlink() else shutil.copy2
             copy(entry, environment / entry.name)
     setup, prelude = offline_test_setup((source / "run-tests.sh").read_text())

@@ -1,11 +1,12 @@
 """The ``harbor`` task's eval, verified in a fresh sandbox (tasks/verification.py): the agent's
-sandbox is stopped and its whole workdir read from the host (verification.read_tree, whole: folders and regular
-files, .git included; symlinks only where the pristine image has the same one; special files
-refused); a new sandbox from the pristine image gets the workdir as the Dockerfile left it, then
-the agent's tree over it (and what it deleted removed). The task's ``tests/`` go to /tests and ``tests/test.sh`` runs there under task.toml's
-``[verifier] timeout_sec``; its reward file gives the reward: /logs/verifier/reward.txt (a
-number), else reward.json (``{"reward": x, ...}``, every field kept). Nothing the agent left
-outside its workdir, and none of its processes, reaches the tests.
+sandbox is stopped and its whole workdir read from the host (verification.read_tree, whole:
+folders and regular files, .git included; symlinks only where the pristine image has the same
+one; special files refused); a new sandbox from the pristine image gets the workdir as the
+Dockerfile left it, then the agent's tree over it (and what it deleted removed). The task's
+``tests/`` go to /tests and ``tests/test.sh`` runs there under task.toml's ``[verifier]
+timeout_sec``; its reward file gives the reward: /logs/verifier/reward.txt (a number), else
+reward.json (``{"reward": x, ...}``, every field kept). Nothing the agent left outside its
+workdir, and none of its processes, reaches the tests.
 
 A test.sh that runs past its limit scores 0 with the reason; one that writes no reward, or no
 number, fails the job (failure 'task': the task folder's verifier is broken, not the agent).
@@ -116,7 +117,8 @@ async def run_tests(env: Envelope, sandbox: SandboxClient, folder: TaskFolder, w
         f"rm -rf {STATE_DIR}/tests/* {VERIFIER_DIR}/*; mkdir -p {STATE_DIR}/tests {VERIFIER_DIR} && "
         f"tar -x --no-same-owner -f {EVAL_DIR}/tests.tar -C {STATE_DIR}/tests && cd {q(workdir)} && "
         f"env {variables} timeout -k 5 {limit_s:g} bash /tests/test.sh > {VERIFIER_DIR}/test-stdout.txt 2>&1; "
-        f"echo \"rs-test-exit $?\"; tail -c {OUTPUT_TAIL_BYTES} {VERIFIER_DIR}/test-stdout.txt"), timeout_s=limit_s + 30)
+        f"echo \"rs-test-exit $?\"; tail -c {OUTPUT_TAIL_BYTES} {VERIFIER_DIR}/test-stdout.txt"),
+        timeout_s=limit_s + 30)
     first = result.output.splitlines()[0] if result.output else ""
     status = first.removeprefix("rs-test-exit ").strip()
     output = result.output[len(first) + 1:]

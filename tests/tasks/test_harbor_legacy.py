@@ -75,7 +75,9 @@ def test_the_conversion_keeps_every_file_and_runs_run_tests_unchanged(legacy_tas
     assert (target / "tests" / "run-tests.sh").read_text() == RUN_TESTS
     assert "bash /tests/run-tests.sh" in (target / "tests" / "test.sh").read_text()
     assert (target / "solution" / "solve.sh").read_text() == (legacy_task / "solution.sh").read_text()
-    assert sorted(p.name for p in (target / "environment").iterdir()) == ["Dockerfile", "numbers.txt"]
+    # the environment is the build context the task had: its whole folder
+    assert sorted(p.name for p in (target / "environment").iterdir()) == [
+        "Dockerfile", "numbers.txt", "run-tests.sh", "solution.sh", "tests"]
     dockerfile = (target / "environment" / "Dockerfile").read_text()
     assert dockerfile.startswith((legacy_task / "Dockerfile").read_text())
     assert "uv==0.7.13" in dockerfile and "uv add pytest==8.4.1" in dockerfile

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ modules, when
 from harbor_env import SOLVE, init  # noqa: E402
 
 from rollstream.config import load_settings  # noqa: E402
+from rollstream.sandboxes.errors import ToolError  # noqa: E402
 from rollstream.sandboxes.supervisor_spawn import stop_fork_server  # noqa: E402
 from rollstream.tasks.harbor import HarborTask  # noqa: E402
 from rollstream.tasks.harbor_folder import TaskFolder  # noqa: E402
@@ -84,7 +85,7 @@ async def bench_task(source: Path, work: Path, sandboxes: NodeSandboxes, rootfs:
         row["build_s"] = round(time.perf_counter() - started, 1) if image.built else 0.0
         oracle, verify_s, reason = await rollout(str(path), sandboxes, solve=True)
         empty, _, empty_reason = await rollout(str(path), sandboxes, solve=False)
-    except (LegacyTaskError, EnvBuildFailed) as failed:
+    except (LegacyTaskError, EnvBuildFailed, ToolError) as failed:
         return {**row, "note": f"{type(failed).__name__}: {str(failed)[-300:]}"}
     row.update(oracle=oracle, empty=empty, verify_s=round(verify_s, 2), passed=oracle == 1.0 and empty == 0.0)
     if oracle != 1.0:

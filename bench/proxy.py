@@ -61,8 +61,8 @@ def _streams(text_ids: list[int]) -> dict[bytes, bytes]:
         events.append({"id": "cmpl-stub", "object": "text_completion", "model": "stub", "choices": [{
             "index": 0, "text": piece, "token_ids": [token_id], "logprobs": {"token_logprobs": [-0.5]},
             "finish_reason": "stop" if last else None, "stop_reason": None}]})
-    events.append({"id": "cmpl-stub", "object": "text_completion", "model": "stub", "choices": [],
-                   "usage": {"prompt_tokens": 1, "completion_tokens": len(text_ids), "total_tokens": 1 + len(text_ids)}})
+    usage = {"prompt_tokens": 1, "completion_tokens": len(text_ids), "total_tokens": 1 + len(text_ids)}
+    events.append({"id": "cmpl-stub", "object": "text_completion", "model": "stub", "choices": [], "usage": usage})
     completions = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
     done = Completed(content=TEXT_REPLY, calls=[], finish="stop", prompt_tokens=1, completion_tokens=len(text_ids))
     options = parse_request({"messages": [{"role": "user", "content": "-"}], "stream": True})
@@ -236,18 +236,18 @@ async def run(args) -> dict:
     from anthropic import AsyncAnthropic
     from anthropic import DefaultAsyncHttpxClient as DefaultAnthropicHttpxClient
     from openai import AsyncOpenAI, DefaultAsyncHttpxClient
+    from transformers import AutoTokenizer
 
     from rollstream.agent import AgentSettings, LLMSession
     from rollstream.agent.backend_link import PooledVLLMClient
     from rollstream.agent.gateway import Gateway
     from rollstream.agent.harnesses.openai_chat import SUBMIT
-    from rollstream.llm.inference_client import SamplingParams
     from rollstream.demo.arith_model import build_arith_model
+    from rollstream.llm.inference_client import SamplingParams
     from rollstream.pipeline.balancer import Balancer, add_backend
     from rollstream.pipeline.connection import async_redis
     from rollstream.pipeline.embedded import EmbeddedRedis
     from rollstream.tasks import arith
-    from transformers import AutoTokenizer
 
     model_dir = build_arith_model(Path.home() / ".cache" / "rollstream" / "tests" / "arith-model")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -405,7 +405,8 @@ def main() -> None:
           f"{args.turns}-turn episodes); "
           f"load average before {load_before[0]:.2f}, after {res['load_avg'][0]:.2f} on {res['cpus']} CPUs")
     print(f"\n{'API':<11} {'whole: direct':>14} {'door':>8} {'added':>8} {'CPU':>6}   {'to first text: direct':>22} "
-          f"{'door':>8} {'added':>8} {'CPU':>6}   (p50 ms; CPU ms added per call; {res['api_calls_measured']} calls each)")
+          f"{'door':>8} {'added':>8} {'CPU':>6}   "
+          f"(p50 ms; CPU ms added per call; {res['api_calls_measured']} calls each)")
     for api in APIS:
         print(f"{api:<11} {res['direct_p50_ms_' + api]:>14.3f} {res['door_p50_ms_' + api]:>8.3f} "
               f"{res['added_p50_ms_' + api]:>8.3f} {res['added_cpu_ms_per_call_' + api]:>6.2f}   "

@@ -127,7 +127,7 @@ class ChatRenderer:
             raise ChatTemplateError(f"end-of-turn token {self.end_of_turn!r} is not one token of this tokenizer")
         self.end_of_turn_id: int = eot_id
         # apply_chat_template finds the template and gathers the special tokens on every call
-        # (a third of a short rendering's time, and the door renders twice per model call): they
+        # (a sixth of a short rendering's time, and the door renders twice per model call): they
         # are found once here, and each rendering is the same jinja call it makes with them.
         self._template: str | None = None
         self._variables: dict[str, Any] = {}

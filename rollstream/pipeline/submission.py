@@ -5,6 +5,7 @@ id. Validation of task names and instances happens before this, at the edge (cli
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
@@ -61,7 +62,7 @@ class Enqueued:
 
 
 async def enqueue(r: aioredis.Redis, keys: Keys, jobs: list[Job], *, max_job_bytes: int,
-                  fast: FastRedis | None = None, before: list[tuple] = (), replica_acks: int = 0,
+                  fast: FastRedis | None = None, before: Sequence[tuple] = (), replica_acks: int = 0,
                   replica_ack_timeout_ms: int = 1000,
                   priority_aging_s: float = 3.0) -> Enqueued:
     """Queue already-validated jobs for the init stage. Idempotent per job id while its

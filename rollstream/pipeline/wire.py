@@ -11,7 +11,7 @@ import asyncio
 import collections
 import hashlib
 import ssl as _ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import hiredis
 import redis
@@ -250,7 +250,7 @@ class FastRedis:
             sha = self._scripts[script] = hashlib.sha1(script.encode()).hexdigest().encode()
         return sha
 
-    async def evalsha(self, script: str, keys: list, args: list, *, before: list[tuple] = (), load: bool = True):
+    async def evalsha(self, script: str, keys: list, args: list, *, before: Sequence[tuple] = (), load: bool = True):
         """Run a Lua script by its SHA1, loading it the first time (and after a restart).
         ``before``: commands to send ahead of it in the same write (their replies are only
         checked for errors). ``load=False``: raise ``NoScriptError`` instead of loading it

@@ -50,7 +50,7 @@ class LettingGo:
         """Take no more work once nothing more can come from this node's earlier stages (init: at
         once); finish what is held by ``deadline``."""
         first = self.deadline is None
-        self.deadline = deadline if first else min(deadline, self.deadline)
+        self.deadline = deadline if self.deadline is None else min(deadline, self.deadline)
         if not first or self.stopping.is_set():
             return
         log.info("%s: letting go of its jobs within %.1f s", self.consumer, max(0.0, deadline - time.time()))

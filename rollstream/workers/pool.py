@@ -11,6 +11,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from rollstream.errors import RollstreamError
 from rollstream.messages import STAGES
@@ -44,13 +45,13 @@ class WorkerPool:
     def start(self, stage: str, *, processes: int = 1, concurrency: int = 64) -> list[subprocess.Popen]:
         started = []
         for _ in range(processes):
-            out = subprocess.DEVNULL
+            out: int | IO[bytes] = subprocess.DEVNULL
             if self.log_dir:
                 self.log_dir.mkdir(parents=True, exist_ok=True)
                 out = open(self.log_dir / f"{stage}-{len(self.procs)}.log", "ab")  # noqa: SIM115 - closed below
             proc = subprocess.Popen([*self.program, stage, "--concurrency", str(concurrency)],
                                     env=self._env(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-            if out is not subprocess.DEVNULL:
+            if not isinstance(out, int):
                 out.close()
             self.procs.append((stage, proc))
             started.append(proc)

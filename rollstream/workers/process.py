@@ -19,11 +19,11 @@ from rollstream.workers.consumer import ConsumerLoop
 from rollstream.workers.eval import EvalStage
 from rollstream.workers.init import InitStage
 from rollstream.workers.run import RunStage
-from rollstream.workers.stage import WorkerContext
+from rollstream.workers.stage import Stage, WorkerContext
 
 log = logging.getLogger(__name__)
 
-STAGES = {"init": InitStage, "run": RunStage, "eval": EvalStage}
+STAGES: dict[str, type[Stage]] = {stage.name: stage for stage in (InitStage, RunStage, EvalStage)}
 
 
 def make_context(settings: Settings, redis_url: str) -> WorkerContext:

@@ -31,6 +31,34 @@ def _jinja_renderer() -> Callable[..., Any] | None:
     return render_jinja_template
 
 
+def _compiled(template: str) -> Any:
+    """The template as transformers compiles it for apply_chat_template (its jinja sandbox, its
+    globals), or None where this transformers has no such function."""
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:
+        return None
+    return _compile_jinja_template(template)
+
+
+_JSON_SCALARS = (str, int, float, bool, type(None))
+# Message fields transformers copies under other names before rendering (its _REASONING_FIELDS).
+_REASONING_FIELDS = frozenset({"reasoning_content", "thinking", "reasoning"})
+
+
+def _plain(value: Any) -> bool:
+    """Whether ``value`` is made of JSON's own types only: what transformers' conversion of the
+    template's data (which turns any other object into plain data, for the sandbox) copies unchanged."""
+    kind = type(value)
+    if kind in _JSON_SCALARS:
+        return True
+    if kind is dict:
+        return all(type(key) is str and _plain(item) for key, item in value.items())
+    if kind is list:
+        return all(_plain(item) for item in value)
+    return False
+
+
 T = TypeVar("T")
 JOB_TEMPLATE = "chat_template"
 # apply_chat_template's own parameters: from a job they would pick another template or change
@@ -132,10 +160,13 @@ class ChatRenderer:
         self._template: str | None = None
         self._variables: dict[str, Any] = {}
         self._render_jinja = _jinja_renderer()
+        self._compiled: Any = None  # for data of JSON's own types, rendered without copying it first
         if self._render_jinja is not None and hasattr(tokenizer, "get_chat_template"):
             variables = dict(self.template_kwargs)
             self._template = tokenizer.get_chat_template(variables.pop(JOB_TEMPLATE, None), self.tools)
             self._variables = {**tokenizer.special_tokens_map, **variables}
+            if _plain(self.tools) and _plain(self._variables):
+                self._compiled = _compiled(self._template)
 
     def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         def apply() -> Any:
@@ -149,6 +180,12 @@ class ChatRenderer:
                 )
             # As apply_chat_template passes them: without the keys whose value is None.
             conversation = [{k: v for k, v in m.items() if v is not None} for m in messages]
+            if self._compiled is not None and all(_REASONING_FIELDS.isdisjoint(m) and _plain(m) for m in conversation):
+                # render_jinja_template's own call: the copy it would make of this data (JSON's types
+                # only, as a harness's request and a tool list are) is the data itself, and copying
+                # a coding CLI's tool list (tens of KiB) twice per model call is most of a rendering.
+                return self._compiled.render(messages=conversation, tools=self.tools, documents=None,
+                                             add_generation_prompt=add_generation_prompt, **self._variables)
             rendered, _ = self._render_jinja(
                 conversations=[conversation],
                 tools=self.tools,

@@ -36,6 +36,14 @@ CONVERSATIONS = {
         {"role": "assistant", "content": None, "tool_calls": [CALL]},
         {"role": "tool", "content": "ok", "tool_call_id": None},
     ],
+    # Rendered through transformers' own data conversion (reasoning fields it copies under other
+    # names; a tuple, which is not JSON's): the same text all the same.
+    "reasoning and a tuple": [
+        {"role": "user", "content": "2+3?"},
+        {"role": "assistant", "content": "5", "reasoning_content": "2 plus 3"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": "bash", "arguments": {"argv": ("echo", "5")}}}]},
+    ],
     "text that looks like markup": [
         {"role": "user", "content": "{{ not a variable }} {% raw %} <|im_end|> ünïcödé \n\t"},
         {"role": "assistant", "content": "<think>\nhmm\n</think>\n\nIt is {5}."},

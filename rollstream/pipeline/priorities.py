@@ -15,10 +15,11 @@ from importlib import resources
 
 import redis.asyncio as aioredis
 
+from rollstream.messages import INIT_STAGE
 from rollstream.pipeline.keys import Keys
 
 PRIORITY_MIN, PRIORITY_MAX, PRIORITY_DEFAULT = 0, 100, 50
-INIT_GROUP = "init"  # the init stage's consumer group (the stage's name)
+INIT_GROUP = INIT_STAGE  # the init stage's consumer group (the stage's name)
 
 _LUA = resources.files("rollstream.pipeline").joinpath("lua")
 

@@ -15,7 +15,7 @@ from rollstream.agent.harness import run_harness
 from rollstream.agent.tools import CallToolAdapter, ToolBox
 from rollstream.episode_settings import agent_settings
 from rollstream.errors import JobCancelled, JobFailed
-from rollstream.messages import Envelope
+from rollstream.messages import EVAL_STAGE, INIT_STAGE, RUN_STAGE, Envelope
 from rollstream.sandbox_spec import SandboxSpec
 from rollstream.sandboxes.sandbox_client import SandboxClient
 from rollstream.sandboxes.tools import tool_schemas
@@ -53,10 +53,10 @@ class AgentTask(Task):
 
     # -- the stage hooks ---------------------------------------------------------------
     async def setup(self, env: Envelope, ctx: TaskContext) -> None:
-        await self.prepare(env, _sandbox(ctx, "init"))
+        await self.prepare(env, _sandbox(ctx, INIT_STAGE))
 
     async def rollout(self, env: Envelope, ctx: TaskContext) -> Trajectory:
-        sandbox = _sandbox(ctx, "run")
+        sandbox = _sandbox(ctx, RUN_STAGE)
         job = env.job
         messages, tools = self.prompt_messages(job.instance), self.tool_schemas(job.instance)
         if isinstance(job.agent.get("chat_template_kwargs"), dict):  # refused before the harness or the loop
@@ -66,7 +66,7 @@ class AgentTask(Task):
         return await run_builtin_loop(env, ctx, messages, CallToolAdapter(sandbox, tools))
 
     async def score(self, env: Envelope, ctx: TaskContext) -> float:
-        return float(await self.reward(env, _sandbox(ctx, "eval")))
+        return float(await self.reward(env, _sandbox(ctx, EVAL_STAGE)))
 
 
 async def run_builtin_loop(env: Envelope, ctx: TaskContext, messages: list[dict], tools: ToolBox) -> Trajectory:

@@ -10,7 +10,7 @@ import os
 import shutil
 
 from rollstream.errors import InvalidJob, JobFailed
-from rollstream.messages import STAGES, Envelope
+from rollstream.messages import EVAL_STAGE, INIT_STAGE, RUN_STAGE, STAGES, Envelope
 from rollstream.sandboxes.paths import safe_name
 from rollstream.tasks import eval_report
 from rollstream.tasks.base import Task, TaskContext
@@ -54,16 +54,16 @@ class EchoTask(Task):
         except FileNotFoundError:  # the node's work folder is not there (yet)
             os.makedirs(workdir, exist_ok=True)
         env.state["workdir"] = workdir
-        await self._maybe_fail_or_wait(env, "init")
+        await self._maybe_fail_or_wait(env, INIT_STAGE)
 
     async def rollout(self, env: Envelope, ctx: TaskContext) -> Trajectory:
-        await self._maybe_fail_or_wait(env, "run")
+        await self._maybe_fail_or_wait(env, RUN_STAGE)
         prompt = env.job.instance["prompt"]
         return Trajectory(response_text=prompt, num_turns=1,
                           messages=[Message(role="user", content=prompt), Message(role="assistant", content=prompt)])
 
     async def score(self, env: Envelope, ctx: TaskContext) -> float:
-        await self._maybe_fail_or_wait(env, "eval")
+        await self._maybe_fail_or_wait(env, EVAL_STAGE)
         expected = env.job.instance.get("expected", env.job.instance["prompt"])
         response = env.trajectory.response_text if env.trajectory else None
         if response == expected:

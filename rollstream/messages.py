@@ -103,7 +103,7 @@ def payload_problem(value: object, field: str) -> str | None:
     """Why ``value`` (a free-form part of a job) cannot travel, naming where; None if it can.
     Nesting deeper than ``MAX_NESTING``, integers outside 64 bits and NaN or infinite numbers
     are refused: each would fail later, at a stage or in the submitter's results."""
-    if type(value) in (dict, list) and _plainly_fine(value, 1):
+    if isinstance(value, (dict, list)) and type(value) in (dict, list) and _plainly_fine(value, 1):
         return None
     stack: list[tuple[object, tuple, int]] = [(value, (None, field), 0)]
     while stack:
@@ -111,7 +111,7 @@ def payload_problem(value: object, field: str) -> str | None:
         kind = type(item)
         if kind is str or kind is bool or item is None:
             continue
-        if kind is dict or kind is list or isinstance(item, (dict, list, tuple)):
+        if isinstance(item, (dict, list, tuple)):
             if depth >= MAX_NESTING:
                 return f"{_where(path)} nests deeper than {MAX_NESTING} levels"
             pairs = item.items() if isinstance(item, dict) else enumerate(item)
@@ -154,7 +154,7 @@ class Job(BaseModel):
     submitter: str = Field("default", max_length=128, pattern=ID_PATTERN,
                            description=f"{ID_RULE}; its results arrive on <namespace>:results:<submitter>")
     sampling: SamplingParams = Field(default_factory=SamplingParams)
-    agent: AgentOverrides = Field(default_factory=dict, description="Agent-loop overrides "  # type: ignore[arg-type]
+    agent: AgentOverrides = Field(default_factory=AgentOverrides, description="Agent-loop overrides "
                                   "(max_turns, max_context_tokens, harness, ...).")
     sandbox: SandboxOverrides | None = Field(default=None, description="Sandbox spec overrides, as the "
                                              "operator's policy allows; the task supplies the rest.")

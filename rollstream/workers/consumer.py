@@ -294,12 +294,8 @@ class ConsumerLoop:
             if transient_problem(exc) is None:
                 raise
             # The job stays pending; after the visibility timeout a worker reclaims it.
-            log.error(
-                "job %s: Redis failed during %s (%s); left pending for reclaim",
-                env.job.job_id if env else "?",
-                self.stage.name,
-                exc,
-            )
+            log.error("job %s: Redis failed during %s (%s); left pending for reclaim",
+                      env.job.job_id if env else "?", self.stage.name, exc)
         except (ValueError, TypeError, OverflowError) as exc:
             if env is None:
                 raise
@@ -387,6 +383,5 @@ class ConsumerLoop:
             if pending:
                 _done, stuck = await asyncio.wait(pending, timeout=10.0)
                 if stuck:
-                    log.error(
-                        "%s: %d jobs did not stop; their messages stay pending for reclaim", self.consumer, len(stuck)
-                    )
+                    log.error("%s: %d jobs did not stop; their messages stay pending for reclaim",
+                              self.consumer, len(stuck))

@@ -10,10 +10,10 @@ import logging
 import os
 import socket
 import time
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator, Iterable
 
 import httpx
 from pydantic import BaseModel, Field

@@ -25,7 +25,8 @@ from rollstream.errors import InvalidJob
 BUILTIN_DIR = Path(__file__).resolve().parent.parent / "data" / "harnesses"
 IMAGE_REPOSITORY = "localhost/rollstream/harness"
 LABEL = "rollstream.harness"
-APIS = ("openai-chat", "openai-responses", "anthropic-messages")  # what the door serves; a preset's `api` is one of them
+# What the door serves; a preset's `api` is one of them.
+APIS = ("openai-chat", "openai-responses", "anthropic-messages")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 _PIN = re.compile(r"^[A-Za-z0-9._-]+==[A-Za-z0-9.+!-]+$")
 _NPM_PIN = re.compile(r"^((@[a-z0-9._-]+/)?[a-z0-9._-]+)@(\d+\.\d+\.\d+([-+][A-Za-z0-9.-]+)?)$")
@@ -330,6 +331,6 @@ def images_with(preset: Preset) -> list[str]:
 
 def describe(preset: Preset) -> dict[str, Any]:
     """What `rollstream harnesses list` shows of a preset."""
-    return {"name": preset.name, "package": preset.installs, "node": preset.node if preset.npm else None, "api": preset.api, "file": str(preset.source),
-            "prefix": preset.prefix, "host": preset.installed_on_host(), "images": images_with(preset),
-            "description": preset.description}
+    return {"name": preset.name, "package": preset.installs, "node": preset.node if preset.npm else None,
+            "api": preset.api, "file": str(preset.source), "prefix": preset.prefix,
+            "host": preset.installed_on_host(), "images": images_with(preset), "description": preset.description}

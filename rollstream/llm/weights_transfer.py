@@ -89,7 +89,7 @@ def write_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: di
             flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
             if flat.device.type != "cpu":
                 flat = staging[:flat.numel()].copy_(flat) if staging is not None else flat.cpu()
-            _write_all(fd, memoryview(flat.numpy()))  # type: ignore[arg-type]
+            _write_all(fd, memoryview(flat.numpy()))
     finally:
         os.close(fd)
 

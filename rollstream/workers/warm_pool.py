@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import redis
 
 from rollstream.config import Settings
+from rollstream.pipeline.jobstate import JobStateFields, hash_args
 from rollstream.pipeline.keys import Keys
 from rollstream.pipeline.workerstate import WorkerRecord
 from rollstream.sandbox_spec import SandboxHandle, SandboxSpec
@@ -163,7 +164,7 @@ class WarmPool:
             if before:
                 pipe.srem(live_key, before)
             pipe.sadd(live_key, sandbox_id)
-            pipe.hset(job_key, "sandbox", sandbox_id)
+            pipe.hset(job_key, items=hash_args(JobStateFields(sandbox=sandbox_id)))
             await pipe.execute()
 
     # -- keeping it filled -------------------------------------------------------------------

@@ -35,7 +35,7 @@ def router(api_max_wait_s: float) -> APIRouter:
         Results stay deliverable until acknowledged by passing their page's cursor."""
         if ack is not None and any(int(part) >= 2**64 for part in ack.split("-")):
             raise HTTPException(422, detail=f"ack={ack} is not a cursor: pass back the 'cursor' of the previous page")
-        items, cursor = await state.results.page(submitter, ack=ack, wait_s=wait_s, count=max)
+        items, cursor = await state.reader.page(submitter, ack=ack, wait_s=wait_s, count=max)
         # Each result was encoded on its own (a poison one is dead-lettered, not a 500).
         return Response(
             '{"results":[' + ",".join(items) + '],"cursor":' + json.dumps(cursor) + "}", media_type="application/json"
@@ -50,7 +50,7 @@ def router(api_max_wait_s: float) -> APIRouter:
         """NDJSON: one result per line as they arrive; ends after idle_timeout_s without one."""
 
         async def lines():
-            async for text in state.results.stream(submitter, idle_timeout_s=idle_timeout_s):
+            async for text in state.reader.stream(submitter, idle_timeout_s=idle_timeout_s):
                 yield text + "\n"
 
         return StreamingResponse(lines(), media_type="application/x-ndjson")

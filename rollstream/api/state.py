@@ -30,11 +30,18 @@ class ApiState:
         assert self.redis is not None, "the API's Redis is opened by the app's lifespan"
         return self.redis
 
+    @property
+    def reader(self) -> ResultsReader:
+        assert self.results is not None, "the API's results reader is made by the app's lifespan"
+        return self.results
+
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     """One Redis connection pool per app, opened on start and closed on shutdown."""
     state: ApiState = app.state.api
+    if state.settings.redis_url is None:  # `rollstream api` starts or names one (cli.common.require_redis)
+        raise RuntimeError("the API needs a Redis: set REDIS_URL or pass --redis")
     state.redis = async_redis(state.settings.redis_url)
     state.results = ResultsReader(state.redis, state.keys, dead_maxlen=state.settings.dead_maxlen)
     yield

@@ -97,8 +97,14 @@ async def test_sessions_are_independent_and_run_side_by_side(sb):
 
 
 async def test_second_command_in_a_busy_session_is_refused(sb):
-    slow = asyncio.create_task(sb.bash("sleep 1", session="busy"))
-    await asyncio.sleep(0.2)
+    # The first command runs until the test lets it go, so the second surely finds it running.
+    slow = asyncio.create_task(sb.bash("touch started; while [ ! -e go ]; do sleep 0.02; done", session="busy",
+                                       timeout_s=120))
+    for _ in range(600):
+        if (await sb.bash("test -e started")).exit_code == 0:
+            break
+        await asyncio.sleep(0.05)
     with pytest.raises(ToolError, match="still running"):
         await sb.bash("echo no", session="busy")
+    await sb.write_file("go", b"")
     assert (await slow).exit_code == 0

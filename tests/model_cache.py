@@ -142,6 +142,13 @@ MODELS: dict[str, Callable[[], CachedModel]] = {
     "codex_model_dir": lambda: _harness_episode("node_clis", "codex", "tiny model that learnt a Codex CLI arith episode"),
     "claude_code_model_dir": lambda: _harness_episode("node_clis", "claude-code",
                                                       "tiny model that learnt a Claude Code arith episode"),
+    "codex_swe_model_dir": lambda: _harness_episode("node_clis", "codex-swe",
+                                                    "tiny model that learnt a Codex CLI SWE episode"),
+    "claude_code_swe_model_dir": lambda: _harness_episode("node_clis", "claude-code-swe",
+                                                          "tiny model that learnt a Claude Code SWE episode"),
+    # For the real vLLM (one model per server): every preset's arith episode in one model.
+    "all_presets_arith_model_dir": lambda: _harness_episode("all_presets_model", "arith",
+                                                            "tiny model that learnt every preset's arith episode"),
 }
 
 

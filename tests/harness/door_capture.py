@@ -4,8 +4,8 @@ template's <tool_call> form), while the harness, unmodified, runs on this host a
 call's prompt is the door's own rendering of the harness's request (its system prompt, tools and
 history), so the examples a scripted model learns are the very token ids the door sends the
 backend when the same harness runs in a sandbox against the real model. ``capture_in_sandbox``
-runs it where a job runs it (a bwrap sandbox of the task's spec, staged by the run stage's own
-stage_launch, behind the relay), so that what the CLI says of its surroundings (working folder,
+runs it where a job runs it (a bwrap or podman sandbox of the task's spec, staged by the run stage's
+own stage_launch, behind the relay), so that what the CLI says of its surroundings (working folder,
 platform, files) is what it says in a job."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class ScriptedSession:
         self.prompts: list[list[int]] = []
         self.answers: list[list[int]] = []
 
-    async def generate(self, prompt_ids: list[int], params, on_tokens=None) -> Generation:
+    async def generate(self, prompt_ids: list[int], params, on_tokens=None, release_later: bool = False) -> Generation:
         text = self.replies[len(self.prompts)] if len(self.prompts) < len(self.replies) else "(no more replies)"
         ids = self.tokenizer.encode(text + self.end_of_turn, add_special_tokens=False)
         self.prompts.append(list(prompt_ids))
@@ -56,6 +56,9 @@ class ScriptedSession:
         if on_tokens is not None:  # a streamed call: the reply in one piece
             await on_tokens(ids, [0.0] * len(ids))
         return Generation(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop")
+
+    async def release_finished(self) -> None:
+        pass  # no backend slot to give back
 
     async def close(self) -> None:
         pass
@@ -76,13 +79,16 @@ def _open(gateway: Gateway, tokenizer, replies: list[str], agent: dict):
 
 
 def capture_in_sandbox(tokenizer, replies: list[str], preset: Preset, instruction: str, spec: SandboxSpec,
-                       timeout_s: float = 300.0) -> Captured:
-    """Run ``preset`` as the run stage does, in a bwrap sandbox of ``spec``, against a door
-    answering ``replies``; returns what the door saw."""
-    return asyncio.run(_capture_in_sandbox(tokenizer, replies, preset, instruction, spec, timeout_s))
+                       timeout_s: float = 300.0, prepare=None, backend: str = "bwrap") -> Captured:
+    """Run ``preset`` as the run stage does, in a sandbox of ``spec`` (bwrap, or ``backend``: 'docker'
+    with the preset's image in ``spec``), against a door answering ``replies``; returns what the door
+    saw. ``prepare(handle, sandbox)``, a coroutine, sets the sandbox up first as the task's init does
+    (an SWE task's checkout)."""
+    spec = spec.model_copy(update={"backend": backend})
+    return asyncio.run(_capture_in_sandbox(tokenizer, replies, preset, instruction, spec, timeout_s, prepare))
 
 
-async def _capture_in_sandbox(tokenizer, replies, preset, instruction, spec, timeout_s) -> Captured:
+async def _capture_in_sandbox(tokenizer, replies, preset, instruction, spec, timeout_s, prepare) -> Captured:
     from rollstream.sandboxes import SandboxClient, create_sandbox, destroy_sandbox
 
     root = tempfile.mkdtemp(prefix="rs-cap-")
@@ -90,9 +96,10 @@ async def _capture_in_sandbox(tokenizer, replies, preset, instruction, spec, tim
     session, door = _open(gateway, tokenizer, replies, {})
     handle = None
     try:
-        handle = await create_sandbox(spec.model_copy(update={"backend": "bwrap"}), sandbox_id="capture",
-                                      owner="capture", root_dir=root)
+        handle = await create_sandbox(spec, sandbox_id="capture", owner="capture", root_dir=root)
         async with SandboxClient(handle.socket_path) as sandbox:
+            if prepare is not None:
+                await prepare(handle, sandbox)
             await gateway.open_in_sandbox(door, os.path.join(os.path.dirname(sandbox.socket_path), "door"))
             command = await stage_launch(sandbox, preset, door.key, launch_values(preset, instruction))
             result = await sandbox.bash(command, timeout_s=timeout_s, no_output_timeout_s=0, session=HARNESS_SESSION)

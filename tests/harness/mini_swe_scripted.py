@@ -15,12 +15,11 @@ import os
 import subprocess
 from pathlib import Path
 
-import torch
-from agent.scripted_model import _example, train_and_save
+from agent.scripted_model import _example
 
 from rollstream.agent.chat import ChatRenderer
 from rollstream.agent.presets import find_preset, install_on_host
-from rollstream.llm.tiny_model import _RECIPE_VERSION, build_tiny_model
+from rollstream.llm.tiny_model import _RECIPE_VERSION
 from rollstream.tasks import arith
 
 PRESET = "mini-swe-agent"
@@ -91,20 +90,14 @@ def episode(python: str, task: str, replies: list[str], outputs: list[str] | Non
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
-def train_episode_model(out: Path, base_folder: Path, conversations: list[list[dict]], steps: int = 300,
-                        tools: list[dict] | None = None) -> Path:
-    """The tiny model (built in ``base_folder``) trained on ``conversations`` (its assistant turns),
-    rendered with ``tools`` in the prompt as the door renders them; saved to ``out``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    if (out / "trained.json").exists():
-        return out
-    base = build_tiny_model(base_folder)
-    tokenizer = AutoTokenizer.from_pretrained(base)
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    renderer = ChatRenderer(tokenizer, tools)
-    examples = [_example(renderer, c) for c in conversations]
-    return train_and_save(model, tokenizer, examples, out, steps)
+def episode_examples(tokenizer, which: str) -> list[tuple[list[int], list[int]]]:
+    """The episode as one example: the whole conversation as the door renders it (no tools: the
+    text-based config), mask 1 on the assistant turns; the preset installed on this host first."""
+    preset = find_preset(PRESET)
+    assert preset is not None
+    install_on_host(preset)
+    task, replies, outputs = _episodes()[which]
+    return [_example(ChatRenderer(tokenizer, None), episode(f"{preset.prefix}/bin/python", task, replies, outputs))]
 
 
 def _episodes() -> dict[str, tuple[str, list[str], list[str] | None]]:
@@ -129,11 +122,9 @@ def trained_folder(parent: Path, which: str) -> Path:
     return parent / f"mini-swe-{which}-{key}"
 
 
-def build(parent: Path, which: str) -> Path:
+def build(parent: Path, which: str, steps: int = 300) -> Path:
     """Install the preset on this host (a no-op where it is), render the episode through it, train."""
-    preset = find_preset(PRESET)
-    assert preset is not None
-    install_on_host(preset)
-    task, replies, outputs = _episodes()[which]
-    conversation = episode(f"{preset.prefix}/bin/python", task, replies, outputs)
-    return train_episode_model(trained_folder(parent, which), parent / "base", [conversation])
+    from .episode_model import train_episode
+
+    return train_episode(trained_folder(parent, which), parent / "base",
+                         lambda tokenizer: episode_examples(tokenizer, which), steps)

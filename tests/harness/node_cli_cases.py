@@ -1,7 +1,7 @@
 """The tests every Node.js CLI preset passes (imported by tests/harness/test_<cli>.py, which name
 the CLI and its model with the fixtures ``cli`` and ``cli_model_dir``): the CLI, unmodified at its
 pinned version, runs `--version` in a bubblewrap sandbox on its own Node.js; it completes an arith
-episode through the whole pipeline in bubblewrap and in podman, driven by a tiny model that learnt
+episode through the whole pipeline in bubblewrap and in podman (two jobs at once), driven by a tiny model that learnt
 the door's renderings of its calls, and eval scores the answer it printed; on the arith model,
 which knows nothing of the CLI, its failure is the agent's, scored, once."""
 
@@ -26,8 +26,10 @@ from .node_clis import (
     INSTANCE,
     assert_answered_and_scored,
     run_job,
+    run_jobs,
     write_lean_presets,
 )
+from .sandbox_presets import assert_fixed_and_scored, swe_job
 
 GREEDY = {"temperature": 0.0, "max_tokens": 96}
 
@@ -57,13 +59,12 @@ def cli_server(cli_model_dir):
         yield url
 
 
-def _pool(worker_pool, model_dir, sandbox_root, presets_dir, backend: str | None = None):
+def _pool(worker_pool, model_dir, sandbox_root, presets_dir):
     pool = worker_pool(model_dir=model_dir, sandbox_root=sandbox_root)
     pool.env["ROLLSTREAM_HARNESS_PRESET_DIRS"] = json.dumps([str(presets_dir)])
-    pool.env["ROLLSTREAM_SANDBOX_JOB_OVERRIDES"] = '["image", "limits"]'
-    pool.env["ROLLSTREAM_SANDBOX_JOB_MAY_RAISE_LIMITS"] = "1"  # the operator lets these jobs have LIMITS
-    if backend == "docker":
-        pool.env["ROLLSTREAM_SANDBOX_BACKEND"] = "docker"
+    # The operator lets these jobs pick their sandbox's backend and image, and have LIMITS.
+    pool.env["ROLLSTREAM_SANDBOX_JOB_OVERRIDES"] = '["backend", "image", "limits"]'
+    pool.env["ROLLSTREAM_SANDBOX_JOB_MAY_RAISE_LIMITS"] = "1"
     pool.start_all(concurrency=2)
     return pool
 
@@ -84,22 +85,18 @@ async def test_the_cli_runs_on_its_own_node_in_a_bwrap_sandbox(cli, preset, sand
     assert node == f"v{preset.node}" and preset.version in said[-1], result.output
 
 
-async def test_the_cli_in_bwrap_completes_its_loop_and_its_answer_is_scored(
+async def test_the_cli_in_bwrap_and_in_podman_completes_its_loop_and_its_answer_is_scored(
         settings, worker_pool, sandbox_root, cli, preset, presets_dir, cli_model_dir, cli_server):
+    # One pool runs both jobs at once, each in the sandbox backend it asks for.
+    sandboxes = [{"backend": "bwrap", "limits": cli.limits}]
+    if DockerBackend().available():  # (a podman engine answers here: scripts/install-podman)
+        image = build_image(preset, DEFAULT_BASE_IMAGE)  # once; its lean variant runs from the same prefix
+        sandboxes.append({"backend": "docker", "image": image, "limits": cli.limits})
     _pool(worker_pool, cli_model_dir, sandbox_root, presets_dir)
-    result = await run_job(settings, cli_server, arith.job(INSTANCE, sampling=GREEDY, agent=agent(cli),
-                                                           sandbox={"limits": cli.limits}))
-    assert_answered_and_scored(result, cli.tool, calls=len(cli.replies))
-
-
-@pytest.mark.skipif(not DockerBackend().available(), reason="no Docker API (podman) engine answers here")
-async def test_the_cli_in_podman_completes_its_loop_and_its_answer_is_scored(
-        settings, worker_pool, sandbox_root, cli, preset, presets_dir, cli_model_dir, cli_server):
-    image = build_image(preset, DEFAULT_BASE_IMAGE)  # once; its lean variant runs from the same prefix
-    _pool(worker_pool, cli_model_dir, sandbox_root, presets_dir, backend="docker")
-    result = await run_job(settings, cli_server, arith.job(INSTANCE, sampling=GREEDY, agent=agent(cli),
-                                                           sandbox={"image": image, "limits": cli.limits}))
-    assert_answered_and_scored(result, cli.tool, calls=len(cli.replies))
+    results = await run_jobs(settings, cli_server, [arith.job(INSTANCE, sampling=GREEDY, agent=agent(cli),
+                                                              sandbox=sandbox) for sandbox in sandboxes])
+    for result in results:
+        assert_answered_and_scored(result, cli.tool, calls=len(cli.replies))
 
 
 async def test_the_cli_on_a_model_that_emits_garbage_is_the_agents_failure_scored_once(
@@ -114,25 +111,43 @@ async def test_the_cli_on_a_model_that_emits_garbage_is_the_agents_failure_score
 
 
 
-def cli_fixtures(which, model_fixture: str) -> tuple:
-    """A test module's fixtures for the CLI ``which``: ``cli``, and ``cli_model_dir`` through its
-    model's own fixture, named as tests/model_cache.py names it (conftest then builds that model
-    before the tests start). Assign them to names of the module."""
+async def the_cli_fixes_a_shipped_swe_instance_in_bwrap_and_its_diff_is_scored(
+        settings, worker_pool, sandbox_root, cli, preset, presets_dir, cli_swe_model_dir, tmp_path):
+    """(Collected by the modules of the CLIs whose SWE model tests/model_cache.py builds.)"""
+    from rollstream.llm.server import served_model
+
+    _pool(worker_pool, cli_swe_model_dir, sandbox_root, presets_dir)
+    job = swe_job(str(tmp_path / "swe-mirror"), agent(cli, max_context_tokens=4096))
+    with served_model(cli_swe_model_dir, device="cpu") as server:
+        result = await run_job(settings, server, {**job, "sandbox": {"limits": cli.limits}})
+    assert_fixed_and_scored(result)
+
+
+def _model_fixtures(name: str, model_fixture: str) -> tuple:
+    """A fixture ``name`` that is the model of ``model_fixture``, named as tests/model_cache.py
+    names it (conftest then builds that model before the tests start), and that one."""
     import inspect
 
     import model_cache
 
-    def cli():
-        return which
-
     def model():
         return model_cache.load(model_fixture)
 
-    def cli_model_dir(**fixtures):
+    def model_dir(**fixtures):
         return fixtures[model_fixture]
 
-    cli_model_dir.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    model_dir.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         [inspect.Parameter(model_fixture, inspect.Parameter.KEYWORD_ONLY)])
-    return (pytest.fixture(scope="module", name="cli")(cli),
-            pytest.fixture(scope="module", name="cli_model_dir")(cli_model_dir),
+    return (pytest.fixture(scope="module", name=name)(model_dir),
             pytest.fixture(scope="module", name=model_fixture)(model))
+
+
+def cli_fixtures(which, model_fixture: str, swe_model_fixture: str | None = None) -> tuple:
+    """A test module's fixtures for the CLI ``which``: ``cli``, and ``cli_model_dir`` (and
+    ``cli_swe_model_dir``) through its model's own fixture. Assign them to names of the module."""
+
+    def cli():
+        return which
+
+    swe = _model_fixtures("cli_swe_model_dir", swe_model_fixture) if swe_model_fixture else ()
+    return (pytest.fixture(scope="module", name="cli")(cli), *_model_fixtures("cli_model_dir", model_fixture), *swe)

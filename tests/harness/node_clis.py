@@ -20,6 +20,8 @@ from pathlib import Path
 
 from rollstream.agent.presets import find_preset, install_on_host
 
+from .sandbox_presets import SWE_FIX
+
 INSTANCE = {"a": 12, "op": "+", "b": 30}
 # A CLI reserves far more address space than it uses (V8's code range and heap, a worker or a relaunch
 # of itself; Bun's JavaScriptCore more still): the arith task's 512 MiB per process (RLIMIT_AS) cannot
@@ -54,6 +56,11 @@ class Cli:
         """The episode the model learns: a shell call that computes, then the answer."""
         command = {"cmd" if self.tool == "exec_command" else "command": "echo $((12+30))"}  # Codex: cmd
         return (shell_call(self.tool, {**command, **SHELL_EXTRA.get(self.tool, {})}), "42")
+
+    @property
+    def swe_replies(self) -> tuple[str, ...]:
+        """On the shipped SWE instance: a shell call that edits the checkout, then its last word."""
+        return (shell_call(self.tool, {"cmd" if self.tool == "exec_command" else "command": SWE_FIX}), "Fixed.")
 
     @property
     def lean(self) -> str:
@@ -116,65 +123,97 @@ def write_lean_presets(folder: Path) -> Path:
     return folder
 
 
-def model_key(cli: Cli) -> str:
+def episode_of(which: str) -> tuple[Cli, str]:
+    """The CLI and the episode ('arith', 'swe') a model is named by: 'codex', 'codex-swe'."""
+    preset = which.removesuffix("-swe")
+    return CLIS[preset], "arith" if preset == which else "swe"
+
+
+def _swe_setup():
+    """The shipped SWE instance's sandbox spec, instruction, and its init (the checkout), as a job's."""
+    from rollstream.agent.sandbox_harness import instruction_of
+    from rollstream.messages import Envelope, Job
+    from rollstream.tasks.swe import SweTask
+
+    from .sandbox_presets import swe_instance
+
+    instance = swe_instance()
+
+    async def checkout(handle, sandbox) -> None:
+        await SweTask().prepare(Envelope(job=Job(task="swe", instance=instance), sandbox=handle), sandbox)
+
+    return SweTask().sandbox_spec(instance), instruction_of(SweTask().prompt_messages(instance)), checkout
+
+
+def model_key(cli: Cli, episode: str = "arith") -> str:
     """Changes with the preset, the episode and the way the model is built."""
     # The date: CLIs tell the model today's date, and a model learnt by heart may not get past another.
-    parts = [lean_preset_text(cli), json.dumps(cli.replies), str(RECIPE), datetime.date.today().isoformat(),
+    replies = cli.replies if episode == "arith" else (cli.swe_replies, _swe_setup()[1])
+    parts = [lean_preset_text(cli), json.dumps(replies), str(RECIPE), datetime.date.today().isoformat(),
              Path(__file__).with_name("door_capture.py").read_text()]
     return hashlib.sha1("\n".join(parts).encode()).hexdigest()[:12]
 
 
-def trained_folder(parent: Path, preset: str) -> Path:
-    """Where the model of ``preset``'s CLI is kept (tests/model_cache.py)."""
-    return parent / f"{preset}-{model_key(CLIS[preset])}"
+def trained_folder(parent: Path, which: str) -> Path:
+    """Where the model of episode ``which`` ('codex': arith, 'codex-swe') is kept (tests/model_cache.py)."""
+    cli, episode = episode_of(which)
+    return parent / f"{which}-{model_key(cli, episode)}"
 
 
-def build(parent: Path, preset: str, steps: int = 300) -> Path:
+def build(parent: Path, which: str, steps: int = 300) -> Path:
     """Install the CLI (once), capture its episode through a scripted door, and train the tiny
     model on the door's own renderings of its calls (each call's prompt, then its reply)."""
-    import torch
-    from agent.scripted_model import train_and_save
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from .episode_model import train_episode
 
+    return train_episode(trained_folder(parent, which), parent / "base",
+                         lambda tokenizer: episode_examples(tokenizer, which), steps)
+
+
+def episode_examples(tokenizer, which: str) -> list[tuple[list[int], list[int]]]:
+    """The CLI's episode (``which``: 'codex' its arith one, 'codex-swe' its SWE one) captured in a
+    bwrap sandbox of the task, set up as the task's init sets it up (installing the CLI once): each
+    call's prompt ids as the door rendered them, then the scripted reply (mask 1)."""
     from rollstream.agent.presets import load_preset
     from rollstream.agent.sandbox_harness import instruction_of
-    from rollstream.llm.tiny_model import build_tiny_model
     from rollstream.tasks.arith import ArithTask
 
     from .door_capture import capture_in_sandbox
 
-    cli = CLIS[preset]
-    out = trained_folder(parent, preset)
-    if (out / "trained.json").exists():
-        return out
+    cli, episode = episode_of(which)
     install_on_host(find_preset(cli.preset))
-    base = build_tiny_model(parent / "base")
-    tokenizer = AutoTokenizer.from_pretrained(base)
+    if episode == "arith":
+        spec, instruction, prepare = (ArithTask().sandbox_spec(INSTANCE),
+                                      instruction_of(ArithTask().prompt_messages(INSTANCE)), None)
+        replies = cli.replies
+    else:
+        (spec, instruction, prepare), replies = _swe_setup(), cli.swe_replies
+    spec = spec.model_copy(update={"limits": spec.limits.model_copy(update=cli.limits)})
     with tempfile.TemporaryDirectory(prefix="rs-capture-") as scratch:
         lean = load_preset(write_lean_presets(Path(scratch)) / f"{cli.lean}.toml")
-        spec = ArithTask().sandbox_spec(INSTANCE)
-        spec = spec.model_copy(update={"limits": spec.limits.model_copy(update=cli.limits)})
-        instruction = instruction_of(ArithTask().prompt_messages(INSTANCE))
-        captured = capture_in_sandbox(tokenizer, list(cli.replies), lean, instruction, spec)
-    if len(captured.prompts) != len(cli.replies) or captured.exit_code != 0:
-        raise RuntimeError(f"{cli.preset} made {len(captured.prompts)} calls (the episode has {len(cli.replies)}) "
+        captured = capture_in_sandbox(tokenizer, list(replies), lean, instruction, spec, prepare=prepare)
+    if len(captured.prompts) != len(replies) or captured.exit_code != 0:
+        raise RuntimeError(f"{which} made {len(captured.prompts)} calls (the episode has {len(replies)}) "
                            f"and exited {captured.exit_code}:\n{captured.output[-3000:]}")
-    examples = [(prompt + reply, [0] * len(prompt) + [1] * len(reply))
-                for prompt, reply in zip(captured.prompts, captured.replies)]
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    return train_and_save(model, tokenizer, examples, out, steps)
+    return [(prompt + reply, [0] * len(prompt) + [1] * len(reply))
+            for prompt, reply in zip(captured.prompts, captured.replies)]
 
 
 async def run_job(settings, server: str, job: dict):
     """Submit ``job`` with ``server`` as the backend; its result."""
+    [result] = await run_jobs(settings, server, [job])
+    return result
+
+
+async def run_jobs(settings, server: str, jobs: list[dict], timeout_s: float = 600):
+    """Submit ``jobs`` at once with ``server`` as the backend; their results, in the jobs' order."""
     from rollstream.client import AsyncClient
     from rollstream.pipeline.balancer import add_backend
 
     async with AsyncClient(settings=settings) as client:
         await add_backend(client.r, server, settings.namespace)
-        await client.submit(job)
-        [result] = await client.collect(1, timeout_s=600)
-    return result
+        ids = [str(await client.submit(job)) for job in jobs]
+        results = {result.job_id: result for result in await client.collect(len(jobs), timeout_s=timeout_s)}
+    return [results[job_id] for job_id in ids]
 
 
 def assert_answered_and_scored(result, tool: str, calls: int) -> None:

@@ -22,16 +22,13 @@ from rollstream.agent.gateway import MODEL_NAME
 from rollstream.agent.presets import driver_source, find_preset, install_on_host, load_preset
 from rollstream.tasks import arith
 
+from .sandbox_presets import SWE_FIX, swe_instance
+
 PRESET = "openhands-sdk"
 LEAN = "openhands-sdk-lean"
 SYSTEM = "You are a coding agent in a sandbox. Use the terminal tool, then call finish with the result alone."
 LEAN_ARGS = ["--tools", "terminal", "--no-think-tool", "--system-prompt-file", "{harness_dir}/system.j2"]
 ARITH_INSTANCE = {"a": 12, "op": "+", "b": 30}
-# The fix of the SWE instance, as one command that is silent wherever it runs (here it finds no checkout).
-SWE_FIX = ("cd /workspace/inventory 2>/dev/null && python3 -c 'p = \"inventory/store.py\"; s = open(p).read(); "
-           "open(p, \"w\").write(s.replace(\"self._stock[item] = self._stock.get(item, 0) - qty\", "
-           "\"have = self._stock.get(item, 0)\\n        if qty > have:\\n            raise InsufficientStock(item)"
-           "\\n        self._stock[item] = have - qty\"))'; true")
 
 
 def tool_call(name: str, arguments: dict) -> str:
@@ -65,8 +62,6 @@ def _instructions() -> dict[str, str]:
     from rollstream.agent.sandbox_harness import instruction_of
     from rollstream.tasks.swe import SweTask
 
-    from .sandbox_presets import swe_instance
-
     swe = swe_instance()
     return {"arith": arith.question(**ARITH_INSTANCE), "swe": instruction_of(SweTask().prompt_messages(swe))}
 
@@ -80,23 +75,20 @@ def trained_folder(parent: Path, which: str) -> Path:
 
 
 def build(parent: Path, which: str, steps: int = 300) -> Path:
-    """Install the preset (once), capture the episode through a scripted door twice (from two
-    folders), and train the tiny model on the door's renderings of each call (prompt, then reply)."""
-    import torch
-    from agent.scripted_model import train_and_save
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """Install the preset (once), capture the episode through a scripted door (in the sandbox, or
+    twice from two folders on this host), and train the tiny model on the door's renderings of each
+    call (prompt, then reply)."""
+    from .episode_model import train_episode
 
-    from rollstream.llm.tiny_model import build_tiny_model
+    return train_episode(trained_folder(parent, which), parent / "base",
+                         lambda tokenizer: episode_examples(tokenizer, which), steps)
 
-    out = trained_folder(parent, which)
-    if (out / "trained.json").exists():
-        return out
+
+def episode_examples(tokenizer, which: str) -> list[tuple[list[int], list[int]]]:
+    """The episode's calls as the door rendered them (prompt, then the scripted reply: mask 1),
+    the preset installed on this host first (once)."""
     install_on_host(find_preset(PRESET))
-    base = build_tiny_model(parent / "base")
-    tokenizer = AutoTokenizer.from_pretrained(base)
-    examples = _sandbox_examples(tokenizer) if which == "arith" else _host_examples(tokenizer, which)
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    return train_and_save(model, tokenizer, examples, out, steps)
+    return _sandbox_examples(tokenizer) if which == "arith" else _host_examples(tokenizer, which)
 
 
 def _examples(captured, which: str) -> list[tuple[list[int], list[int]]]:
@@ -108,21 +100,33 @@ def _examples(captured, which: str) -> list[tuple[list[int], list[int]]]:
 
 
 def _sandbox_examples(tokenizer) -> list[tuple[list[int], list[int]]]:
-    """The arith episode captured where a job runs it (a bwrap sandbox of the task's spec, the
-    run stage's own launch): the prompts the model learns are those it is given in the test, to
-    the byte. Captures on this host differed from the sandbox's in the terminal's working folder
-    and interpreter, and a model that had to pass over them answered `</tool_call>` on CI."""
+    """The arith episode captured where a job runs it (a sandbox of the task's spec, the run
+    stage's own launch): in bwrap, and in podman from the preset's image where an engine answers,
+    whose terminal says less of its surroundings (no `python` on its PATH). The prompts the model
+    learns are then those it is given in the tests, to the byte: captures on this host differed
+    from the sandbox's in the terminal's working folder and interpreter, and a model that had to
+    pass over them answered `</tool_call>` on CI."""
+    from rollstream.agent.presets import build_image
     from rollstream.agent.sandbox_harness import instruction_of
+    from rollstream.sandboxes.backends.docker import DockerBackend
+    from rollstream.sandboxes.env_images import DEFAULT_BASE_IMAGE
     from rollstream.tasks.arith import ArithTask
 
     from .door_capture import capture_in_sandbox
 
-    with tempfile.TemporaryDirectory(prefix="rs-capture-") as scratch:
-        lean = load_preset(write_lean_preset(Path(scratch)) / f"{LEAN}.toml")
-        instruction = instruction_of(ArithTask().prompt_messages(ARITH_INSTANCE))
-        captured = capture_in_sandbox(tokenizer, REPLIES["arith"], lean, instruction,
-                                      ArithTask().sandbox_spec(ARITH_INSTANCE))
-    return _examples(captured, "arith")
+    examples = []
+    spec = ArithTask().sandbox_spec(ARITH_INSTANCE)
+    where = [("bwrap", spec)]
+    if DockerBackend().available():
+        image = build_image(find_preset(PRESET), DEFAULT_BASE_IMAGE)  # once (scripts/install-harnesses)
+        where.append(("docker", spec.model_copy(update={"image": image})))
+    for backend, spec in where:
+        with tempfile.TemporaryDirectory(prefix="rs-capture-") as scratch:
+            lean = load_preset(write_lean_preset(Path(scratch)) / f"{LEAN}.toml")
+            instruction = instruction_of(ArithTask().prompt_messages(ARITH_INSTANCE))
+            captured = capture_in_sandbox(tokenizer, REPLIES["arith"], lean, instruction, spec, backend=backend)
+        examples += _examples(captured, "arith")
+    return examples
 
 
 def _host_examples(tokenizer, which: str) -> list[tuple[list[int], list[int]]]:

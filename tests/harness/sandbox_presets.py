@@ -67,6 +67,11 @@ def installed_preset(name: str):
 
 
 SWE_ID = "rollstream__inventory-1"  # the shipped SWE instance the harness tests fix (one edit of store.py)
+# The fix of the SWE instance as one command, silent wherever it runs (a capture on a host finds no checkout).
+SWE_FIX = ("cd /workspace/inventory 2>/dev/null && python3 -c 'p = \"inventory/store.py\"; s = open(p).read(); "
+           "open(p, \"w\").write(s.replace(\"self._stock[item] = self._stock.get(item, 0) - qty\", "
+           "\"have = self._stock.get(item, 0)\\n        if qty > have:\\n            raise InsufficientStock(item)"
+           "\\n        self._stock[item] = have - qty\"))'; true")
 
 
 def swe_instance() -> dict:

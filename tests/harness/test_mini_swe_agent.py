@@ -1,6 +1,6 @@
 """The mini-SWE-agent preset, unmodified at its pinned version (2.4.6), through the whole pipeline
 in bubblewrap (its venv on the host's own root, `rollstream harnesses install mini-swe-agent`) and
-in podman (an environment image with it, `--image`), against the built-in server. A tiny model
+in podman (an environment image with it, `--image`), two jobs at once, against the built-in server. A tiny model
 that learnt one mini-SWE-agent episode by heart drives it: a bash block that computes, then the
 submit command; eval scores what mini-SWE-agent submitted; on a shipped SWE instance (bwrap), the
 diff it left in the sandbox, by the instance's hidden tests. The arith model, which knows nothing
@@ -18,6 +18,7 @@ from rollstream.tasks import arith
 
 from .mini_swe_scripted import ARITH_INSTANCE as INSTANCE
 from .node_clis import run_job as _run
+from .node_clis import run_jobs
 from .sandbox_presets import assert_fixed_and_scored, installed_preset, swe_job
 
 GREEDY = {"temperature": 0.0, "max_tokens": 128}
@@ -32,11 +33,6 @@ pytestmark = pytest.mark.timeout(900)
 @pytest.fixture(scope="module")
 def preset():
     return installed_preset("mini-swe-agent")
-
-
-@pytest.fixture(scope="module")
-def mini_image(preset):
-    return build_image(preset, DEFAULT_BASE_IMAGE)  # once; a no-op when the image is there
 
 
 @pytest.fixture(scope="module")
@@ -67,23 +63,18 @@ def _assert_submitted_and_scored(result) -> None:
     assert traj.extra["answer"] == "42" and result.reward == 1.0
 
 
-async def test_mini_swe_agent_in_bwrap_completes_its_loop_and_its_submission_is_scored(
-        settings, worker_pool, sandbox_root, mini_swe_arith_model_dir, mini_server):
-    worker_pool(model_dir=mini_swe_arith_model_dir, sandbox_root=sandbox_root).start_all(concurrency=2)
-    result = await _run(settings, mini_server, arith.job(INSTANCE, sampling=GREEDY, agent=AGENT))
-    _assert_submitted_and_scored(result)
-
-
-@pytest.mark.skipif(not DockerBackend().available(), reason="no Docker API (podman) engine answers here")
-async def test_mini_swe_agent_in_podman_completes_its_loop_and_its_submission_is_scored(
-        settings, worker_pool, sandbox_root, mini_swe_arith_model_dir, mini_server, mini_image):
+async def test_mini_swe_agent_in_bwrap_and_in_podman_completes_its_loop_and_its_submission_is_scored(
+        settings, worker_pool, sandbox_root, mini_swe_arith_model_dir, mini_server, preset):
+    # One pool runs both jobs at once, each in the sandbox backend it asks for.
+    sandboxes = [{"backend": "bwrap"}]
+    if DockerBackend().available():  # (a podman engine answers here: scripts/install-podman)
+        sandboxes.append({"backend": "docker", "image": build_image(preset, DEFAULT_BASE_IMAGE)})  # once
     pool = worker_pool(model_dir=mini_swe_arith_model_dir, sandbox_root=sandbox_root)
-    pool.env["ROLLSTREAM_SANDBOX_BACKEND"] = "docker"
-    pool.env["ROLLSTREAM_SANDBOX_JOB_OVERRIDES"] = '["image", "limits"]'
+    pool.env["ROLLSTREAM_SANDBOX_JOB_OVERRIDES"] = '["backend", "image"]'
     pool.start_all(concurrency=2)
-    result = await _run(settings, mini_server, arith.job(INSTANCE, sampling=GREEDY, agent=AGENT,
-                                                         sandbox={"image": mini_image}))
-    _assert_submitted_and_scored(result)
+    for result in await run_jobs(settings, mini_server, [arith.job(INSTANCE, sampling=GREEDY, agent=AGENT,
+                                                                   sandbox=sandbox) for sandbox in sandboxes]):
+        _assert_submitted_and_scored(result)
 
 
 async def test_mini_swe_agent_on_a_model_that_emits_garbage_is_the_agents_failure_scored_once(

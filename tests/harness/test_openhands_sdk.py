@@ -1,10 +1,11 @@
 """The OpenHands SDK preset, unmodified at its pinned version (1.58.2, with openhands-tools), through
 the whole pipeline in bubblewrap (its venv on the host's own root, made from a Python 3.12:
-scripts/install-harnesses), against the built-in server. Its lean variant (the shipped preset with
-its runner's options for a short system prompt and the terminal tool alone: openhands_scripted.py)
-is driven by tiny models that learnt one episode each by heart: a terminal call, then finish with
-the answer, scored by eval; on a shipped SWE instance, an edit of the checkout by one command, then
-finish, and eval scores the diff it left by the instance's hidden tests. The arith model, which knows
+scripts/install-harnesses) and in podman (an image that copies both in), two jobs at once, against
+the built-in server. Its lean variant (the shipped preset with its runner's options for a short system prompt
+and the terminal tool alone: openhands_scripted.py) is driven by tiny models that learnt one episode
+each by heart: a terminal call, then finish with the answer, scored by eval; on a shipped SWE
+instance, an edit of the checkout by one command, then finish, and eval scores the diff it left by
+the instance's hidden tests. The arith model, which knows
 nothing of OpenHands' tools, shows a harness that fails is the agent's failure, scored, once."""
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ import json
 import model_cache
 import pytest
 
-from rollstream.agent.presets import PresetError, driver_source, find_preset, load_preset
-
+from rollstream.agent.presets import PresetError, build_image, driver_source, find_preset, load_preset
+from rollstream.sandboxes.backends.docker import DockerBackend
+from rollstream.sandboxes.env_images import DEFAULT_BASE_IMAGE
 from rollstream.tasks import arith
 
-from .node_clis import assert_answered_and_scored, run_job
+from .node_clis import assert_answered_and_scored, run_job, run_jobs
 from .openhands_scripted import ARITH_INSTANCE, LEAN, write_lean_preset
 from .sandbox_presets import assert_fixed_and_scored, installed_preset, swe_job
 
@@ -45,6 +47,14 @@ def openhands_swe_model_dir():
     return model_cache.load("openhands_swe_model_dir")
 
 
+@pytest.fixture(scope="module")
+def openhands_server(openhands_arith_model_dir):
+    from rollstream.llm.server import served_model
+
+    with served_model(openhands_arith_model_dir, device="cpu") as url:
+        yield url
+
+
 @pytest.fixture
 def pool(worker_pool, sandbox_root, tmp_path, preset):
     """Workers told of the lean preset (an operator's folder); the model is the test's."""
@@ -53,6 +63,7 @@ def pool(worker_pool, sandbox_root, tmp_path, preset):
     def start(model_dir):
         pool = worker_pool(model_dir=model_dir, sandbox_root=sandbox_root)
         pool.env["ROLLSTREAM_HARNESS_PRESET_DIRS"] = json.dumps([str(folder)])
+        pool.env["ROLLSTREAM_SANDBOX_JOB_OVERRIDES"] = '["backend", "image"]'  # the tests' jobs pick them
         pool.start_all(concurrency=2)
         return pool
 
@@ -64,6 +75,14 @@ def test_the_preset_pins_the_sdk_and_its_tools_and_runs_rollstreams_runner_of_th
     assert preset.package.split() == ["openhands-sdk==1.58.2", "openhands-tools==1.58.2"]
     assert preset.install_commands()[1].endswith(" openhands-sdk==1.58.2 openhands-tools==1.58.2")
     assert preset.driver == "openhands" and driver_source("openhands").name == "openhands_runner.py"
+    # Its image copies in the host's 3.12 and venv (the base image's Python is 3.11).
+    steps = preset.containerfile("base").splitlines()
+    assert steps[2:] == ["COPY python-home /opt/rollstream/python/3.12", f"COPY prefix {preset.prefix}"], steps
+    elsewhere = tmp_path / "elsewhere.toml"
+    elsewhere.write_text(preset.source.read_text().replace('name = "openhands-sdk"', 'name = "elsewhere"')
+                         .replace('python_home = "/opt/rollstream/python/3.12"', 'python_home = "/usr"'))
+    with pytest.raises(PresetError, match="must be the absolute folder that holds install.python"):
+        load_preset(elsewhere)
     broken = tmp_path / "broken.toml"
     broken.write_text(find_preset("openhands-sdk").source.read_text().replace('name = "openhands-sdk"',
                                                                               'name = "broken"')
@@ -72,15 +91,19 @@ def test_the_preset_pins_the_sdk_and_its_tools_and_runs_rollstreams_runner_of_th
         load_preset(broken)
 
 
-async def test_openhands_in_bwrap_completes_its_tool_loop_and_its_answer_is_scored(
-        settings, pool, openhands_arith_model_dir):
-    from rollstream.llm.server import served_model
-
+async def test_openhands_in_bwrap_and_in_podman_completes_its_tool_loop_and_its_answer_is_scored(
+        settings, pool, preset, openhands_arith_model_dir, openhands_server):
+    # One pool runs both jobs at once, each in the sandbox backend it asks for. The podman image
+    # copies in the host's venv and the Python 3.12 it was made from (the base has 3.11):
+    # scripts/install-harnesses builds it once; here a no-op.
+    sandboxes = [{"backend": "bwrap"}]
+    if DockerBackend().available():  # (a podman engine answers here: scripts/install-podman)
+        sandboxes.append({"backend": "docker", "image": build_image(preset, DEFAULT_BASE_IMAGE)})
     pool(openhands_arith_model_dir)
-    with served_model(openhands_arith_model_dir, device="cpu") as server:
-        result = await run_job(settings, server, arith.job(ARITH_INSTANCE, sampling=GREEDY, agent=AGENT))
-    assert_answered_and_scored(result, "terminal", calls=2)
-    assert '"name": "finish"' in result.trajectory.response_text
+    for result in await run_jobs(settings, openhands_server, [arith.job(ARITH_INSTANCE, sampling=GREEDY, agent=AGENT,
+                                                                        sandbox=sandbox) for sandbox in sandboxes]):
+        assert_answered_and_scored(result, "terminal", calls=2)
+        assert '"name": "finish"' in result.trajectory.response_text
 
 
 async def test_openhands_on_a_model_that_emits_garbage_ends_once_scored_zero_as_the_agents_answer(

@@ -87,7 +87,7 @@ class VLLMServer:
 
 
 def start_vllm(model_dir: Path, port: int, log_path: Path, model_name: str,
-               startup_timeout_s: float = STARTUP_TIMEOUT_S) -> VLLMServer:
+               startup_timeout_s: float = STARTUP_TIMEOUT_S, max_model_len: int = MAX_MODEL_LEN) -> VLLMServer:
     """Start vLLM on `model_dir` and wait for /health; RuntimeError (with the log's tail) if
     it exits or does not answer within startup_timeout_s, never a hang."""
     if not PYTHON.exists():
@@ -98,7 +98,7 @@ def start_vllm(model_dir: Path, port: int, log_path: Path, model_name: str,
         env.pop(name, None)
     cmd = [str(PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--served-model-name", model_name, "--host", "127.0.0.1", "--port", str(port),
-           "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", str(MAX_NUM_SEQS),
+           "--dtype", "float32", "--max-model-len", str(max_model_len), "--max-num-seqs", str(MAX_NUM_SEQS),
            "--enforce-eager", "--enable-prompt-tokens-details"]
     log = open(log_path, "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(log_path.parent),

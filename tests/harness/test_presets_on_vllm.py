@@ -1,0 +1,107 @@
+"""Every shipped harness preset (Qwen Code, OpenCode, Codex, Claude Code, mini-SWE-agent, OpenHands
+SDK: each unmodified at its pinned version, in its lean variant) through the whole pipeline in
+bubblewrap and in podman against the suite's real, unmodified vLLM. vLLM serves one model per
+server: one server (for this module) serves the tiny model that learnt every preset's arith
+episode (all_presets_model.py), and the twelve jobs run at once. Each job's model turns are vLLM's
+own ids, the very ones its preset's episode taught the model, and eval scores the answer the
+harness printed."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import model_cache
+import pytest
+from real_vllm.vllm_process import not_runnable_reason, start_vllm
+
+from rollstream.llm.server import free_port
+from rollstream.sandboxes.backends.docker import DockerBackend
+from rollstream.tasks import arith
+
+from .all_presets_model import expected_replies
+from .mini_swe_scripted import ARITH_INSTANCE
+from .node_clis import CLIS, INSTANCE, run_jobs, write_lean_presets
+from .openhands_scripted import LEAN as OPENHANDS_LEAN
+from .openhands_scripted import write_lean_preset
+from .sandbox_presets import installed_preset
+
+# Twelve harness sandboxes at once on a busy 2-core machine; vLLM's startup first (tens of seconds).
+pytestmark = [pytest.mark.timeout(1200),
+              pytest.mark.skipif(bool(not_runnable_reason()), reason=str(not_runnable_reason()))]
+MAX_MODEL_LEN = 4096  # the tiny model's positions: the CLIs' lean prompts run to ~3k tokens
+TOOLS = {"qwen-code": "run_shell_command", "opencode": "bash", "codex": "exec_command", "claude-code": "Bash",
+         "mini-swe-agent": "mswea_bash_command", "openhands-sdk": "terminal"}
+
+
+def _agent(harness: str, max_tokens: int) -> dict:
+    return {"harness": harness, "max_turns": 4, "max_tokens_per_turn": max_tokens, "max_context_tokens": 4000,
+            "max_wall_time_s": 600}
+
+
+def jobs(backend: str) -> dict[str, dict]:
+    """Each preset's arith job as its built-in-server test submits it, in a sandbox of ``backend``
+    (podman: from the preset's image, which scripts/install-harnesses built)."""
+    from rollstream.agent.presets import build_image, find_preset
+    from rollstream.sandboxes.env_images import DEFAULT_BASE_IMAGE
+
+    def sandbox(preset: str, limits: dict | None = None) -> dict:
+        image = {"image": build_image(find_preset(preset), DEFAULT_BASE_IMAGE)} if backend == "docker" else {}
+        return {"backend": backend, **image, **({"limits": limits} if limits else {})}
+
+    out = {name: arith.job(INSTANCE, sampling={"temperature": 0.0, "max_tokens": 96}, agent=_agent(cli.lean, 96),
+                           sandbox=sandbox(name, cli.limits)) for name, cli in CLIS.items()}
+    greedy = {"temperature": 0.0, "max_tokens": 128}
+    out["mini-swe-agent"] = arith.job(ARITH_INSTANCE, sampling=greedy, agent=_agent("mini-swe-agent", 128),
+                                      sandbox=sandbox("mini-swe-agent"))
+    out["openhands-sdk"] = arith.job(ARITH_INSTANCE, sampling=greedy, agent=_agent(OPENHANDS_LEAN, 128),
+                                     sandbox=sandbox("openhands-sdk"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def all_presets_arith_model_dir():
+    return model_cache.load("all_presets_arith_model_dir")
+
+
+@pytest.fixture(scope="module")
+def presets_vllm(all_presets_arith_model_dir, tmp_path_factory):
+    """The suite's vLLM (its own venv, unmodified) on the model of every preset, for this module."""
+    server = start_vllm(all_presets_arith_model_dir, free_port(), tmp_path_factory.mktemp("vllm-log") / "vllm.log",
+                        "rollstream-presets", max_model_len=MAX_MODEL_LEN)
+    yield server
+    server.stop()
+
+
+async def test_every_preset_completes_its_arith_loop_on_vllm_in_bwrap_and_podman_with_vllms_ids_and_is_scored(
+        settings, worker_pool, sandbox_root, tmp_path, all_presets_arith_model_dir, presets_vllm):
+    for name in ("mini-swe-agent", "openhands-sdk", *CLIS):
+        installed_preset(name)
+    folder = write_lean_preset(write_lean_presets(tmp_path / "presets"))
+    pool = worker_pool(model_dir=all_presets_arith_model_dir, sandbox_root=sandbox_root)
+    pool.env["ROLLSTREAM_HARNESS_PRESET_DIRS"] = json.dumps([str(folder)])
+    # The operator lets these jobs pick their sandbox's backend and image, and gives the CLIs room.
+    pool.env["ROLLSTREAM_SANDBOX_JOB_OVERRIDES"] = '["backend", "image", "limits"]'
+    pool.env["ROLLSTREAM_SANDBOX_JOB_MAY_RAISE_LIMITS"] = "1"
+    backends = ["bwrap"] + (["docker"] if DockerBackend().available() else [])
+    submitted = {(preset, backend): job for backend in backends for preset, job in jobs(backend).items()}
+    pool.start_all(concurrency=len(submitted))
+    started = time.monotonic()
+    results = dict(zip(submitted, await run_jobs(settings, presets_vllm.url, list(submitted.values()),
+                                                 timeout_s=1000)))
+    print(f"{len(results)} jobs of six presets on one vLLM: {time.monotonic() - started:.0f} s")
+
+    learnt = expected_replies()
+    for (preset, backend), result in sorted(results.items()):
+        assert result.status == "completed", (preset, backend, result.error)
+        traj = result.trajectory
+        run = traj.extra["harness_run"]
+        context = (preset, backend, run, traj.response_text[-1500:], presets_vllm.log_tail(1500))
+        assert traj.finish_reason == "stop" and run["exit_code"] == 0, context
+        calls = traj.extra["calls"]
+        assert {call["backend"] for call in calls} == {presets_vllm.url}, (preset, calls)
+        # The model's turns are vLLM's own ids (the door never re-tokenizes them): the episode's, exactly.
+        generated = [[t for t, m in zip(s.response_ids, s.loss_mask) if m] for s in traj.segments]
+        assert sum(generated, []) == sum(learnt[preset], []), context
+        assert len(calls) == len(learnt[preset]) and f"{TOOLS[preset]}" in traj.response_text, context
+        assert traj.extra["answer"] == "42" and result.reward == 1.0, context

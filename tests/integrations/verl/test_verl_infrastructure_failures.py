@@ -49,8 +49,8 @@ async def test_a_job_whose_environment_is_broken_stops_the_step_at_once_never_re
     container engine): neither a sample scored 0 nor a job worth running again."""
     from rollstream.sandboxes.backends.docker import DockerBackend
 
-    if not DockerBackend().available():
-        pytest.skip("no container engine (podman's socket: scripts/install-podman)")
+    # scripts/test sets podman up: an engine that does not answer is a broken setup, not a skip.
+    assert DockerBackend().available(), "no container engine answers (podman's socket: scripts/install-podman)"
     folder = Path(shutil.copytree(HARBOR_TASK, tmp_path / "broken-build"))
     (folder / "environment" / "Dockerfile").write_text("FROM debian:bookworm-slim\nRUN false\n")
     monkeypatch.setenv("ROLLSTREAM_HARBOR_TASK_ROOTS", json.dumps([str(tmp_path)]))

@@ -19,26 +19,17 @@ from rollstream.config import load_settings
 from rollstream.errors import InvalidJob
 
 
-def _jinja_renderer() -> Callable[..., Any] | None:
-    """What apply_chat_template renders with once it has found the template (transformers >= 4.49);
-    None for an older transformers, where every rendering goes through apply_chat_template.
+def _jinja_functions() -> tuple[Callable[..., Any], Callable[[str], Any]] | None:
+    """What apply_chat_template renders with once it has found the template (transformers >= 4.49):
+    its renderer, and its compiler (its jinja sandbox, its globals); None for an older transformers,
+    where every rendering goes through apply_chat_template.
     Imported where a tokenizer is in hand (transformers is loaded then): at the top of this module
     it loaded transformers into every worker and CLI process, seconds of CPU each."""
     try:
-        from transformers.utils.chat_template_utils import render_jinja_template
+        from transformers.utils.chat_template_utils import _compile_jinja_template, render_jinja_template
     except ImportError:
         return None
-    return render_jinja_template
-
-
-def _compiled(template: str) -> Any:
-    """The template as transformers compiles it for apply_chat_template (its jinja sandbox, its
-    globals), or None where this transformers has no such function."""
-    try:
-        from transformers.utils.chat_template_utils import _compile_jinja_template
-    except ImportError:
-        return None
-    return _compile_jinja_template(template)
+    return render_jinja_template, _compile_jinja_template
 
 
 _JSON_SCALARS = (str, int, float, bool, type(None))
@@ -159,14 +150,16 @@ class ChatRenderer:
         # are found once here, and each rendering is the same jinja call it makes with them.
         self._template: str | None = None
         self._variables: dict[str, Any] = {}
-        self._render_jinja = _jinja_renderer()
+        self._render_jinja: Callable[..., Any] | None = None
         self._compiled: Any = None  # for data of JSON's own types, rendered without copying it first
-        if self._render_jinja is not None and hasattr(tokenizer, "get_chat_template"):
+        jinja = _jinja_functions()
+        if jinja is not None and hasattr(tokenizer, "get_chat_template"):
+            self._render_jinja, compile_template = jinja
             variables = dict(self.template_kwargs)
             self._template = tokenizer.get_chat_template(variables.pop(JOB_TEMPLATE, None), self.tools)
             self._variables = {**tokenizer.special_tokens_map, **variables}
             if _plain(self.tools) and _plain(self._variables):
-                self._compiled = _compiled(self._template)
+                self._compiled = compile_template(self._template)
 
     def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         def apply() -> Any:

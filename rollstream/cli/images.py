@@ -44,14 +44,12 @@ IMAGES_DIR_HELP = (
     " (as root /var/cache/rollstream/images)"
 )
 
+
 @app.command()
 def pull(
     source: str = typer.Argument(..., help="docker://IMAGE, a .sif file or a rootfs tarball"),
     backend: str = typer.Option("singularity", help="singularity (makes a SIF) or bwrap (unpacks a rootfs folder)"),
-    images_dir: str = typer.Option(
-        None,
-        help=IMAGES_DIR_HELP,
-    ),
+    images_dir: str = typer.Option(None, help=IMAGES_DIR_HELP),
     now: bool = typer.Option(False, "--now", help="run here and wait instead of queueing an rq job"),
     redis: str | None = redis_option(REDIS_HELP),
     redis_url: str | None = redis_url_alias(),
@@ -85,10 +83,7 @@ def build(
     ),
     mirror: str | None = typer.Option(None, help="repository mirror; default $ROLLSTREAM_SWE_MIRROR"),
     force: bool = typer.Option(False, "--force", help="rebuild even when cached"),
-    images_dir: str = typer.Option(
-        None,
-        help=IMAGES_DIR_HELP,
-    ),
+    images_dir: str = typer.Option(None, help=IMAGES_DIR_HELP),
     now: bool = typer.Option(False, "--now", help="run here and wait instead of queueing an rq job"),
     as_json: bool = typer.Option(False, "--json", help="with --now: print what was built as JSON"),
     redis: str | None = redis_option(REDIS_HELP),
@@ -162,10 +157,7 @@ def _build_environments(
 
 @app.command()
 def worker(
-    images_dir: str = typer.Option(
-        None,
-        help=IMAGES_DIR_HELP,
-    ),
+    images_dir: str = typer.Option(None, help=IMAGES_DIR_HELP),
     mirror: str | None = typer.Option(
         None, help="repository mirror of environment builds; default $ROLLSTREAM_SWE_MIRROR"
     ),

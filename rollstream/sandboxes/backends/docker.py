@@ -29,15 +29,8 @@ from .common import (
 
 LABEL = "rollstream.sandbox"
 # The docker CLI needs its own configuration from the host environment, and nothing else.
-_CLIENT_ENV = (
-    "PATH",
-    "HOME",
-    "DOCKER_HOST",
-    "DOCKER_CONFIG",
-    "DOCKER_CONTEXT",
-    "DOCKER_CERT_PATH",
-    "DOCKER_TLS_VERIFY",
-)
+_CLIENT_ENV = ("PATH", "HOME", "DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CONTEXT", "DOCKER_CERT_PATH",
+               "DOCKER_TLS_VERIFY")
 
 
 PODMAN_SOCKET = "/run/podman/podman.sock"
@@ -98,32 +91,19 @@ class DockerBackend:
             )
         limits = spec.limits
         argv = [
-            which("docker") or "docker",
-            "run",
-            "--detach",
-            "--name",
-            container_name(sandbox_id),
-            "--label",
-            f"{LABEL}={sandbox_id}",
-            "--label",
-            f"rollstream.owner={owner}",
-            "--hostname",
-            "sandbox",
-            "--cap-drop",
-            "ALL",
-            "--security-opt",
-            "no-new-privileges",
+            which("docker") or "docker", "run", "--detach",
+            "--name", container_name(sandbox_id),
+            "--label", f"{LABEL}={sandbox_id}",
+            "--label", f"rollstream.owner={owner}",
+            "--hostname", "sandbox",
+            "--cap-drop", "ALL",
+            "--security-opt", "no-new-privileges",
             *_rlimit_flags(limits.max_open_files),
-            "--volume",
-            f"{layout.work}:{spec.workdir}",
-            "--volume",
-            f"{layout.tmp}:/tmp",
-            "--volume",
-            f"{layout.kernel}:{KERNEL_DIR_INNER}",
-            "--volume",
-            f"{layout.door}:{DOOR_DIR_INNER}:ro",
-            "--workdir",
-            spec.workdir,
+            "--volume", f"{layout.work}:{spec.workdir}",
+            "--volume", f"{layout.tmp}:/tmp",
+            "--volume", f"{layout.kernel}:{KERNEL_DIR_INNER}",
+            "--volume", f"{layout.door}:{DOOR_DIR_INNER}:ro",
+            "--workdir", spec.workdir,
         ]
         if not spec.network:
             argv += ["--network", "none"]

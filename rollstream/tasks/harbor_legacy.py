@@ -22,9 +22,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from rollstream.tasks.harbor_folder import COMPOSE_FILES
+
 # task.yaml is the task's metadata; its docker-compose file only ran the one container (its TEST_DIR
-# goes to task.toml), and a compose file in environment/ would make a multi-service environment.
-NOT_CONTEXT = {"task.yaml", "docker-compose.yaml", "docker-compose.yml"}
+# goes to task.toml), and any compose file Harbor reads in environment/ would make it multi-service.
+NOT_CONTEXT = {"task.yaml", *COMPOSE_FILES}
 _UV_INSTALLER = re.compile(r"astral\.sh/uv/([0-9][0-9A-Za-z.]*)/install\.sh")
 _UV_ADD = re.compile(r"^\s*uv add ([^\n;&|]+)$", re.M)
 _PIP_INSTALL = re.compile(r"\bpip3? install ((?:[^\n;&|)]|\\\n)+)")

@@ -145,16 +145,16 @@ def segment_samples(result: Result, *, response_length: int) -> list[VerlSample]
     verl's v1 trainer takes an agent loop's several outputs: each carries the job's reward, and
     verl computes GRPO's advantage from the last output of each rollout and gives it to the
     others. Earlier segments with no model token are left out; one-segment jobs give one."""
-    traj = result.trajectory
+    last = sample_from_result(result, response_length=response_length)  # raises without a trajectory
+    segments = result.trajectory.segments if result.trajectory is not None else []
     samples = [_cut(seg, result, response_length=response_length,
                     num_turns=1 + seg.num_calls + observation_blocks(seg.loss_mask),
                     metrics={**timing_metrics(result), "generate_sequences": 0.0, "tool_calls": 0.0,
                              "compute_score": 0.0})
-               for seg in (traj.segments[:-1] if traj is not None else ()) if any(seg.loss_mask)]
+               for seg in segments[:-1] if any(seg.loss_mask)]
     for number, sample in enumerate(samples):
         sample.extra_fields.update(rollstream_finish_reason="segment", rollstream_segment=number)
-    last = sample_from_result(result, response_length=response_length)
-    last.extra_fields["rollstream_segment"] = len(traj.segments) - 1 if traj is not None and traj.segments else 0
+    last.extra_fields["rollstream_segment"] = max(len(segments) - 1, 0)
     return [*samples, last]
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from rollstream.agent.gateway import MODEL_NAME
 from rollstream.agent.presets import driver_source, find_preset, install_on_host, load_preset
+from rollstream.sandboxes.backends.common import host_python_path
 from rollstream.tasks import arith
 
 from .sandbox_presets import SWE_FIX, swe_instance
@@ -68,9 +69,15 @@ def _instructions() -> dict[str, str]:
 
 def trained_folder(parent: Path, which: str) -> Path:
     """Where the model of episode ``which`` ('arith', 'swe') is kept: named by the preset, the
-    episode, the runner and this file, so a change to any trains anew."""
+    episode, the runner and this file, so a change to any trains anew; the arith model also by the
+    PATH of a bwrap sandbox on the host's root, whose first folder is this interpreter's: the
+    terminal names the interpreter in every observation (`[Python interpreter: …/bin/python]`), so a
+    model learnt from one checkout's venv does not answer in another's (CI's clone in its own folder
+    shares this cache)."""
     parts = [lean_preset_text(), json.dumps([_instructions()[which], REPLIES[which]]),
              driver_source("openhands").read_text(), Path(__file__).read_text()]
+    if which == "arith":
+        parts.append(host_python_path())
     return parent / f"openhands-{which}-{hashlib.sha1(chr(10).join(parts).encode()).hexdigest()[:12]}"
 
 

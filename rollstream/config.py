@@ -85,6 +85,9 @@ class Settings(BaseSettings):
     dead_maxlen: int = Field(100_000, description="Approximate cap on the dead-letter stream.")
     max_sandboxes_per_node: int = Field(64, description="Init pulls work only while this node holds "
                                         "fewer live sandboxes (back-pressure).")
+    init_run_ahead: int = Field(4, ge=0, description="Init pulls work only while the node's jobs queued for or at "
+                                "work in run, with or without a sandbox, number fewer than its live run slots plus "
+                                "this: what waits beyond stays in the shared init stream for a node with room.")
     warm_pool_max_per_node: int = Field(0, ge=0, description="Most warm sandboxes init keeps ready on this node "
                                         "(0: no warm pools), per sandbox spec its jobs asked for lately: as many as "
                                         "the node's run slots that no job's sandbox fills, within the node's memory; "

@@ -77,8 +77,7 @@ class ConsumerLoop:
         self._reader = FastRedis.from_client(self.r)
         self._reader_blocked = False
         # The node's sandbox slots, for a stage that pulls work only while some are free.
-        self.sandbox_slots = (SandboxSlots(self.r, self._reader, ctx.keys.node_sandboxes(ctx.node),
-                                           self.s.max_sandboxes_per_node)
+        self.sandbox_slots = (SandboxSlots(self.r, self._reader, ctx.keys, ctx.node, self.s)
                               if stage.limits_by_node_sandboxes else None)
         self.observations = histograms.Observations()
 
@@ -356,8 +355,8 @@ class ConsumerLoop:
                 moved = await self.ctx.handoff.forward(src, env, to_stream, outcome.stage, via=via)
             except JobCancelled as exc:  # cancelled while this stage worked: it goes no further
                 return await outcomes.end(src, env, "cancelled", str(exc))
-            if moved and self.sandbox_slots is not None and sandbox_of(env):
-                self.sandbox_slots.forwarded()
+            if moved and self.sandbox_slots is not None:
+                self.sandbox_slots.forwarded(with_sandbox=bool(sandbox_of(env)))
         else:
             outcome.timings_s = env.timings_s
             # Eval tore the sandbox down; it stops counting in the same script.

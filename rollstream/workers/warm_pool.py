@@ -27,7 +27,6 @@ import redis
 from rollstream.config import Settings
 from rollstream.pipeline.jobstate import JobStateFields, hash_args
 from rollstream.pipeline.keys import Keys
-from rollstream.pipeline.workerstate import WorkerRecord
 from rollstream.sandbox_spec import SandboxHandle, SandboxSpec
 from rollstream.sandboxes import capacity
 from rollstream.sandboxes.errors import SandboxError
@@ -36,6 +35,7 @@ from rollstream.sandboxes.lifecycle import (
     destroy_sandbox,
     reassign_owner,
 )
+from rollstream.workers.sandbox_slots import node_slots
 
 log = logging.getLogger(__name__)
 
@@ -209,21 +209,9 @@ class WarmPool:
     async def total_target(self) -> int:
         """This process's share of the node's warm sandboxes (``warm_pool_cap``), split evenly
         among the node's workers of its stage."""
-        node, now = self.s.node, time.time()
-        workers = await self.r.zrangebyscore(self.keys.workers, now - self.s.worker_ttl_s, "+inf")
-        async with self.r.pipeline(transaction=False) as pipe:
-            pipe.scard(self.keys.node_sandboxes(node))
-            for worker in workers:
-                pipe.hgetall(self.keys.worker(worker.decode()))
-            in_use, *infos = await pipe.execute()
-        slots: Counter = Counter()
-        peers = 0
-        for rec in map(WorkerRecord.parse, infos):
-            if rec is not None and rec.node == node:
-                slots[rec.stage] += rec.concurrency
-                peers += rec.stage == self.stage
-        in_use = int(in_use)
-        wanted, peers = self.wanted(slots, in_use), max(1, peers)
+        slots, workers = await node_slots(self.r, self.keys, self.s.node, self.s.worker_ttl_s)
+        in_use = int(await self.r.scard(self.keys.node_sandboxes(self.s.node)))
+        wanted, peers = self.wanted(slots, in_use), max(1, workers[self.stage])
         warm_now = sum(len(s.idle) + s.starting for s in self.shelves.values())
         cap = warm_pool_cap(wanted, in_use, self.s.warm_pool_max_per_node, warm_now=warm_now * peers)
         return math.ceil(cap / peers)

@@ -12,13 +12,19 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from typing_extensions import TypedDict
 
 BackendName = Literal["auto", "bwrap", "singularity", "docker", "local"]
 SANDBOX_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+# The Linux capabilities a container sandbox may keep for root inside (docker backend), and no
+# others: what root in a Harbor/Terminal-Bench task expects of its container (SECURITY.md, "Root
+# inside a container"). SYS_ADMIN, NET_ADMIN, NET_RAW, MKNOD, SYS_PTRACE, SYS_MODULE,
+# DAC_READ_SEARCH and the rest cannot even be named.
+ContainerCapability = Literal["CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "SETUID", "SETGID", "KILL"]
+ROOT_TASK_CAPABILITIES: tuple[ContainerCapability, ...] = get_args(ContainerCapability)
 
 
 class SandboxLimits(BaseModel):
@@ -77,6 +83,10 @@ class SandboxSpec(BaseModel):
     )
     allow_unisolated: bool = Field(
         False, description="required with backend='local', which runs tools on the host without isolation"
+    )
+    capabilities: list[ContainerCapability] = Field(
+        default_factory=list, description="docker: capabilities root inside keeps (all others dropped), within "
+        "the operator's ROLLSTREAM_SANDBOX_CONTAINER_CAPABILITIES; the task's to declare, never a job's"
     )
 
     @field_validator("workdir")

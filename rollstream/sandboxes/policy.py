@@ -30,7 +30,7 @@ from rollstream.sandboxes.image_cache import default_images_dir
 # sandbox, confined as the operator configured it.
 DEFAULT_JOB_OVERRIDES = ("limits", "files", "env", "setup_commands", "setup_timeout_s", "workdir")
 # Never from a job, whatever the setting says.
-NEVER_FROM_A_JOB = ("allow_unisolated",)
+NEVER_FROM_A_JOB = ("allow_unisolated", "capabilities")
 # Setup commands run through the backend: unconfined on the host with `local`.
 _UNCONFINED_BACKENDS = ("local",)
 # Fields whose value is a budget: a job may only lower it unless raising is allowed.
@@ -75,8 +75,8 @@ class OverridePolicy:
                     f"job.sandbox.{name} is not a sandbox field; known: {', '.join(SandboxSpec.model_fields)}")
             if name in NEVER_FROM_A_JOB:
                 raise SandboxOverrideRefused(
-                    f"job.sandbox.{name} cannot come from a job: only the operator's configuration may "
-                    "run code without isolation")
+                    f"job.sandbox.{name} cannot come from a job: only the operator's configuration (and for "
+                    "capabilities, the task) decides how unconfined its code runs")
             if name not in self.allowed:
                 raise SandboxOverrideRefused(
                     f"job.sandbox.{name} may not be overridden by a job under this node's policy; the "

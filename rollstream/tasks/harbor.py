@@ -19,7 +19,7 @@ from typing import ClassVar
 from rollstream.config import load_settings
 from rollstream.errors import InvalidJob, JobFailed
 from rollstream.messages import Envelope
-from rollstream.sandbox_spec import SandboxLimits, SandboxSpec
+from rollstream.sandbox_spec import ROOT_TASK_CAPABILITIES, SandboxLimits, SandboxSpec
 from rollstream.sandboxes.backends.bwrap import BwrapBackend
 from rollstream.sandboxes.env_images import EnvBuildFailed
 from rollstream.sandboxes.errors import BackendUnavailable
@@ -91,10 +91,14 @@ class HarborTask(AgentTask):
         image = self.image(instance)
         resources = folder.config.environment
         limits = SandboxLimits(memory_mb=resources.memory_mb, disk_mb=resources.storage_mb, cpus=resources.cpus)
+        root = not image.user or image.user in ("root", "0")
+        # Harbor runs a task's container with Docker's default capabilities, and its solve.sh and
+        # test.sh as root expect them (tar restoring owners, writing files other users own): a
+        # root task's container keeps the few of them SECURITY.md argues for, within the operator's.
         return SandboxSpec(image=image.tag, workdir=image.workdir, limits=limits,
                            setup_commands=[restore_workdir_command(image.workdir)], setup_timeout_s=SETUP_TIMEOUT_S,
-                           env={**(image.env or {}),
-                                "HOME": "/root" if not image.user or image.user in ("root", "0") else "/tmp"})
+                           env={**(image.env or {}), "HOME": "/root" if root else "/tmp"},
+                           capabilities=list(ROOT_TASK_CAPABILITIES) if root else [])
 
     def prompt_messages(self, instance: dict) -> list[dict]:
         folder = self.folder(instance)

@@ -2,18 +2,24 @@
 
 The supervisor starts the container (`docker run -d ... sleep infinity`) and removes it
 on shutdown; containers carry a rollstream.sandbox label so a reaper finds leftovers.
+Every capability is dropped but those the task declares for its root (`SandboxSpec.capabilities`,
+Harbor's root tasks) and the operator allows (`ROLLSTREAM_SANDBOX_CONTAINER_CAPABILITIES`);
+`no-new-privileges` always.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import logging
 import os
 import resource
 import subprocess
 
-from rollstream.sandbox_spec import SandboxSpec
+from rollstream.sandbox_spec import ROOT_TASK_CAPABILITIES, SandboxSpec
 
 from ..image_cache import resolve_image
+from ..runtime.env_settings import env_name, env_setting
 from .base import LaunchPlan, SandboxLayout
 from .common import (
     BASH_ARGS,
@@ -26,6 +32,8 @@ from .common import (
     ulimit_wrapped,
     which,
 )
+
+log = logging.getLogger(__name__)
 
 LABEL = "rollstream.sandbox"
 # The docker CLI needs its own configuration from the host environment, and nothing else.
@@ -59,6 +67,37 @@ def _rlimit_flags(max_open_files: int) -> list[str]:
     # podman lowers its own nproc to 32768 at start; no container may exceed that.
     nproc = 32768 if nproc_hard == resource.RLIM_INFINITY else min(nproc_hard, 32768)
     return ["--ulimit", f"nofile={nofile}:{nofile}", "--ulimit", f"nproc={nproc}:{nproc}"]
+
+
+def allowed_capabilities() -> tuple[str, ...]:
+    """The capabilities the operator lets a container's root keep (where its task asks):
+    ``ROLLSTREAM_SANDBOX_CONTAINER_CAPABILITIES``, a JSON list within ROOT_TASK_CAPABILITIES."""
+    text = env_setting("SANDBOX_CONTAINER_CAPABILITIES")
+    if text is None:
+        return ROOT_TASK_CAPABILITIES
+    try:
+        names = json.loads(text)
+    except ValueError:
+        names = None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"{env_name('SANDBOX_CONTAINER_CAPABILITIES')}={text!r} is not a JSON list of capability "
+                         f"names such as [\"CHOWN\", \"FOWNER\"]")
+    unknown = sorted(set(names) - set(ROOT_TASK_CAPABILITIES))
+    if unknown:
+        raise ValueError(f"{env_name('SANDBOX_CONTAINER_CAPABILITIES')} names {unknown}: a sandbox's root keeps at "
+                         f"most {list(ROOT_TASK_CAPABILITIES)} (SECURITY.md, root inside a container)")
+    return tuple(n for n in ROOT_TASK_CAPABILITIES if n in names)
+
+
+def capability_flags(spec: SandboxSpec) -> list[str]:
+    """--cap-drop ALL, then --cap-add for each capability the task asks for and the operator allows."""
+    allowed = allowed_capabilities()
+    kept = [name for name in ROOT_TASK_CAPABILITIES if name in spec.capabilities and name in allowed]
+    withheld = sorted(set(spec.capabilities) - set(kept))
+    if withheld:
+        log.info("container sandbox: capabilities %s withheld by %s", withheld,
+                 env_name("SANDBOX_CONTAINER_CAPABILITIES"))
+    return ["--cap-drop", "ALL", *(flag for name in kept for flag in ("--cap-add", name))]
 
 
 def container_name(sandbox_id: str) -> str:
@@ -96,7 +135,7 @@ class DockerBackend:
             "--label", f"{LABEL}={sandbox_id}",
             "--label", f"rollstream.owner={owner}",
             "--hostname", "sandbox",
-            "--cap-drop", "ALL",
+            *capability_flags(spec),
             "--security-opt", "no-new-privileges",
             *_rlimit_flags(limits.max_open_files),
             "--volume", f"{layout.work}:{spec.workdir}",

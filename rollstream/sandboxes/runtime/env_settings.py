@@ -19,6 +19,8 @@ DOCUMENTED = {
     "ENV_BUILD_NETWORK": "the network environment image builds use (default)",
     "IMAGES_DIR": "where images go (~/.cache/rollstream/images; as root /var/cache/rollstream/images)",
     "MODEL_CACHE": "where the demo's models are cached (~/.cache/rollstream/models)",
+    "SANDBOX_CONTAINER_CAPABILITIES": "capabilities a container sandbox's root may keep where its task asks "
+    "(JSON list; default all seven of sandbox_spec.ROOT_TASK_CAPABILITIES; [] drops every one)",
     "SANDBOX_CONFINE": "'off' where another layer enforces the sandbox's limits",
     "SANDBOX_MB_<KIND>": "MB one sandbox of a kind costs where not measured on the node (BASH 7, KERNEL 40)",
     "SANDBOX_ROOT": "where sandbox folders and sockets live (/tmp/rollstream-sb-UID)",

@@ -146,6 +146,10 @@ MODELS: dict[str, Callable[[], CachedModel]] = {
                                                     "tiny model that learnt a Codex CLI SWE episode"),
     "claude_code_swe_model_dir": lambda: _harness_episode("node_clis", "claude-code-swe",
                                                           "tiny model that learnt a Claude Code SWE episode"),
+    "qwen_code_swe_model_dir": lambda: _harness_episode("node_clis", "qwen-code-swe",
+                                                        "tiny model that learnt a Qwen Code SWE episode"),
+    "opencode_swe_model_dir": lambda: _harness_episode("node_clis", "opencode-swe",
+                                                       "tiny model that learnt an OpenCode SWE episode"),
     # For the real vLLM (one model per server): every preset's arith episode in one model.
     "all_presets_arith_model_dir": lambda: _harness_episode("all_presets_model", "arith",
                                                             "tiny model that learnt every preset's arith episode"),

@@ -117,8 +117,9 @@ async def the_cli_fixes_a_shipped_swe_instance_in_bwrap_and_its_diff_is_scored(
     from rollstream.llm.server import served_model
 
     _pool(worker_pool, cli_swe_model_dir, sandbox_root, presets_dir)
-    job = swe_job(str(tmp_path / "swe-mirror"), agent(cli, max_context_tokens=4096))
-    with served_model(cli_swe_model_dir, device="cpu") as server:
+    job = swe_job(str(tmp_path / "swe-mirror"), agent(cli, max_context_tokens=cli.swe_context_tokens))
+    with served_model(cli_swe_model_dir, device="cpu",
+                      extra_args=["--max-model-len", str(cli.swe_context_tokens)]) as server:
         result = await run_job(settings, server, {**job, "sandbox": {"limits": cli.limits}})
     assert_fixed_and_scored(result)
 

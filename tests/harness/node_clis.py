@@ -45,22 +45,29 @@ class Cli:
     lean_config: str = ""  # JSON merged into the preset's JSON config file (its first [[files]] entry)
     memory_mb: int = 4096  # the sandbox's address space per process it needs to start and run
     lean_files: tuple[tuple[str, str], ...] = ()  # (path, content) files the lean options name
+    # The context its SWE job is served (the tiny model's config names 4096 positions; its rotary
+    # positions have no table to run out of, and a CLI whose SWE episode runs longer learnt it past 4096).
+    swe_context_tokens: int = 4096
 
     @property
     def limits(self) -> dict:
         """The sandbox limits of its jobs (the arith task's, with room for the CLI)."""
         return {**LIMITS, "memory_mb": self.memory_mb}
 
+    def shell(self, command: str, extra: dict[str, dict]) -> str:
+        """A call of its shell tool running ``command``, with the arguments ``extra`` adds for it."""
+        key = "cmd" if self.tool == "exec_command" else "command"  # Codex: cmd
+        return shell_call(self.tool, {key: command, **extra.get(self.tool, {})})
+
     @property
     def replies(self) -> tuple[str, ...]:
         """The episode the model learns: a shell call that computes, then the answer."""
-        command = {"cmd" if self.tool == "exec_command" else "command": "echo $((12+30))"}  # Codex: cmd
-        return (shell_call(self.tool, {**command, **SHELL_EXTRA.get(self.tool, {})}), "42")
+        return (self.shell("echo $((12+30))", SHELL_EXTRA), "42")
 
     @property
     def swe_replies(self) -> tuple[str, ...]:
         """On the shipped SWE instance: a shell call that edits the checkout, then its last word."""
-        return (shell_call(self.tool, {"cmd" if self.tool == "exec_command" else "command": SWE_FIX}), "Fixed.")
+        return (self.shell(SWE_FIX, SWE_SHELL_EXTRA), "Fixed.")
 
     @property
     def lean(self) -> str:
@@ -68,10 +75,13 @@ class Cli:
 
 
 SHELL_EXTRA = {"bash": {"description": "Compute 12 + 30"}}  # OpenCode's bash tool requires a description
+SWE_SHELL_EXTRA = {"bash": {"description": "Fix the stock check"}}
 
 QWEN_CODE = Cli("qwen-code", "run_shell_command", 2,
                 ("--bare", f"--system-prompt={SYSTEM}", "--core-tools=run_shell_command",
-                 "--exclude-tools=edit,get_goal,notebook_edit,read_file,update_goal"))
+                 "--exclude-tools=edit,get_goal,notebook_edit,read_file,update_goal"),
+                # Its shell tool's description alone is ~2.5k tokens, and it echoes the command in the result.
+                swe_context_tokens=8192)
 # Its prompt and tools come from its config: the build agent's prompt, and every tool but bash off.
 OPENCODE = Cli("opencode", "bash", 1, (),
                json.dumps({"agent": {"build": {"prompt": SYSTEM}},

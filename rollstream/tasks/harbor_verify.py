@@ -5,8 +5,10 @@ one; special files refused); a new sandbox from the pristine image gets the work
 Dockerfile left it, then the agent's tree over it (and what it deleted removed). The task's
 ``tests/`` go to /tests and ``tests/test.sh`` runs there under task.toml's ``[verifier]
 timeout_sec``; its reward file gives the reward: /logs/verifier/reward.txt (a number), else
-reward.json (``{"reward": x, ...}``, every field kept). Nothing the agent left outside its
-workdir, and none of its processes, reaches the tests.
+reward.json (``{"reward": x, ...}``, every field kept). Per-test outcomes are kept where the tests
+report them: a CTRF report (/logs/verifier/ctrf.json), else pytest's "short test summary info"
+(``-rA``, as Terminal-Bench's run-tests.sh asks for) in test.sh's output. Nothing the agent left
+outside its workdir, and none of its processes, reaches the tests.
 
 A test.sh that runs past its limit scores 0 with the reason; one that writes no reward, or no
 number, fails the job (failure 'task': the task folder's verifier is broken, not the agent).
@@ -36,6 +38,10 @@ FRESH_SANDBOX_ALLOWANCE_S = 120.0
 REWARD_MAX_BYTES = 1 << 20
 OUTPUT_TAIL_BYTES = 3000
 MAX_TESTS_KEPT = 200
+SUMMARY_TAIL_BYTES = 256 << 10  # where test.sh's output is searched for pytest's short summary
+# pytest's -r outcomes in CTRF's words (CTRF: passed, failed, skipped, pending, other).
+PYTEST_OUTCOMES = {"PASSED": "passed", "FAILED": "failed", "ERROR": "failed", "SKIPPED": "skipped",
+                   "XFAIL": "other", "XPASS": "other"}
 
 
 class RewardMissing(JobFailed):
@@ -125,7 +131,9 @@ async def run_tests(env: Envelope, sandbox: SandboxClient, folder: TaskFolder, w
     if result.timed_out or status in ("124", "137"):
         return eval_report.record(env, 0.0, f"tests/test.sh timed out after {limit_s:g} s (task.toml [verifier] "
                                   "timeout_sec)", output=output)
-    details = await read_reward(sandbox, folder, status, output)
+    summary = await _sh(sandbox, f"tail -c {SUMMARY_TAIL_BYTES} {VERIFIER_DIR}/test-stdout.txt | "
+                                 "sed -n '/short test summary info/,$p'")
+    details = await read_reward(sandbox, folder, status, output, summary.output)
     reward = details.pop("reward")
     return eval_report.record(env, reward, f"tests/test.sh exited {status}; reward {reward:g} from "
                               f"{details.pop('source')}", output=output, **details)
@@ -138,13 +146,15 @@ async def _read(sandbox: SandboxClient, name: str) -> bytes | None:
         return None
 
 
-async def read_reward(sandbox: SandboxClient, folder: TaskFolder, status: str, output: str) -> dict:
-    """The reward (and reward.json's other fields, CTRF per-test outcomes) test.sh reported; raises
-    RewardMissing when it reported none."""
+async def read_reward(sandbox: SandboxClient, folder: TaskFolder, status: str, output: str,
+                      summary: str = "") -> dict:
+    """The reward (and reward.json's other fields, per-test outcomes from CTRF or else from pytest's
+    ``summary``) test.sh reported; raises RewardMissing when it reported none."""
     details: dict = {}
     ctrf = await _read(sandbox, "ctrf.json")
-    if ctrf is not None:
-        details["tests"] = ctrf_outcomes(ctrf)
+    tests = ctrf_outcomes(ctrf) if ctrf is not None else pytest_summary_outcomes(summary)
+    if tests or ctrf is not None:
+        details["tests"] = tests
     text = await _read(sandbox, "reward.txt")
     if text is not None:
         try:
@@ -184,3 +194,22 @@ def ctrf_outcomes(data: bytes) -> dict[str, str]:
         return {str(t["name"]): str(t["status"]) for t in tests[:MAX_TESTS_KEPT]}
     except (ValueError, KeyError, TypeError):
         return {}
+
+
+def pytest_summary_outcomes(text: str) -> dict[str, str]:
+    """Per-test outcomes of pytest's last "short test summary info" section in ``text`` (``-rA``
+    lists every test: ``PASSED path::test``, ``FAILED path::test - message``; a skipped one by its
+    place, ``path.py:9``), in CTRF's words."""
+    lines = text.splitlines()
+    starts = [i for i, line in enumerate(lines) if "short test summary info" in line]
+    outcomes: dict[str, str] = {}
+    for line in lines[starts[-1] + 1:] if starts else ():
+        if line.startswith("="):
+            break
+        word, _, rest = line.partition(" ")
+        name = rest.split(" - ", 1)[0].strip()
+        if word == "SKIPPED":  # "SKIPPED [1] path.py:9: reason": pytest names the place, not the test
+            name = rest.partition("] ")[2].split(": ", 1)[0] if rest.startswith("[") else name
+        if word in PYTEST_OUTCOMES and name and len(outcomes) < MAX_TESTS_KEPT:
+            outcomes[name] = PYTEST_OUTCOMES[word]
+    return outcomes

@@ -8,12 +8,16 @@ and no change 0."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from xml.etree import ElementTree
 
 import pytest
 
 from rollstream.tasks.harbor import HarborTask
 from rollstream.tasks.harbor_folder import TaskFolder
 from rollstream.tasks.harbor_legacy import LegacyTaskError, convert_terminal_bench, is_legacy_task
+from rollstream.tasks.harbor_verify import pytest_summary_outcomes
 
 from .conftest import needs_bwrap
 from .harbor_fixtures import SOLVE
@@ -99,3 +103,33 @@ async def test_a_converted_terminal_bench_task_scores_its_solution_one_and_no_ch
     assert await untouched.score() == 0.0, untouched.env.trajectory.extra["eval"]
     assert "1 passed" in solved.env.trajectory.extra["eval"]["output"]
     assert "FAILED" in untouched.env.trajectory.extra["eval"]["output"]
+    # Per-test outcomes from pytest's -rA summary in run-tests.sh's output (no CTRF report here).
+    for ep, outcome in ((solved, "passed"), (untouched, "failed")):
+        tests = ep.env.trajectory.extra["eval"]["tests"]
+        assert list(tests.values()) == [outcome] and next(iter(tests)).endswith("::test_sum_is_written"), tests
+
+
+def test_pytest_summary_outcomes_agree_with_pytests_own_junit_report(tmp_path):
+    (tmp_path / "test_mixed.py").write_text(
+        "import pytest\n\n"
+        "def test_ok():\n    pass\n\n"
+        "def test_bad():\n    assert 1 == 2, 'a - b'\n\n"
+        "@pytest.mark.skip(reason='later')\ndef test_skipped():\n    pass\n\n"
+        "@pytest.fixture\ndef broken():\n    raise RuntimeError('setup')\n\n"
+        "def test_error(broken):\n    pass\n\n"
+        "@pytest.mark.xfail\ndef test_expected_failure():\n    assert False\n\n"
+        "@pytest.mark.parametrize('n', [1, 2])\ndef test_param(n):\n    assert n == 1\n")
+    ran = subprocess.run([sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", "--junitxml",
+                          str(tmp_path / "junit.xml"), "test_mixed.py"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    ours = pytest_summary_outcomes("noise before\n" + ran.stdout)
+    theirs = {}
+    for case in ElementTree.parse(tmp_path / "junit.xml").iter("testcase"):
+        kinds = {child.tag: child.get("type", "") for child in case}
+        theirs[case.get("name")] = ("failed" if "failure" in kinds or "error" in kinds else
+                                    "other" if kinds.get("skipped") == "pytest.xfail" else
+                                    "skipped" if "skipped" in kinds else "passed")
+    # pytest's summary names a skipped test by its place (the line of its decorator), junit by its name.
+    assert ours.pop("test_mixed.py:9") == theirs.pop("test_skipped") == "skipped", (ours, ran.stdout)
+    assert {name.split("::")[-1]: outcome for name, outcome in ours.items()} == theirs, ran.stdout
+    assert len(theirs) == 6

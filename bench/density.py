@@ -9,10 +9,13 @@ runs in every sandbox at once, twice (the second round after all answered the fi
 sandboxes' memory is read: PSS summed over each sandbox's processes (rollstream/sandboxes/
 capacity.py, what the warm pool sizes itself by) and the node's used-memory delta
 (MemTotal - MemAvailable against before the first sandbox; other work on the node moves it).
-A step that would take MemAvailable below --floor-gib is not started, and one that gets
-there stops: the table says what the rest needs. Prints a table, then a last line
-`RESULT {json}` with sandboxes_live_with_kernels (the largest count with every kernel
-answering), mb_per_sandbox_with_kernel and node_mb_per_sandbox ({count: MB}),
+A step that gets MemAvailable down to --floor-gib stops growing there: the sandboxes whose
+kernels had started are measured as the step's row (`live` of its count: how many fit), the
+others destroyed, and no larger step is tried (--no-fill: a step that would not fit by the last
+row's figure is not started). Prints a table, then a last line
+`RESULT {json}` with sandboxes_live_with_kernels (the most live sandboxes with every kernel
+answering), live ({count: sandboxes live at that step}), mb_per_sandbox_with_kernel and
+node_mb_per_sandbox ({count: MB}),
 cell_p50_ms and cell_p99_ms ({count: ms} of the all-at-once rounds), create_p50_ms,
 kernel_start_p50_ms, bash_only_mb_per_sandbox (the same sandboxes before their kernels
 started), fork_server_mb (shared by all, outside the per-sandbox figures).
@@ -74,6 +77,7 @@ class Fleet:
         self.kernel_start_ms: list[float] = []
         self.stopped = ""  # why the fleet stopped growing
         self.errors: list[str] = []  # what the cells that failed said
+        self.kernel_less: list = []  # sandboxes left without a kernel when the floor was reached
 
     def low_memory(self) -> bool:
         available = mem_available_mb()
@@ -107,12 +111,14 @@ class Fleet:
         return fresh, list(bash_only.values())
 
     async def start_kernels(self, fresh: list, at_once: int) -> int:
-        """The first cell of each new sandbox (it starts the kernel), `at_once` at a time."""
+        """The first cell of each new sandbox (it starts the kernel), `at_once` at a time; those
+        not started (the floor was reached first) are kept in `kernel_less`."""
         semaphore = asyncio.Semaphore(at_once)
 
         async def first_cell(handle) -> bool:
             async with semaphore:
                 if self.stopped or self.low_memory():
+                    self.kernel_less.append(handle)
                     return False
                 started = time.perf_counter()
                 try:
@@ -169,17 +175,22 @@ class Fleet:
                 by_role[role] = by_role.get(role, 0.0) + pss_kb(pid) / 1024.0 / len(self.supervisors)
         return alive, by_role
 
-    async def destroy(self) -> None:
+    async def destroy(self, handles: list | None = None) -> None:
+        """Destroy `handles` (default: all) and forget them."""
+        handles = list(self.handles if handles is None else handles)
         semaphore = asyncio.Semaphore(16)
 
         async def one(handle) -> None:
             async with semaphore:
                 await destroy_sandbox(handle)
 
-        await asyncio.gather(*(one(handle) for handle in self.handles), return_exceptions=True)
+        await asyncio.gather(*(one(handle) for handle in handles), return_exceptions=True)
+        gone = {id(handle) for handle in handles}
+        self.handles = [handle for handle in self.handles if id(handle) not in gone]
+        self.supervisors = [handle.supervisor_pid for handle in self.handles]
 
 
-async def run(counts: list[int], harness: str, floor_mb: float, kernels_at_once: int) -> dict:
+async def run(counts: list[int], harness: str, floor_mb: float, kernels_at_once: int, fill: bool) -> dict:
     root_dir = tempfile.mkdtemp(prefix="rsd-", dir="/tmp")
     fleet = Fleet(root_dir, HARNESSES[harness], floor_mb, kernels_at_once)
     rows = []
@@ -191,9 +202,10 @@ async def run(counts: list[int], harness: str, floor_mb: float, kernels_at_once:
         for count in counts:
             per_sandbox = rows[-1]["pss_mb"] if rows else 40.0
             need_mb = (count - len(fleet.handles)) * per_sandbox
-            if mem_available_mb() - need_mb < floor_mb:
+            if mem_available_mb() - need_mb < floor_mb and not fill:
                 fleet.stopped = (f"{count} needs ~{need_mb / 1024:.1f} GiB more at {per_sandbox:.1f} MB each; "
-                                 f"MemAvailable is {mem_available_mb() / 1024:.1f} GiB, floor {floor_mb / 1024:.1f} GiB")
+                                 f"MemAvailable is {mem_available_mb() / 1024:.1f} GiB, "
+                                 f"floor {floor_mb / 1024:.1f} GiB")
             if fleet.stopped:
                 rows.append({"count": count, "skipped": fleet.stopped})
                 break
@@ -202,9 +214,12 @@ async def run(counts: list[int], harness: str, floor_mb: float, kernels_at_once:
             bash_only += fresh_bash_only
             kernels_ok += await fleet.start_kernels(fresh, fleet.kernels_at_once)
             up_s = time.perf_counter() - grow_started
-            if fleet.stopped:
+            if fleet.stopped and not fill:
                 rows.append({"count": count, "skipped": fleet.stopped, "reached": len(fleet.handles)})
                 break
+            if fleet.kernel_less:  # the floor came before their kernels: only sandboxes with one count
+                await fleet.destroy(fleet.kernel_less)
+                fleet.kernel_less.clear()
             first_ok, first_ms = await fleet.all_at_once()
             second_ok, second_ms = await fleet.all_at_once()
             pss = sandboxes_pss_mb(fleet.supervisors)
@@ -216,12 +231,15 @@ async def run(counts: list[int], harness: str, floor_mb: float, kernels_at_once:
                 "answered": min(first_ok, second_ok), "harnesses": harnesses, "by_role": by_role,
                 "pss_mb": statistics.mean(pss.values()), "pss_max_mb": max(pss.values()),
                 "node_mb": (node_used_mb() - used_before) / live,
-                "create_p50_ms": percentile(fleet.create_ms, .5), "kernel_p50_ms": percentile(fleet.kernel_start_ms, .5),
+                "create_p50_ms": percentile(fleet.create_ms, .5),
+                "kernel_p50_ms": percentile(fleet.kernel_start_ms, .5),
                 "cell_p50_ms": percentile(second_ms, .5), "cell_p99_ms": percentile(first_ms + second_ms, .99),
-                "up_s": up_s, "available_gib": mem_available_mb() / 1024,
+                "up_s": up_s, "available_gib": mem_available_mb() / 1024, "stopped": fleet.stopped,
             })
-            print(f"  {count}: {rows[-1]['answered']} answering, {rows[-1]['pss_mb']:.1f} MB PSS each, "
+            print(f"  {count}: {live} live, {rows[-1]['answered']} answering, {rows[-1]['pss_mb']:.1f} MB PSS each, "
                   f"MemAvailable {rows[-1]['available_gib']:.1f} GiB", file=sys.stderr, flush=True)
+            if fleet.stopped:  # filled up to the floor: what fits is measured, nothing more is tried
+                break
     finally:
         await fleet.destroy()
         await stop_fork_server(root_dir)
@@ -229,17 +247,22 @@ async def run(counts: list[int], harness: str, floor_mb: float, kernels_at_once:
 
     print(f"bwrap sandboxes, each with bash, an IPython kernel and a harness ({harness}: "
           f"{HARNESSES[harness] or 'none'}); load average {os.getloadavg()[0]:.1f}")
-    print(f"{'sandboxes':>9} {'1st cell':>8} {'answering':>9} {'harness':>7} {'PSS MB/sb':>9} {'max':>6} {'node MB/sb':>10} "
+    print(f"{'sandboxes':>9} {'live':>5} {'1st cell':>8} {'answering':>9} {'harness':>7} {'PSS MB/sb':>9} {'max':>6} "
+          f"{'node MB/sb':>10} "
           f"{'create p50':>10} {'kernel p50':>10} {'cell p50':>9} {'cell p99':>9} {'avail GiB':>9}")
     for row in rows:
         if "skipped" in row:
             print(f"{row['count']:9d} not run: {row['skipped']}")
             continue
-        print(f"{row['count']:9d} {row['kernels_started']:8d} {row['answered']:9d} {row['harnesses']:7d} {row['pss_mb']:9.1f} {row['pss_max_mb']:6.1f} "
+        print(f"{row['count']:9d} {row['live']:5d} {row['kernels_started']:8d} {row['answered']:9d} "
+              f"{row['harnesses']:7d} {row['pss_mb']:9.1f} {row['pss_max_mb']:6.1f} "
               f"{row['node_mb']:10.1f} {row['create_p50_ms']:8.0f}ms {row['kernel_p50_ms']:8.0f}ms "
               f"{row['cell_p50_ms']:7.1f}ms {row['cell_p99_ms']:7.1f}ms {row['available_gib']:9.1f}")
     done = [row for row in rows if "skipped" not in row]
-    full = [row for row in done if row["answered"] == row["count"]]
+    full = [row for row in done if row["answered"] == row["live"]]
+    for row in done:
+        if row["stopped"]:
+            print(f"{row['count']}: {row['live']} fit with kernels live ({row['stopped']})")
     if done:
         roles = done[-1]["by_role"]
         print(f"where a sandbox's PSS goes at {done[-1]['count']}: " + ", ".join(
@@ -250,7 +273,8 @@ async def run(counts: list[int], harness: str, floor_mb: float, kernels_at_once:
         print(f"before their kernels started (bash + harness): {statistics.mean(bash_only):.1f} MB PSS a sandbox; "
               f"fork server (shared): {fork_server_mb:.1f} MB")
     return {
-        "sandboxes_live_with_kernels": max((row["count"] for row in full), default=0),
+        "sandboxes_live_with_kernels": max((row["live"] for row in full), default=0),
+        "live": {row["count"]: row["live"] for row in done},
         "mb_per_sandbox_with_kernel": {row["count"]: round(row["pss_mb"], 1) for row in done},
         "node_mb_per_sandbox": {row["count"]: round(row["node_mb"], 1) for row in done},
         "cell_p50_ms": {row["count"]: round(row["cell_p50_ms"], 1) for row in done},
@@ -274,11 +298,13 @@ def main() -> None:
     parser.add_argument("--harness", choices=sorted(HARNESSES), default="python")
     parser.add_argument("--floor-gib", type=float, default=3.0,
                         help="stop before MemAvailable would fall below this (the node is shared)")
+    parser.add_argument("--no-fill", dest="fill", action="store_false",
+                        help="skip a count that would not fit instead of filling the node up to the floor")
     parser.add_argument("--kernels-at-once", type=int, default=8,
                         help="kernels started at the same time by first cells (a warm pool starts a few at once)")
     args = parser.parse_args()
     counts = sorted(int(value) for value in args.counts.split(","))
-    result = asyncio.run(run(counts, args.harness, args.floor_gib * 1024, args.kernels_at_once))
+    result = asyncio.run(run(counts, args.harness, args.floor_gib * 1024, args.kernels_at_once, args.fill))
     print("RESULT " + json.dumps(result))
 
 

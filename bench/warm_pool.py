@@ -12,13 +12,17 @@ eval's pool has started the verification sandbox while the agent worked.
   waits for a sandbox (sandbox creation, or taking a warm one, plus the task's own setup);
 - eval: the eval stage's time per job.
 
-Rounds alternate cold and warm (--rounds of each), so both see the same machine; the first
---warmup jobs of each round (the pools learn the spec from them) are left out.
+Each backend of --backends is measured in turn: bwrap (host rootfs) and podman (the Docker
+backend on podman's Docker API: export DOCKER_HOST=unix:///run/podman/podman.sock, and the base
+image scripts/install-podman builds). Rounds alternate cold and warm (--rounds of each), so both
+modes see the same machine; the first --warmup jobs of each round (the pools learn the spec from
+them) are left out.
 
-Run: python bench/warm_pool.py [--jobs 24] [--rounds 2] [--gap-s 0.4] [--agent-s 0.5]
-Prints a table, then `RESULT {json}` with slot_wait_p50_s_warm, slot_wait_p50_s_cold,
-slot_wait_p95_s_warm, slot_wait_p95_s_cold, eval_p50_s_early, eval_p50_s_late, eval_p95_s_early,
-eval_p95_s_late, hits (jobs whose sandboxes came warm), jobs, backend.
+Run: python bench/warm_pool.py [--backends bwrap,podman] [--jobs 24] [--rounds 2] [--gap-s S] [--agent-s 0.5]
+Prints a table, then `RESULT {json}` with, for each backend under its name: slot_wait_p50_s_warm,
+slot_wait_p50_s_cold, slot_wait_p95_s_warm, slot_wait_p95_s_cold, slot_wait_p50_ratio (cold over
+warm), eval_p50_s_early, eval_p50_s_late, eval_p95_s_early, eval_p95_s_late, hits (jobs whose
+sandboxes came warm), jobs; and load_average.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from rollstream.pipeline.connection import async_redis
 from rollstream.pipeline.embedded import EmbeddedRedis
 from rollstream.pipeline.keys import Keys
 from rollstream.sandbox_spec import SandboxSpec
+from rollstream.sandboxes.env_images import DEFAULT_BASE_IMAGE
 from rollstream.sandboxes.supervisor_spawn import stop_fork_server
 from rollstream.tasks.base import TaskContext
 from rollstream.tasks.echo import EchoTask
@@ -49,7 +54,13 @@ from rollstream.tasks.verification import agent_client, fresh_sandbox
 from rollstream.trajectory import Trajectory
 from rollstream.workers.process import serve_stage
 
-BACKEND = "bwrap"
+# The sandbox spec of each --backends name; the bench's task reads the one measured now.
+SPECS = {"bwrap": SandboxSpec(backend="bwrap"), "podman": SandboxSpec(backend="docker", image=DEFAULT_BASE_IMAGE)}
+MEASURED = {"spec": SPECS["bwrap"]}
+# Seconds between submissions by backend, within what its engine can start on this 2-core node
+# (a job asks for two sandboxes: its own and eval's fresh one): a pool starved by jobs arriving
+# faster than sandboxes start makes them wait for a start like no pool would.
+GAP_S = {"bwrap": 0.4, "podman": 1.5}
 CAME_WARM: dict[str, set[str]] = {"init": set(), "eval": set()}  # job ids whose sandbox was a warm one
 
 
@@ -60,7 +71,7 @@ class _VerifiedEdit(EchoTask):
     name = "bench-verified-edit"
 
     def sandbox_spec(self, instance: dict) -> SandboxSpec:
-        return SandboxSpec(backend=BACKEND)
+        return MEASURED["spec"]
 
     async def setup(self, env: Envelope, ctx: TaskContext) -> None:
         if env.sandbox.id.startswith("warm-"):
@@ -108,10 +119,10 @@ async def one_round(base: Settings, warm: bool, args) -> tuple[list[float], list
             await asyncio.sleep(0.05)
         async with AsyncClient(settings=settings) as client:
             ids = []
-            for i in range(args.jobs):
+            for _ in range(args.jobs):
                 ids.append(await client.submit({"task": _VerifiedEdit.name,
                                                 "instance": {"prompt": "p", "run_s": args.agent_s}}))
-                await asyncio.sleep(args.gap_s)
+                await asyncio.sleep(args.gap_s or GAP_S[args.backend])
             results = {res.job_id: res for res in await client.collect(args.jobs, timeout_s=600)}
     finally:
         for task in stages:
@@ -131,52 +142,70 @@ async def one_round(base: Settings, warm: bool, args) -> tuple[list[float], list
             hits)
 
 
-async def main(args) -> dict:
-    data = Path(tempfile.mkdtemp(prefix="rs-wp-redis-"))
-    redis = EmbeddedRedis(data, appendonly=False).start()
-    try:
-        base = Settings(redis_url=redis.url, data_dir=data / "node", node="bench", read_block_ms=200,
-                        warm_pool_check_s=0.1)
-        waits = {"cold": [], "warm": []}
-        evals = {"cold": [], "warm": []}
-        hits = 0
-        for _ in range(args.rounds):
-            for mode in ("cold", "warm"):
-                w, e, h = await one_round(base, mode == "warm", args)
-                waits[mode] += w
-                evals[mode] += e
-                hits += h if mode == "warm" else 0
-    finally:
-        redis.stop()
-        shutil.rmtree(data, ignore_errors=True)
+async def one_backend(base: Settings, args) -> dict:
+    """The rounds of the backend in MEASURED, alternating cold and warm, and their figures."""
+    waits: dict[str, list[float]] = {"cold": [], "warm": []}
+    evals: dict[str, list[float]] = {"cold": [], "warm": []}
+    hits = 0
+    for _ in range(args.rounds):
+        for mode in ("cold", "warm"):
+            w, e, h = await one_round(base, mode == "warm", args)
+            waits[mode] += w
+            evals[mode] += e
+            hits += h if mode == "warm" else 0
     measured = args.rounds * (args.jobs - args.warmup)
-    out = {
+    return {
         "slot_wait_p50_s_warm": round(statistics.median(waits["warm"]), 4),
         "slot_wait_p50_s_cold": round(statistics.median(waits["cold"]), 4),
         "slot_wait_p95_s_warm": round(percentile(waits["warm"], 0.95), 4),
         "slot_wait_p95_s_cold": round(percentile(waits["cold"], 0.95), 4),
+        "slot_wait_p50_ratio": round(statistics.median(waits["cold"]) / max(statistics.median(waits["warm"]), 1e-6), 1),
         "eval_p50_s_early": round(statistics.median(evals["warm"]), 4),
         "eval_p50_s_late": round(statistics.median(evals["cold"]), 4),
         "eval_p95_s_early": round(percentile(evals["warm"], 0.95), 4),
         "eval_p95_s_late": round(percentile(evals["cold"], 0.95), 4),
         "hits": f"{hits}/{2 * measured}",
         "jobs": measured,
-        "backend": BACKEND,
     }
-    print(f"{'':28}{'p50 s':>10}{'p95 s':>10}   ({measured} jobs each, {BACKEND}, {args.rounds} rounds alternating)")
-    for label, key in (("run slot waits, warm pool", "slot_wait_%s_s_warm"), ("run slot waits, no pool", "slot_wait_%s_s_cold"),
-                       ("eval, verification early", "eval_%s_s_early"), ("eval, verification late", "eval_%s_s_late")):
-        print(f"{label:28}{out[key % 'p50']:>10.4f}{out[key % 'p95']:>10.4f}")
-    print(f"warm sandboxes taken (init + eval): {out['hits']}")
+
+
+async def main(args) -> dict:
+    data = Path(tempfile.mkdtemp(prefix="rs-wp-redis-"))
+    redis = EmbeddedRedis(data, appendonly=False).start()
+    out: dict = {}
+    try:
+        base = Settings(redis_url=redis.url, data_dir=data / "node", node="bench", read_block_ms=200,
+                        warm_pool_check_s=0.1)
+        for backend in args.backends.split(","):
+            MEASURED["spec"], args.backend = SPECS[backend], backend
+            out[backend] = await one_backend(base, args)
+    finally:
+        redis.stop()
+        shutil.rmtree(data, ignore_errors=True)
+    out["load_average"] = round(os.getloadavg()[0], 1)
+    print(f"{'':12}{'':28}{'p50 s':>10}{'p95 s':>10}   ({args.rounds} rounds of each mode, alternating)")
+    for backend, fig in out.items():
+        if backend == "load_average":
+            continue
+        for label, key in (("run slot waits, warm pool", "slot_wait_%s_s_warm"),
+                           ("run slot waits, no pool", "slot_wait_%s_s_cold"),
+                           ("eval, verification early", "eval_%s_s_early"),
+                           ("eval, verification late", "eval_%s_s_late")):
+            print(f"{backend:12}{label:28}{fig[key % 'p50']:>10.4f}{fig[key % 'p95']:>10.4f}")
+        print(f"{backend:12}slot wait p50, no pool / warm: {fig['slot_wait_p50_ratio']}x; warm sandboxes taken "
+              f"(init + eval): {fig['hits']} of {fig['jobs']} jobs' two")
+    print(f"load average at the end: {out['load_average']}")
     return out
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backends", default="bwrap,podman", help="comma-separated: bwrap, podman")
     parser.add_argument("--jobs", type=int, default=24, help="jobs per round")
     parser.add_argument("--warmup", type=int, default=4, help="first jobs of a round left out (the pools learn)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of each mode, alternating")
-    parser.add_argument("--gap-s", type=float, default=0.4, help="seconds between submissions")
+    parser.add_argument("--gap-s", type=float, default=0.0,
+                        help=f"seconds between submissions (default by backend: {GAP_S})")
     parser.add_argument("--agent-s", type=float, default=0.5, help="seconds each agent works in its sandbox")
     parser.add_argument("--slots", type=int, default=8, help="concurrency of each stage (the run slots)")
     parser.add_argument("--pool", type=int, default=4, help="ROLLSTREAM_WARM_POOL_MAX_PER_NODE when warm")

@@ -5,7 +5,8 @@ IPython kernel, whatever runs inside), read from /proc/PID/smaps_rollup: pages s
 sandboxes (the interpreter, libraries, what the fork server preloaded) count once over all of
 them. The figure per kind is measured on live sandboxes (`observe`), else configured
 (`ROLLSTREAM_SANDBOX_MB_<KIND>`), else the default that bench/density.py measured here.
-The warm pool sizes itself by `node_capacity`; bench/density.py reports the same figures.
+The warm pool sizes itself by `node_capacity`, at what the node's job sandboxes measure (never
+below the figure with a kernel); bench/density.py reports the same figures.
 """
 
 from __future__ import annotations
@@ -96,6 +97,12 @@ def observe(kind: str, supervisor_pids: list[int]) -> float:
     return mean
 
 
+def measured_mb(kind: str) -> float | None:
+    """The largest mean `observe` saw for `kind` in this process, or None before any."""
+    with _measured_lock:
+        return _measured.get(kind)
+
+
 def sandbox_mb(kind: str) -> float:
     """What one sandbox of `kind` costs: measured here, else configured, else the default."""
     with _measured_lock:
@@ -124,13 +131,14 @@ def node_capacity(
     live_sandboxes: int = 0,
     reserve_mb: float = DEFAULT_RESERVE_MB,
     available_mb: float | None = None,
+    per_sandbox_mb: float | None = None,
 ) -> int:
     """How many sandboxes of `kind` this node can hold now, the `live_sandboxes` it holds included.
 
     Live sandboxes already took their memory out of MemAvailable (read now unless the caller
     passes `available_mb`); the rest, less `reserve_mb`, is divided by what one more sandbox
-    costs. A warm pool caps its size at `node_capacity(kind, live) - live`, the sandboxes that
-    can still be started.
+    costs (`per_sandbox_mb`, by default `sandbox_mb(kind)`). A warm pool caps its size at
+    `node_capacity(kind, live) - live`, the sandboxes that can still be started.
     """
     headroom_mb = (mem_available_mb() if available_mb is None else available_mb) - reserve_mb
-    return live_sandboxes + max(0, int(headroom_mb // sandbox_mb(kind)))
+    return live_sandboxes + max(0, int(headroom_mb // (per_sandbox_mb or sandbox_mb(kind))))

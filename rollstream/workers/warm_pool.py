@@ -2,7 +2,8 @@
 never waits on sandbox creation. Each init process keeps ready sandboxes per exact sandbox spec
 (image, backend, limits, mounts, network: the spec after the node's backend and the operator's
 policy), for the specs its jobs asked for lately (a spec never asked for is never warmed), as
-many as the run slots it expects to fill (``warm_pool_cap``). A warm sandbox goes to one job,
+many as the run slots it expects to fill, within the memory the node has left at what its job
+sandboxes measure (``warm_pool_cap``, ``planned_sandbox_mb``). A warm sandbox goes to one job,
 unused (nothing to reset), and is the job's from then on; idle ones go after
 ``warm_pool_idle_ttl_s``, and all of them when the worker stops or its node drains.
 
@@ -35,6 +36,7 @@ from rollstream.sandboxes.lifecycle import (
     destroy_sandbox,
     reassign_owner,
 )
+from rollstream.sandboxes.reaper import Reaper
 from rollstream.workers.sandbox_slots import node_slots
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,36 @@ log = logging.getLogger(__name__)
 CLAIMED_LEASE_S = 600.0
 # Sandboxes of one pool started at once (creation is CPU-bound: a burst would slow the jobs).
 MAX_STARTING = 4
+# How often the pool measures what the node's job sandboxes cost, and how many of them at most
+# (a measure reads /proc/PID/smaps_rollup of every process of each: ~1 ms a sandbox).
+MEASURE_EVERY_S = 30.0
+MEASURE_SAMPLE = 32
+# Backends whose sandbox is its supervisor's process tree, so that its PSS is the sandbox's
+# cost; a container engine's processes are the engine's children (docker: the configured figure).
+MEASURED_BACKENDS = ("bwrap", "local")
+
+
+def planned_sandbox_mb() -> float:
+    """What the pool plans one sandbox at: the node's job sandboxes as this process measured
+    them (the largest mean seen: their harnesses, kernels and what their cells hold), never less
+    than a sandbox with a live kernel (``capacity.sandbox_mb("kernel")``), since a job's kernel
+    and harness may start after it was measured."""
+    return max(capacity.sandbox_mb("kernel"), capacity.measured_mb("job") or 0.0)
+
+
+def measure_job_sandboxes(root: str, sample: int = MEASURE_SAMPLE) -> float | None:
+    """Measure up to ``sample`` of the jobs' sandboxes running under ``root`` (the newest;
+    warm ones, which no job uses yet, left out) into ``capacity``'s figure for "job"; their mean
+    MB, or None when there is none to measure."""
+    records = [rec for rec in Reaper(root).sandboxes()
+               if rec.running and rec.supervisor_pid and rec.backend in MEASURED_BACKENDS
+               and not rec.owner.startswith("warm-")]
+    records.sort(key=lambda rec: rec.created_at, reverse=True)
+    pids = [rec.supervisor_pid for rec in records[:sample] if rec.supervisor_pid]
+    try:
+        return capacity.observe("job", pids) if pids else None
+    except ValueError:  # they all ended while we looked
+        return None
 
 
 def warm_pool_cap(wanted: int, sandboxes_in_use: int, max_warm: int, node_capacity: int | None = None,
@@ -52,10 +84,11 @@ def warm_pool_cap(wanted: int, sandboxes_in_use: int, max_warm: int, node_capaci
     slots that no job's sandbox fills; eval: the node's jobs that will verify in a fresh sandbox),
     at most ``max_warm``, and no more than the node can hold beside the sandboxes in use.
     ``node_capacity``: the sandboxes the node can hold in all, those live now (in use and
-    ``warm_now``) included; by default ``capacity.node_capacity`` with an IPython kernel in each
-    (measured by bench/density.py)."""
+    ``warm_now``) included; by default ``capacity.node_capacity`` at ``planned_sandbox_mb``: what
+    the node's job sandboxes measure, at least one with an IPython kernel (bench/density.py)."""
     if node_capacity is None:
-        node_capacity = capacity.node_capacity("kernel", live_sandboxes=sandboxes_in_use + warm_now)
+        node_capacity = capacity.node_capacity("kernel", live_sandboxes=sandboxes_in_use + warm_now,
+                                               per_sandbox_mb=planned_sandbox_mb())
     return max(0, min(max_warm, wanted, node_capacity - sandboxes_in_use))
 
 
@@ -105,6 +138,7 @@ class WarmPool:
         self.hits = self.misses = 0
         self._starts: set[asyncio.Task] = set()
         self._ending: set[asyncio.Future] = set()  # destroys under way
+        self._measured_at = float("-inf")
 
     @property
     def enabled(self) -> bool:
@@ -195,6 +229,12 @@ class WarmPool:
             for warm in expired:
                 shelf.idle.remove(warm)
                 await self._destroy(warm.handle)
+        if now_mono - self._measured_at > MEASURE_EVERY_S:
+            self._measured_at = now_mono
+            try:
+                await asyncio.to_thread(measure_job_sandboxes, self.root)
+            except (OSError, SandboxError) as exc:  # the last figure stands
+                log.warning("warm pool: the node's sandboxes not measured (%s)", exc)
         targets = self.targets(await self.total_target())
         for key, shelf in self.shelves.items():
             want = targets.get(key, 0)

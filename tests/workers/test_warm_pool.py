@@ -1,7 +1,8 @@
 """Init's warm pool (workers/warm_pool.py) on real bubblewrap sandboxes: a job gets a ready
 sandbox of its exact spec, a spec never asked for is never warmed, idle ones go after their time
 to live, the pool is destroyed when its worker stops, and a killed worker's pool is reaped by the
-node's reaper once its lease runs out (never before)."""
+node's reaper once its lease runs out (never before); the pool plans each sandbox at what the
+node's job sandboxes measure."""
 
 from __future__ import annotations
 
@@ -19,13 +20,20 @@ from rollstream.pipeline.connection import async_redis
 from rollstream.pipeline.drain import request_drain
 from rollstream.pipeline.keys import Keys
 from rollstream.sandbox_spec import SandboxLimits, SandboxSpec
+from rollstream.sandboxes import SandboxClient, capacity, create_sandbox, destroy_sandbox
 from rollstream.sandboxes.roots import namespace_root_dir
 from rollstream.tasks.base import TaskContext
 from rollstream.tasks.echo import EchoTask
 from rollstream.tasks.registry import register_task
 from rollstream.workers.node_reaper import reap_node
 from rollstream.workers.process import serve_stage
-from rollstream.workers.warm_pool import WarmPool, spec_key, warm_pool_cap
+from rollstream.workers.warm_pool import (
+    WarmPool,
+    measure_job_sandboxes,
+    planned_sandbox_mb,
+    spec_key,
+    warm_pool_cap,
+)
 
 SEEN: dict[str, str] = {}  # job id -> the id of the sandbox its setup ran in
 
@@ -167,3 +175,31 @@ def test_the_cap_is_what_is_wanted_within_the_setting_and_the_node():
     assert warm_pool_cap(wanted=8 - 9, sandboxes_in_use=9, max_warm=16, node_capacity=1000) == 0
     assert warm_pool_cap(wanted=64, sandboxes_in_use=0, max_warm=0) == 0  # off
     assert 0 <= warm_pool_cap(wanted=64, sandboxes_in_use=0, max_warm=16) <= 16  # the node's measured capacity
+
+
+async def test_the_pool_plans_a_sandbox_at_what_the_nodes_job_sandboxes_measure(sandbox_root, monkeypatch):
+    monkeypatch.setattr(capacity, "_measured", {})  # this test's figures only, none left for later tests
+    root = sandbox_root
+    job_sandbox = await create_sandbox(SandboxSpec(backend="bwrap"), sandbox_id="job-a", owner="job-a", root_dir=root)
+    warm_sandbox = await create_sandbox(SandboxSpec(backend="bwrap"), sandbox_id="warm-x-i1", owner="warm-x",
+                                        root_dir=root)
+    try:
+        assert measure_job_sandboxes(root) < capacity.sandbox_mb("kernel")  # bash alone so far
+        assert planned_sandbox_mb() == capacity.sandbox_mb("kernel")  # never planned below a live kernel
+        # The job's agent holds 300 MiB in its kernel; the pool's own warm sandbox, unused, is no job's.
+        async with SandboxClient(job_sandbox.socket_path) as sb:
+            assert (await sb.ipython("held = bytearray(300 * 2**20); len(held)")).result == str(300 * 2**20)
+        async with SandboxClient(warm_sandbox.socket_path) as sb:
+            assert (await sb.ipython("held = bytearray(600 * 2**20); len(held)")).result == str(600 * 2**20)
+        measured = measure_job_sandboxes(root)
+        assert 300 < measured < 600
+        assert planned_sandbox_mb() == measured
+        # So the pool sizes itself by it: 10 such sandboxes' worth of memory left holds 10 more.
+        assert capacity.node_capacity("kernel", live_sandboxes=2, reserve_mb=0, available_mb=10.5 * measured,
+                                      per_sandbox_mb=planned_sandbox_mb()) == 2 + 10
+        assert warm_pool_cap(wanted=64, sandboxes_in_use=0, max_warm=64) <= int(
+            capacity.mem_available_mb() / measured) + 2
+    finally:
+        await asyncio.gather(destroy_sandbox(job_sandbox), destroy_sandbox(warm_sandbox))
+    assert measure_job_sandboxes(root) is None  # nothing left to measure: the figure stands
+    assert planned_sandbox_mb() == measured

@@ -35,6 +35,10 @@ ResultStatus = Literal["completed", "failed", "cancelled"]
 # package that crashes): never retried, never trained on, its own error in the result.
 # "cancelled": its submitter stopped it.
 FailureKind = Literal["infrastructure", "agent", "job", "task", "cancelled"]
+# Finish reasons of an episode that ended on one of the policy's own limits: its result is
+# scored and trained on, and says failure="agent".
+AGENT_LIMIT_FINISHES = frozenset({"max_turns", "context", "length", "timeout", "harness_error",
+                                  "harness_timeout"})
 # What a task hands from one of its stages to the next on the same node (``Envelope.state``):
 # flat, named values (a flag, a count, a name). Never a path or a handle to trust: a message
 # on a stream may carry anything, so a task rebuilds those from the job's id.
@@ -182,6 +186,22 @@ class Envelope(BaseModel):
     timings_s: dict[str, float] = Field(default_factory=dict)
     errors: list[str] = Field(default_factory=list, description="Errors of earlier attempts.")
 
+    def restarted(self, failed_with: str | None = None) -> Envelope:
+        """The job as init takes it again: nothing a node made for it (sandbox, state,
+        trajectory, node) goes with it. ``failed_with``: the error of the attempt that ends
+        here, which counts as one; None for a job handed back unfinished, which does not."""
+        update: dict[str, Any] = {"sandbox": None, "state": {}, "trajectory": None, "node": None}
+        if failed_with is not None:
+            update |= {"attempt": self.attempt + 1, "errors": [*self.errors, failed_with]}
+        return self.model_copy(update=update)
+
+    def is_last_attempt(self, max_attempts: int) -> bool:
+        return self.attempt + 1 >= max_attempts
+
+    def with_earlier_errors(self, error: str) -> str:
+        """``error``, followed by those of the job's earlier attempts: what a dead letter says."""
+        return error + ("; earlier attempts: " + " | ".join(self.errors) if self.errors else "")
+
 
 class Result(BaseModel):
     """What a submitter receives, exactly once per job."""
@@ -204,6 +224,44 @@ class Result(BaseModel):
     timings_s: dict[str, float] = Field(default_factory=dict)
     metadata: dict[str, Any] = Field(default_factory=dict)
     finished_at: float = Field(default_factory=time.time)
+
+    @classmethod
+    def completed(cls, env: Envelope, reward: float) -> Result:
+        """The job's scored result; failure="agent" when its episode ended on a policy limit."""
+        traj = env.trajectory
+        if traj is not None:
+            traj.reward = reward
+        failure: FailureKind | None = \
+            "agent" if traj is not None and traj.finish_reason in AGENT_LIMIT_FINISHES else None
+        return cls(job_id=env.job.job_id, group_id=env.job.group_id, submitter=env.job.submitter,
+                   task=env.job.task, status="completed", reward=reward, trajectory=traj, failure=failure,
+                   attempts=env.attempt + 1, policy_version=traj.policy_version if traj else 0,
+                   timings_s=env.timings_s, metadata=env.job.metadata)
+
+    @classmethod
+    def failed(cls, env: Envelope, error: str, stage: str, failure: FailureKind = "infrastructure") -> Result:
+        """The job failed in ``stage``: by default the service's failure, unless the caller
+        knows better (an invalid job, a broken task, the agent's own failure)."""
+        return cls._unfinished(env, "failed", error, stage, failure)
+
+    @classmethod
+    def cancelled(cls, env: Envelope, reason: str, stage: str) -> Result:
+        return cls._unfinished(env, "cancelled", reason, stage, "cancelled")
+
+    @classmethod
+    def _unfinished(cls, env: Envelope, status: ResultStatus, error: str, stage: str, failure: FailureKind) -> Result:
+        return cls(job_id=env.job.job_id, group_id=env.job.group_id, submitter=env.job.submitter,
+                   task=env.job.task, status=status, error=error, error_stage=stage, failure=failure,
+                   attempts=env.attempt + 1, timings_s=env.timings_s, metadata=env.job.metadata,
+                   trajectory=env.trajectory, finished_at=time.time())
+
+    @classmethod
+    def invalid_job(cls, job_id: str, submitter: str, error: str, stage: str, *, group_id: str | None = None,
+                    task: str = "") -> Result:
+        """A failed result that carries only the job's ids: for a message that cannot be read
+        or carried on as a job, whose other parts are what failed."""
+        return cls(job_id=job_id, group_id=group_id, submitter=submitter, task=task, status="failed", error=error,
+                   error_stage=stage, failure="job")
 
     @property
     def ok(self) -> bool:
@@ -232,3 +290,8 @@ class DeadLetter(BaseModel):
     raw: bytes | None = Field(default=None, description="The undecodable message, if it could not be read.")
     envelope: Envelope | None = None
     at: float = Field(default_factory=time.time)
+
+    @classmethod
+    def of_job(cls, env: Envelope, stage: str, error: str, *, with_envelope: bool = True) -> DeadLetter:
+        return cls(job_id=env.job.job_id, submitter=env.job.submitter, stage=stage, error=error,
+                   envelope=env if with_envelope else None)

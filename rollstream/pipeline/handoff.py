@@ -1,7 +1,8 @@
-"""Stage hand-off: forward a job to the next stream, finish it into its submitter's results
-stream, dead-letter it, or hand it back, each as one atomic Lua script together with the
-acknowledgement of the message it came from, the update of its state hash, the node's
-sandbox count and (forwarding) the authoritative check of its cancellation flags."""
+"""Stage hand-off: the moves a job makes between streams (forward it to the next stage, finish
+it into its submitter's results stream, dead-letter it, requeue it at init), each recorded by
+one atomic Lua script together with the acknowledgement of the message it came from, the
+update of its state hash, the node's sandbox count and (forwarding) the authoritative check of
+its cancellation flags. workers/fate.py decides which move; ``Handoff.record`` makes it."""
 
 from __future__ import annotations
 
@@ -57,6 +58,47 @@ def sandbox_of(env: Envelope) -> str:
     return env.sandbox.id if env.sandbox else ""
 
 
+def _sandbox_gone(leaving: Envelope | None) -> SandboxCount | None:
+    """The count change for a job that leaves its node, its sandbox torn down (None if it had none)."""
+    if leaving is None or not leaving.node or not (sandbox_id := sandbox_of(leaving)):
+        return None
+    return SandboxCount("SREM", leaving.node, sandbox_id)
+
+
+# The moves, as workers/fate.py decides them and ``Handoff.record`` makes them.
+@dataclass(frozen=True)
+class Forward:
+    """On to ``stage``'s stream on this node (what a stage returns when it is done with a job)."""
+
+    stage: StageName
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The job's one result, to its submitter's results stream."""
+
+    result: Result
+
+
+@dataclass(frozen=True)
+class DeadLetterJob:
+    """The job to the dead letters and, when its submitter is known, its failed result."""
+
+    letter: DeadLetter
+    result: Result | None
+
+
+@dataclass(frozen=True)
+class Requeue:
+    """Back to init, as ``env`` (the job as init takes it again); ``reason`` goes to its state."""
+
+    env: Envelope
+    reason: str
+
+
+Move = Forward | Finish | DeadLetterJob | Requeue
+
+
 class Handoff:
     """The only place that moves jobs between streams."""
 
@@ -79,10 +121,20 @@ class Handoff:
         if self._fast is not None:
             await self._fast.close()
 
-    def sandbox_gone(self, env: Envelope) -> SandboxCount | None:
-        """The count change for a job whose sandbox was torn down (None if it had none)."""
-        sandbox_id = sandbox_of(env)
-        return SandboxCount("SREM", env.node, sandbox_id) if sandbox_id and env.node else None
+    async def record(self, src: Source, move: Move, held: Envelope | None, *, node: str = "",
+                     via: FastRedis | None = None) -> bool:
+        """Make ``move`` for the message ``src``, whose job this stage holds as ``held`` (None:
+        a message that is no job), on ``node``. A job leaving the node stops counting its
+        sandbox against it in the same script; one forwarded out of init starts to. False if
+        this consumer no longer owns the message; ``JobCancelled`` as for ``forward``."""
+        if isinstance(move, Forward):
+            assert held is not None, "only a job is forwarded"
+            return await self.forward(src, held, self.keys.stage_stream(move.stage, node), move.stage, via=via)
+        if isinstance(move, Finish):
+            return await self.finish(src, move.result, leaving=held, via=via)
+        if isinstance(move, DeadLetterJob):
+            return await self.dead_letter(src, move.letter, move.result, leaving=held)
+        return await self.requeue(src, move.env, move.reason, leaving=held)
 
     async def _move(self, src: Source, job_id: str, state: JobStateFields, dests: list[tuple[str, int, bytes]],
                     *, ttl_s: int = 0, stat: str = "", count: SandboxCount | None = None,
@@ -171,22 +223,22 @@ class Handoff:
             raise JobCancelled(cancel.reason_for_code(env.job, code))
         return code == 1
 
-    async def finish(self, src: Source, result: Result, *, count: SandboxCount | None = None,
+    async def finish(self, src: Source, result: Result, *, leaving: Envelope | None = None,
                      via: FastRedis | None = None) -> bool:
-        """Acknowledge ``src`` and deliver the job's one result (and, with ``count``, stop
-        counting its torn-down sandbox against the node; ``via`` as for ``forward``)."""
+        """Acknowledge ``src`` and deliver the job's one result (and stop counting the sandbox
+        of the job ``leaving`` its node against it; ``via`` as for ``forward``)."""
         state = JobStateFields(stage="done", status=result.status, finished_at=result.finished_at,
                                error=result.error or "", attempts=result.attempts)
         if result.reward is not None:
             state["reward"] = result.reward
         if result.failure is not None:
             state["failure"] = result.failure
-        return await self._move(src, result.job_id, state,
-                                [(self.keys.results(result.submitter), self.results_maxlen, pack(result))],
-                                ttl_s=self.state_ttl_s, stat=result.status, count=count, via=via) == 1
+        dests = [(self.keys.results(result.submitter), self.results_maxlen, pack(result))]
+        return await self._move(src, result.job_id, state, dests, ttl_s=self.state_ttl_s, stat=result.status,
+                                count=_sandbox_gone(leaving), via=via) == 1
 
     async def dead_letter(self, src: Source, letter: DeadLetter, result: Result | None, *,
-                          count: SandboxCount | None = None) -> bool:
+                          leaving: Envelope | None = None) -> bool:
         """Acknowledge ``src``, record the dead letter and, when the submitter is known,
         deliver a failed result so it never waits in silence."""
         dests = [(self.keys.dead, self.dead_maxlen, pack(letter))]
@@ -199,12 +251,11 @@ class Handoff:
         if letter.job_id is None:
             state = JobStateFields()
         return await self._move(src, job_id, state, dests, ttl_s=self.state_ttl_s if state else 0, stat="dead",
-                                count=count) == 1
+                                count=_sandbox_gone(leaving)) == 1
 
-    async def requeue(self, src: Source, env: Envelope, stream: str, stage: StageName, reason: str, *,
-                      count: SandboxCount | None = None) -> bool:
-        """Acknowledge ``src`` and put the job on ``stream`` again (a retry, a restart from
-        init, or work handed back by a worker that is shutting down)."""
-        state = JobStateFields(stage=stage, status="queued", attempts=env.attempt + 1, last_error=reason[:2000])
-        return await self._move(src, env.job.job_id, state, [(stream, 0, pack(env))], stat="requeued",
-                                count=count) == 1
+    async def requeue(self, src: Source, env: Envelope, reason: str, *, leaving: Envelope | None = None) -> bool:
+        """Acknowledge ``src`` and put the job on init's stream again (a retry, or work handed
+        back by a worker that is shutting down or a node that died)."""
+        state = JobStateFields(stage=INIT_STAGE, status="queued", attempts=env.attempt + 1, last_error=reason[:2000])
+        return await self._move(src, env.job.job_id, state, [(self.keys.init_stream, 0, pack(env))],
+                                stat="requeued", count=_sandbox_gone(leaving)) == 1

@@ -7,22 +7,25 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import cast
 
 import redis.asyncio as aioredis
 from pydantic import ValidationError
 
 from rollstream.config import Settings
-from rollstream.messages import INIT_STAGE, NODE_STAGES, DeadLetter, Result
+from rollstream.messages import NODE_STAGES, DeadLetter, Result
 from rollstream.pipeline.codec import DecodeError, decode_envelope
 from rollstream.pipeline.groups import ensure_group
 from rollstream.pipeline.handoff import Handoff, Source
 from rollstream.pipeline.keys import Keys
+from rollstream.pipeline.wire import StreamReply
 
 log = logging.getLogger(__name__)
 
 
-async def _move_back(handoff: Handoff, keys: Keys, settings: Settings, src: Source, fields: dict,
-                     node: str) -> None:
+async def _move_back(handoff: Handoff, settings: Settings, src: Source, fields: dict, node: str) -> None:
+    """Requeue one job of a dead node at init, or dead-letter it when that was its last attempt.
+    Its sandbox died with the node, whose sandbox set the caller forgets."""
     try:
         env = decode_envelope(fields)
     except (DecodeError, ValidationError) as exc:
@@ -31,18 +34,11 @@ async def _move_back(handoff: Handoff, keys: Keys, settings: Settings, src: Sour
         await handoff.dead_letter(src, letter, None)
         return
     reason = f"node {node} stopped answering while the job was in {src.group}"
-    if env.attempt + 1 >= settings.max_deliveries:
-        error = reason + (("; earlier attempts: " + " | ".join(env.errors)) if env.errors else "")
-        letter = DeadLetter(job_id=env.job.job_id, submitter=env.job.submitter, stage=src.group,
-                            error=error, envelope=env)
-        result = Result(job_id=env.job.job_id, group_id=env.job.group_id, submitter=env.job.submitter,
-                        task=env.job.task, status="failed", error=error, error_stage=src.group,
-                        failure="infrastructure", attempts=env.attempt + 1, metadata=env.job.metadata)
-        await handoff.dead_letter(src, letter, result)
+    if env.is_last_attempt(settings.max_deliveries):
+        error = env.with_earlier_errors(reason)
+        await handoff.dead_letter(src, DeadLetter.of_job(env, src.group, error), Result.failed(env, error, src.group))
         return
-    env = env.model_copy(update={"attempt": env.attempt + 1, "sandbox": None, "state": {}, "trajectory": None,
-                                 "node": None, "errors": [*env.errors, reason]})
-    await handoff.requeue(src, env, keys.init_stream, INIT_STAGE, reason)
+    await handoff.requeue(src, env.restarted(failed_with=reason), reason)
 
 
 async def rescue_node(r: aioredis.Redis, keys: Keys, handoff: Handoff, settings: Settings,
@@ -56,15 +52,16 @@ async def rescue_node(r: aioredis.Redis, keys: Keys, handoff: Handoff, settings:
         await ensure_group(r, stream, stage)
         while True:
             resp = await r.xautoclaim(stream, stage, rescuer, 0, start_id="0-0", count=batch)
-            entries = [(m, f) for m, f in resp[1] if f]
-            fresh = await r.xreadgroup(stage, rescuer, {stream: ">"}, count=batch)
+            claimed: list[tuple[bytes, dict[bytes, bytes]]] = resp[1]
+            entries = [(m, f) for m, f in claimed if f]
+            fresh = cast(StreamReply, await r.xreadgroup(stage, rescuer, {stream: ">"}, count=batch))
             for _s, items in fresh or []:
                 entries += items
             if not entries:
                 break
-            for msg_id, fields in entries:
-                msg_id = msg_id.decode() if isinstance(msg_id, bytes) else msg_id
-                await _move_back(handoff, keys, settings, Source(stream, stage, msg_id, rescuer), fields, node)
+            for raw_id, fields in entries:
+                msg_id = raw_id.decode() if isinstance(raw_id, bytes) else raw_id
+                await _move_back(handoff, settings, Source(stream, stage, msg_id, rescuer), fields, node)
                 moved += 1
     return moved
 
@@ -72,7 +69,7 @@ async def rescue_node(r: aioredis.Redis, keys: Keys, handoff: Handoff, settings:
 async def rescue_dead_nodes(r: aioredis.Redis, keys: Keys, handoff: Handoff, settings: Settings,
                             rescuer: str) -> int:
     cutoff = time.time() - settings.worker_ttl_s
-    dead = [n.decode() for n in await r.zrangebyscore(keys.nodes, 0, cutoff)]
+    dead = [n.decode() for n in cast(list[bytes], await r.zrangebyscore(keys.nodes, 0, cutoff))]
     moved = 0
     for node in dead:
         if node == settings.node:

@@ -291,6 +291,10 @@ def _typed(error: Exception) -> Exception:
     return error
 
 
+# XREADGROUP's reply as redis-py parses it: (stream, [(entry id, {field: value}), ...]) per stream.
+StreamReply = list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]]
+
+
 def stream_entries(reply) -> list[tuple[bytes, dict]]:
     """XREADGROUP/XREAD's raw reply as (id, {field: value}) per entry, across streams."""
     out = []

@@ -1,19 +1,21 @@
 """The consumer loop every stage worker runs: read its stream through a consumer group,
 keep N jobs in flight, keep them fresh with heartbeats (membership.py), reclaim what dead
 workers left, and hand each job on through ``pipeline.handoff``. SIGTERM or a drain of its
-node (pipeline/drain.py) stops it; heartbeats go on until its jobs are let go. A job its
-stage does not hand on ends in outcomes.py; cancellations.py and deadlines.py interrupt work
-in a stage. A stage hop costs one wake-up and one awaited round trip (the hand-off script); the
-"running" mark goes off the critical path (running_marks.py), and a finished job's
-latencies join the shared histograms with the process's next flush."""
+node (pipeline/drain.py) stops it; heartbeats go on until its jobs are let go. fate.py
+decides how a job leaves that its stage does not hand on; cancellations.py and deadlines.py
+interrupt work in a stage. A stage hop costs one wake-up and one awaited round trip (the
+hand-off script); the "running" mark goes off the critical path (running_marks.py), and a
+finished job's latencies join the shared histograms with the process's next flush."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
 import uuid
+from typing import cast
 
 import redis
 from pydantic import ValidationError
@@ -24,19 +26,19 @@ from rollstream.pipeline import histograms
 from rollstream.pipeline.codec import DecodeError, decode_envelope
 from rollstream.pipeline.connection import SOCKET_TIMEOUT_S, Outage, raise_if_cancelled, transient_problem
 from rollstream.pipeline.groups import ensure_group
-from rollstream.pipeline.handoff import Source, sandbox_of
+from rollstream.pipeline.handoff import Finish, Forward, Move, Source, sandbox_of
 from rollstream.pipeline.jobstate import JobStateFields, RunningMark, entry_token
 from rollstream.pipeline.priorities import feed, feed_command, queued_at
 from rollstream.pipeline.rescue import rescue_dead_nodes
-from rollstream.pipeline.wire import FastRedis, stream_entries
+from rollstream.pipeline.wire import FastRedis, StreamReply, stream_entries
 from rollstream.workers.cancellations import Cancellations
-from rollstream.workers.deadlines import TIMED_OUT, Deadlines, queue_overrun
+from rollstream.workers.deadlines import TIMED_OUT, Deadlines
+from rollstream.workers.fate import Fate
 from rollstream.workers.letting_go import LettingGo
 from rollstream.workers.membership import Membership, message_id
-from rollstream.workers.outcomes import Outcomes
 from rollstream.workers.running_marks import LateRunningMarks
 from rollstream.workers.sandbox_slots import SandboxSlots
-from rollstream.workers.stage import Forward, Stage, WorkerContext, active_s
+from rollstream.workers.stage import Stage, WorkerContext
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +65,7 @@ class ConsumerLoop:
         self.cancels = Cancellations(self.r, ctx.keys, self.inflight, outage=self.outage, consumer=self.consumer,
                                      ttl_s=self.s.job_state_ttl_s, read_block_ms=self.s.read_block_ms)
         self.deadlines = Deadlines(on_due=lambda msg_id: self.cancels.interrupt(msg_id, TIMED_OUT))
-        self.outcomes = Outcomes(stage, ctx, self.consumer)
+        self.fate = Fate(stage, ctx, self.consumer)
         self._stopping = asyncio.Event()
         self._let_go = asyncio.Event()  # set once in-flight jobs finished or went back: heartbeats end
         self.letting_go = LettingGo(self.membership, self.consumer, self._stopping, self.stop, self._heartbeat,
@@ -223,7 +225,8 @@ class ConsumerLoop:
         if self._reader is None:
             if self.stage.serves_by_priority:
                 await feed(self.r, self.ctx.keys, count)
-            resp = await self.r.xreadgroup(self.group, self.consumer, {self.stream: ">"}, count=count, block=block)
+            resp = cast(StreamReply, await self.r.xreadgroup(self.group, self.consumer, {self.stream: ">"},
+                                                             count=count, block=block))
             return [(message_id(m), f, 1) for _stream, items in resp or [] for m, f in items]
         commands = [("XREADGROUP", "GROUP", self.group, self.consumer, "COUNT", count, "BLOCK", block,
                      "STREAMS", self.stream, ">")]
@@ -261,7 +264,8 @@ class ConsumerLoop:
                 if problem := self.stage.admission_problem(env):
                     raise InvalidJob(f"job {env.job.job_id}: {problem}")
             except (DecodeError, ValidationError, InvalidJob) as exc:
-                self._track(msg_id, None, self._guard(src, None, self.outcomes.undecodable(src, fields, exc)))
+                move = self.fate.undecodable(src, fields, exc)
+                self._track(msg_id, None, self._guard(src, None, self._record(src, None, move)))
                 continue
             running = JobStateFields(stage=stage, status="running", worker=self.consumer, node=self.ctx.node)
             marks[msg_id] = RunningMark(env.job.job_id, entry_token(self.stream, msg_id), running, (stage, started))
@@ -271,9 +275,9 @@ class ConsumerLoop:
     def _track(self, msg_id: str, env: Envelope | None, coro) -> None:
         task = asyncio.create_task(coro)
         self.inflight[msg_id] = (task, env)
-        task.add_done_callback(lambda _t, m=msg_id: self._done(m))
+        task.add_done_callback(functools.partial(self._done, msg_id))
 
-    def _done(self, msg_id: str) -> None:
+    def _done(self, msg_id: str, _task: asyncio.Task) -> None:
         self.inflight.pop(msg_id, None)
         self.cancels.reasons.pop(msg_id, None)
         self.running_marks.left(msg_id)
@@ -298,7 +302,7 @@ class ConsumerLoop:
         except (ValueError, TypeError, OverflowError) as exc:
             if env is None:
                 raise
-            await self.outcomes.cannot_carry_on(src, env, exc)
+            await self._record(src, env, await self.fate.cannot_carry_on(env, exc))
 
     async def _wait_out(self, exc: BaseException) -> bool:
         """A hand-off that Redis refused (it did not run): wait, and say whether to send it
@@ -313,59 +317,56 @@ class ConsumerLoop:
             return True
 
     async def _run_job(self, src: Source, env: Envelope, deliveries: int) -> None:
-        job, stage, started, outcomes = env.job, self.stage.name, src.started_at, self.outcomes
-        if deliveries > self.s.max_deliveries:
-            return await outcomes.give_up(
-                src, env, f"delivered {deliveries} times to {stage} workers that died or hung before finishing it"
-            )
-        reason = self.cancels.book.reason(job)
-        if reason:
-            return await outcomes.end(src, env, "cancelled", reason)
-        if deliveries > 1 and self.stage.restarts_redelivered_jobs:
-            return await outcomes.retry(src, env, f"{stage} worker died mid-job (delivery {deliveries})")
-        env.timings_s[f"{stage}_wait_s"] = max(0.0, started - src.queued_at)
-        # timeout_s counts time at work in stages, not in queues (a backlog must not expire
-        # jobs that never ran); queue_timeout_s, when set, bounds the queues.
-        left_s = job.timeout_s - active_s(env, stage)
-        if job.queue_timeout_s is not None and (overrun := queue_overrun(env, stage)):
-            return await outcomes.end(src, env, "failed", overrun)
-        at_work = self.cancels.at_work
+        """One job: the checks before work, the stage's work, and the one move that follows
+        (fate.py decides how a job leaves that its stage does not hand on)."""
+        move = await self.fate.before_work(src, env, deliveries, self.cancels.book.reason(env.job))
+        if move is None:
+            move = await self._work(src, env)
+        # The reader, when no read holds it: the hand-off then goes out with the next read.
+        via = self._reader if not self._reader_blocked else None
+        try:
+            moved = await self._record(src, env, move, via=via)
+        except JobCancelled as exc:  # cancelled while this stage worked: it goes no further
+            moved = await self._record(src, env, await self.fate.finish(env, "cancelled", str(exc)))
+        if not moved and isinstance(move, (Forward, Finish)):
+            log.warning("job %s: %s finished after another worker reclaimed it; dropped this copy",
+                        env.job.job_id, self.stage.name)
+
+    async def _work(self, src: Source, env: Envelope) -> Move:
+        """The stage's work on the job, within what is left of its time; its move."""
+        left_s, at_work = self.fate.time_left_s(env), self.cancels.at_work
         try:
             if left_s <= 0:
                 raise TimeoutError
             at_work.add(src.msg_id)
             self.deadlines.set(src.msg_id, left_s)
-            outcome = await self.stage.process(env, self.ctx.task_context(lambda: self.cancels.check(job)))
+            outcome = await self.stage.process(env, self.ctx.task_context(lambda: self.cancels.check(env.job)))
         except asyncio.CancelledError:
             why = self.cancels.reasons.get(src.msg_id)
             if why is None:
                 raise
-            return await outcomes.interrupted(src, env, why)
+            return await self.fate.interrupted(env, why)
         except Exception as exc:  # a timeout, a cancellation, the job's fault or the service's
-            return await outcomes.failed(src, env, exc)
+            return await self.fate.failed(env, exc)
         finally:
             at_work.discard(src.msg_id)
             self.deadlines.clear(src.msg_id)
-        env.timings_s[f"{stage}_s"] = time.time() - started
-        # The reader, when no read holds it: the hand-off then goes out with the next read.
-        via = self._reader if not self._reader_blocked else None
+        env.timings_s[f"{self.stage.name}_s"] = time.time() - src.started_at
         if isinstance(outcome, Forward):
-            to_stream = self.ctx.keys.stage_stream(outcome.stage, self.ctx.node)
-            try:
-                moved = await self.ctx.handoff.forward(src, env, to_stream, outcome.stage, via=via)
-            except JobCancelled as exc:  # cancelled while this stage worked: it goes no further
-                return await outcomes.end(src, env, "cancelled", str(exc))
-            if moved and self.sandbox_slots is not None:
-                self.sandbox_slots.forwarded(with_sandbox=bool(sandbox_of(env)))
-        else:
-            outcome.timings_s = env.timings_s
-            # Eval tore the sandbox down; it stops counting in the same script.
-            moved = await self.ctx.handoff.finish(src, outcome, count=self.ctx.handoff.sandbox_gone(env), via=via)
-            if moved:
-                for key, seconds in histograms.result_latencies(self.ctx.keys, outcome):
-                    self.observations.observe(key, seconds)
-        if not moved:
-            log.warning("job %s: %s finished after another worker reclaimed it; dropped this copy", job.job_id, stage)
+            return outcome
+        outcome.timings_s = env.timings_s
+        return Finish(outcome)
+
+    async def _record(self, src: Source, env: Envelope | None, move: Move, via=None) -> bool:
+        """Make the move (pipeline/handoff.py), and count what it did on this node: a sandbox
+        forwarded out of init (with its sandbox, if any), a result's latencies."""
+        moved = await self.ctx.handoff.record(src, move, env, node=self.ctx.node, via=via)
+        if moved and isinstance(move, Forward) and self.sandbox_slots is not None and env:
+            self.sandbox_slots.forwarded(with_sandbox=bool(sandbox_of(env)))
+        elif moved and isinstance(move, Finish) and move.result.ok:
+            for key, seconds in histograms.result_latencies(self.ctx.keys, move.result):
+                self.observations.observe(key, seconds)
+        return moved
 
     # -- shutdown ----------------------------------------------------------------------
     async def _drain(self) -> None:

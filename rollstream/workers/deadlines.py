@@ -1,30 +1,14 @@
 """Job timeouts in the consumer loop: a job's ``timeout_s`` counts its time at work in
-stages (not in queues, see ``stage.active_s``), so each stage starts a job with what is left
-of it as a deadline, and ``queue_timeout_s``, when set, bounds the time it waited in queues."""
+stages (not in queues, see ``fate.active_s``), so each stage starts a job with what is left
+of it as a deadline, and interrupts it when that runs out."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
 
-from rollstream.messages import Envelope, Job, StageName
-from rollstream.workers.stage import queued_s
-
 # The interrupt reason of a job whose timeout_s ran out while its stage worked on it.
 TIMED_OUT = "timed out"
-
-
-def queue_overrun(env: Envelope, stage: StageName) -> str | None:
-    """Why the job must end unrun: it waited in queues (up to ``stage``) longer than its
-    queue_timeout_s; None while it has not."""
-    limit = env.job.queue_timeout_s
-    if limit is None or (waited := queued_s(env, stage)) <= limit:
-        return None
-    return f"job waited {waited:.1f} s in queues (up to {stage}), over its queue_timeout_s={limit:g}; it never ran"
-
-
-def timed_out(job: Job, stage: str) -> str:
-    return f"job timed out in {stage}: over its timeout_s={job.timeout_s} of time at work in stages"
 
 
 class Deadlines:

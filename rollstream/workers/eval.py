@@ -12,7 +12,7 @@ from rollstream.messages import Envelope, Result
 from rollstream.tasks.base import TaskContext
 from rollstream.tasks.registry import get_task
 from rollstream.workers.node_reaper import reap_node
-from rollstream.workers.stage import Stage, WorkerContext, completed_result
+from rollstream.workers.stage import Stage, WorkerContext
 from rollstream.workers.warm_pool import WarmPool
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class EvalStage(Stage):
                 reward = float(await get_task(env.job.task).score(env, tctx))
         finally:
             await self.release(env, tctx)  # the job leaves the node: its task's teardown, then its sandbox
-        return completed_result(env, reward)
+        return Result.completed(env, reward)
 
 
 async def _reap_forever(ctx: WorkerContext) -> None:

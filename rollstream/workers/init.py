@@ -8,10 +8,11 @@ from __future__ import annotations
 import asyncio
 
 from rollstream.messages import Envelope, job_problem
+from rollstream.pipeline.handoff import Forward
 from rollstream.tasks.base import Task, TaskContext
 from rollstream.tasks.registry import get_task
 from rollstream.workers.node_sandboxes import NodeSandboxes
-from rollstream.workers.stage import Forward, Stage, WorkerContext
+from rollstream.workers.stage import Stage, WorkerContext
 from rollstream.workers.warm_pool import WarmPool
 
 

@@ -15,12 +15,13 @@ import stat
 
 from rollstream.agent.llm_service import LLMService
 from rollstream.messages import Envelope
+from rollstream.pipeline.handoff import Forward
 from rollstream.sandbox_spec import SandboxHandle
 from rollstream.sandboxes.errors import SandboxGone, ToolError
 from rollstream.sandboxes.sandbox_client import SandboxClient
 from rollstream.tasks.base import TaskContext
 from rollstream.tasks.registry import get_task
-from rollstream.workers.stage import Forward, Stage
+from rollstream.workers.stage import Stage
 
 log = logging.getLogger(__name__)
 

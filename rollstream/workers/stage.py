@@ -1,12 +1,11 @@
-"""What every stage worker shares: the Stage interface the consumer loop drives, the
-outcomes a stage returns, and the per-process context (Redis, names, the node's sandboxes,
-the services the stage started)."""
+"""What every stage worker shares: the Stage interface the consumer loop drives (its work
+returns a ``pipeline.handoff.Forward`` or the job's ``Result``) and the per-process context
+(Redis, names, the node's sandboxes, the services the stage started)."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,19 +13,12 @@ from pathlib import Path
 import redis.asyncio as aioredis
 
 from rollstream.config import Settings
-from rollstream.messages import STAGES, Envelope, FailureKind, Result, ResultStatus, StageName
-from rollstream.pipeline.handoff import Handoff
+from rollstream.messages import Envelope, Result, StageName
+from rollstream.pipeline.handoff import Forward, Handoff
 from rollstream.pipeline.keys import Keys
 from rollstream.tasks.base import ProcessServices, TaskContext
 from rollstream.tasks.registry import get_task
 from rollstream.workers.node_sandboxes import NodeSandboxes
-
-
-@dataclass
-class Forward:
-    """Send the job on to ``stage`` on this node."""
-
-    stage: StageName
 
 
 @dataclass
@@ -55,49 +47,6 @@ class WorkerContext:
     def work_dir(self) -> Path:
         """The node's folder for task work (made by the worker process at start)."""
         return self.settings.data_dir / "work"
-
-
-# Finish reasons of an episode that ended on one of the policy's own limits: its result is
-# scored and trained on, and says failure="agent".
-AGENT_LIMIT_FINISHES = frozenset({"max_turns", "context", "length", "timeout", "harness_error",
-                                  "harness_timeout"})
-
-
-def completed_result(env: Envelope, reward: float) -> Result:
-    traj = env.trajectory
-    if traj is not None:
-        traj.reward = reward
-    failure = "agent" if traj is not None and traj.finish_reason in AGENT_LIMIT_FINISHES else None
-    return Result(job_id=env.job.job_id, group_id=env.job.group_id, submitter=env.job.submitter,
-                  task=env.job.task, status="completed", reward=reward, trajectory=traj, failure=failure,
-                  attempts=env.attempt + 1, policy_version=traj.policy_version if traj else 0,
-                  timings_s=env.timings_s, metadata=env.job.metadata)
-
-
-def ended_result(env: Envelope, status: ResultStatus, error: str, stage: StageName,
-                 failure: FailureKind | None = None) -> Result:
-    """A failed or cancelled result. ``failure`` defaults to "cancelled" for a cancelled job
-    and "infrastructure" for a failed one: a stage that gives up on a job is the service
-    failing it unless the caller knows better (an invalid job, the agent's own failure)."""
-    if failure is None:
-        failure = "cancelled" if status == "cancelled" else "infrastructure"
-    return Result(job_id=env.job.job_id, group_id=env.job.group_id, submitter=env.job.submitter,
-                  task=env.job.task, status=status, error=error, error_stage=stage, failure=failure,
-                  attempts=env.attempt + 1, timings_s=env.timings_s, metadata=env.job.metadata,
-                  trajectory=env.trajectory, finished_at=time.time())
-
-
-def active_s(env: Envelope, stage: StageName) -> float:
-    """Seconds this attempt of the job has spent at work in the stages before ``stage``: what
-    its ``timeout_s`` counts (queue time does not). Each attempt restarts from init, so the
-    earlier stages' timings are always this attempt's own."""
-    return sum(env.timings_s.get(f"{s}_s", 0.0) for s in STAGES[:STAGES.index(stage)])
-
-
-def queued_s(env: Envelope, stage: StageName) -> float:
-    """Seconds the job has waited in stage queues up to the start of ``stage`` (that stage's
-    own wait included): what its ``queue_timeout_s`` bounds."""
-    return sum(env.timings_s.get(f"{s}_wait_s", 0.0) for s in STAGES[:STAGES.index(stage) + 1])
 
 
 class Stage(ABC):

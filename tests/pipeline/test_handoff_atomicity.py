@@ -11,11 +11,11 @@ import pytest
 import redis
 
 from rollstream.errors import JobCancelled
-from rollstream.messages import Envelope, Job
+from rollstream.messages import Envelope, Job, Result
 from rollstream.pipeline import cancel
 from rollstream.pipeline.codec import pack
 from rollstream.pipeline.connection import async_redis
-from rollstream.pipeline.handoff import Handoff, Source
+from rollstream.pipeline.handoff import Finish, Handoff, Source
 from rollstream.pipeline.jobstate import JobStateFields, RunningMark, RunningMarks, entry_token, read_state
 from rollstream.pipeline.keys import Keys
 from rollstream.pipeline.wire import FastRedis
@@ -83,9 +83,7 @@ async def test_the_sandbox_count_moves_with_the_job(broker):
     assert state.stage == "run" and state.sandbox == "sb1" and state.timings["init_started_at"] == 123.5
 
     src = await _take(r, keys, "eval", env)
-    from rollstream.workers.stage import completed_result
-
-    assert await handoff.finish(src, completed_result(env, 1.0), count=handoff.sandbox_gone(env))
+    assert await handoff.record(src, Finish(Result.completed(env, 1.0)), env)
     assert await r.scard(keys.node_sandboxes("n1")) == 0
     assert (await read_state(r, keys, env.job.job_id)).status == "completed"
 

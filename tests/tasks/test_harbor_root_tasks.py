@@ -2,7 +2,9 @@
 podman: tar restoring the owners it recorded and removing what another user owns (aider_polyglot's
 solve.sh, run twice), a group's setgid folder, a step run as another user, another user's service
 stopped. Its container keeps the root-task capabilities (SECURITY.md): the reference solution
-scores 1 and no change 0; with the operator withholding them, the same solution scores 0.
+scores 1 and no change 0; with the operator withholding them, the same solution scores 0. Root
+that replaces bash, Python's sitecustomize and /tests/test.sh of its own container still scores 0:
+verification starts from the pristine image.
 
 The task folder is written here on the shared test environment (the same image as harbor_tasks/)."""
 
@@ -89,4 +91,22 @@ async def test_capabilities_the_operator_withholds_are_withheld_from_a_root_task
     ep = await episode(HarborTask(), {"path": str(root_task)}, backend="docker")
     ran = await _solve(ep, root_task)
     assert ran.exit_code != 0 and "Cannot change ownership" in ran.output, ran.output
+    assert await ep.score() == 0.0, ep.env.trajectory.extra["eval"]
+
+
+async def test_a_root_agent_that_replaces_bash_and_python_outside_its_workdir_still_scores_zero(
+        episode, harbor_environment):
+    ep = await episode(HarborTask(), {"path": str(harbor_environment / "hello-file")}, backend="docker")
+    forge = "mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt; echo 'Hello, world!' > /app/hello.txt"
+    async with ep.client() as sb:
+        await sb.write_file("/tmp/fake-bash", f"#!/bin/bash.real\n{forge}\nexit 0\n")
+        await sb.write_file("/tmp/sitecustomize.py", f"import os\nos.system({forge!r})\n")
+        forged = await sb.bash(
+            "cp /tmp/sitecustomize.py \"$(python3 -c 'import sitecustomize; print(sitecustomize.__file__)')\" && "
+            "cp /bin/bash /bin/bash.real && cp /tmp/fake-bash /bin/bash.new && mv -f /bin/bash.new /bin/bash && "
+            "chown 1000:1000 /bin/bash && mkdir -p /tests && cp /tmp/fake-bash /tests/test.sh && "
+            "echo 1 > /logs/verifier/reward.txt && python3 -c 'pass' && cat /app/hello.txt && "
+            # What it does inside the workdir counts: undone, so that only the forgeries outside remain.
+            "rm /app/hello.txt")
+        assert forged.exit_code == 0 and forged.output.strip() == "Hello, world!", forged.output
     assert await ep.score() == 0.0, ep.env.trajectory.extra["eval"]

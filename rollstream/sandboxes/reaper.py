@@ -23,6 +23,7 @@ import psutil
 
 from .roots import UnsafeSandboxRoot, check_root, default_root_dir, written_by_us
 from .runtime.confine import Confinement, ForeignRecord, sweep_orphans
+from .runtime.plan import Plan
 from .runtime.supervisor import remove_tree
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ def _collect(pid: int) -> None:
         pass
 
 
-def _plan(directory: str) -> dict:
+def _plan(directory: str) -> Plan:
     """The sandbox's plan, if this uid wrote it (a plan names commands the reaper runs)."""
     path = os.path.join(directory, "plan.json")
     if not written_by_us(path):
@@ -212,9 +213,9 @@ def teardown(directory: str, pid: int | None = None, term_grace_s: float = 5.0) 
         except (psutil.NoSuchProcess, psutil.TimeoutExpired):
             pass
         _collect(process.pid)
-    if plan.get("cleanup_argv"):
+    if cleanup_argv := plan.get("cleanup_argv"):
         try:
-            subprocess.run(plan["cleanup_argv"], capture_output=True, timeout=60, env=plan.get("host_env"))
+            subprocess.run(cleanup_argv, capture_output=True, timeout=60, env=plan.get("host_env"))
         except (OSError, subprocess.SubprocessError) as error:
             log.warning("cleanup of sandbox %s failed: %s", plan.get("sandbox_id"), error)
     remove_tree(directory)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Any
+from typing import Any, cast
 
 from .errors import SandboxGone, ToolError
 from .results import BashResult, EditResult, IPythonResult, ToolOutput
@@ -25,7 +25,7 @@ class SandboxClient:
         self.connect_timeout_s = connect_timeout_s
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
-        self._pending: dict[int, asyncio.Future] = {}
+        self._pending: dict[int, asyncio.Future[protocol.Reply]] = {}
         self._ids = itertools.count(1)
         self._read_task: asyncio.Task | None = None
         self._closed_error: Exception | None = None
@@ -70,8 +70,8 @@ class SandboxClient:
             while True:
                 header = await self._reader.readexactly(protocol.HEADER.size)
                 body = await self._reader.readexactly(protocol.frame_length(header))
-                reply = protocol.unpack(body)
-                future = self._pending.pop(reply.get("id"), None)
+                reply = cast(protocol.Reply, protocol.unpack(body))
+                future = self._pending.pop(reply.get("id") or 0, None)
                 if future is not None and not future.done():
                     future.set_result(reply)
         except (asyncio.IncompleteReadError, ConnectionError, protocol.ProtocolError) as error:
@@ -83,19 +83,19 @@ class SandboxClient:
                     future.set_exception(gone)
             self._pending.clear()
 
-    async def request(self, op: str, **args: Any) -> dict:
-        """Send one request and wait for its result; raises ToolError or SandboxGone."""
+    async def request(self, op: protocol.Op, **args: Any) -> Any:
+        """Send one request and wait for its result (the op's type in protocol.py); raises
+        ToolError or SandboxGone."""
         if self._writer is None:
             await self.connect()
         assert self._writer is not None
         if self._read_task is not None and self._read_task.done():
             raise SandboxGone(f"the sandbox supervisor at {self.socket_path} closed the connection")
         request_id = next(self._ids)
-        future = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[protocol.Reply] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
-        message = {"id": request_id, "op": op, "args": {k: v for k, v in args.items() if v is not None}}
         try:
-            self._writer.write(protocol.pack(message))
+            self._writer.write(protocol.pack(protocol.request(request_id, op, args)))
             await self._writer.drain()
         except (ConnectionError, OSError) as error:
             self._pending.pop(request_id, None)
@@ -107,7 +107,8 @@ class SandboxClient:
 
     # -- tools ---------------------------------------------------------------------------
     async def ping(self) -> int:
-        return (await self.request("ping"))["pid"]
+        result: protocol.PingResult = await self.request("ping")
+        return result["pid"]
 
     async def bash(
         self,
@@ -117,15 +118,20 @@ class SandboxClient:
         session: str = "main",
     ) -> BashResult:
         """Run `command` in a persistent bash session; None timeouts use the sandbox defaults, 0 disables."""
-        result = await self.request(
+        result: protocol.BashResult = await self.request(
             "bash", command=command, timeout_s=timeout_s, no_output_timeout_s=no_output_timeout_s, session=session
         )
-        raw = result.pop("output")
-        return BashResult(output=raw.decode("utf-8", "backslashreplace"), output_bytes=raw, **result)
+        raw = result["output"]
+        return BashResult(
+            output=raw.decode("utf-8", "backslashreplace"), output_bytes=raw, exit_code=result["exit_code"],
+            timed_out=result["timed_out"], interrupted=result["interrupted"], truncated=result["truncated"],
+            duration_ms=result["duration_ms"], total_bytes=result["total_bytes"], note=result["note"],
+        )
 
     async def ipython(self, code: str, timeout_s: float | None = None) -> IPythonResult:
         """Run a cell in the sandbox's IPython kernel (started on first use)."""
-        return IPythonResult(**await self.request("ipython", code=code, timeout_s=timeout_s))
+        result: protocol.IPythonResult = await self.request("ipython", code=code, timeout_s=timeout_s)
+        return IPythonResult(**result)
 
     async def edit(
         self,
@@ -138,7 +144,7 @@ class SandboxClient:
         view_range: list[int] | None = None,
     ) -> EditResult:
         """view / create / str_replace / insert / undo_edit a file under the workdir."""
-        result = await self.request(
+        result: protocol.EditResult = await self.request(
             "edit",
             command=command,
             path=path,
@@ -157,12 +163,14 @@ class SandboxClient:
         await self.request("write_file", path=path, data=data, mode=mode)
 
     async def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
-        return (await self.request("read_file", path=path, max_bytes=max_bytes))["data"]
+        result: protocol.ReadFileResult = await self.request("read_file", path=path, max_bytes=max_bytes)
+        return result["data"]
 
     async def close_session(self, session: str) -> bool:
-        return (await self.request("close_session", session=session))["closed"]
+        result: protocol.CloseSessionResult = await self.request("close_session", session=session)
+        return result["closed"]
 
-    async def info(self) -> dict:
+    async def info(self) -> protocol.InfoResult:
         return await self.request("info")
 
     async def call_tool(self, name: str, arguments: dict | str) -> ToolOutput:

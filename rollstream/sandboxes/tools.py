@@ -8,7 +8,7 @@ here and turns every failure into a ToolOutput(ok=False) the model can read and 
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -23,7 +23,9 @@ class ToolTarget(Protocol):
 
     async def ipython(self, code: str, timeout_s: float | None = None) -> IPythonResult: ...
 
-    async def edit(self, command: str, path: str, **arguments: Any) -> EditResult: ...
+    async def edit(self, command: str, path: str, file_text: str | None = None, old_str: str | None = None,
+                   new_str: str | None = None, insert_line: int | None = None,
+                   view_range: list[int] | None = None) -> EditResult: ...
 
 
 class BashArgs(BaseModel):

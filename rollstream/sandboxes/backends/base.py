@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Protocol
+from typing import Protocol, cast
 
 from rollstream.sandbox_spec import SandboxSpec
 
 from ..paths import child_path
+from ..runtime.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -124,8 +125,8 @@ class LaunchPlan:
     unprivileged_via: str = ""
     extra: dict = field(default_factory=dict)
 
-    def to_json_dict(self) -> dict:
-        return asdict(self)
+    def to_json_dict(self) -> Plan:
+        return cast(Plan, asdict(self))
 
 
 class SandboxBackend(Protocol):

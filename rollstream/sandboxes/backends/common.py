@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rollstream.sandbox_spec import SandboxLimits, SandboxSpec
 
+from ..runtime.plan import Plan, SharedPlanFields
 from .base import SandboxLayout
 
 KERNEL_DIR_INNER = "/run/rollstream"
@@ -91,10 +92,10 @@ def ulimit_wrapped(argv: list[str], limits: SandboxLimits, before: str = "") -> 
     return ["/bin/sh", "-c", script, "sh", *argv]
 
 
-def base_plan(spec: SandboxSpec, layout: SandboxLayout, sandbox_id: str, owner: str, backend: str) -> dict:
+def base_plan(spec: SandboxSpec, layout: SandboxLayout, sandbox_id: str, owner: str, backend: str) -> SharedPlanFields:
     """The fields every backend fills the same way."""
     limits = spec.limits
-    return dict(
+    return SharedPlanFields(
         sandbox_id=sandbox_id,
         owner=owner,
         backend=backend,
@@ -114,7 +115,7 @@ def base_plan(spec: SandboxSpec, layout: SandboxLayout, sandbox_id: str, owner: 
     )
 
 
-def write_plan(path: str, plan: dict) -> None:
+def write_plan(path: str, plan: Plan) -> None:
     """plan.json, a new file only our uid may read or write whatever the umask: the reaper runs
     the commands of no other plan (reaper._plan)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)

@@ -18,7 +18,10 @@ import re
 import signal
 import time
 from stat import S_ISREG, S_IWGRP, S_IWOTH
+from typing import TYPE_CHECKING
 
+if TYPE_CHECKING:
+    from .plan import Plan
 if __package__:
     from .env_settings import env_setting
 else:  # python -S supervisor.py: sibling modules are top-level
@@ -184,7 +187,7 @@ class Confinement:
 
     # -- creation (supervisor) ---------------------------------------------------------
     @classmethod
-    def create(cls, plan: dict) -> Confinement:
+    def create(cls, plan: Plan) -> Confinement:
         """Make the sandbox's cgroup and tmpfs where possible; never raises for a missing one."""
         record: dict = {"cgroups": [], "versions": [], "tmpfs": None, "limits": {}, "fallback": ""}
         confinement = cls(record)
@@ -199,8 +202,8 @@ class Confinement:
         name = f"{plan['sandbox_id']}.{os.getpid()}"
         record["cgroups"] = [os.path.join(h.base, name) for h in found]
         record["versions"] = [h.version for h in found]
-        data_dir = plan.get("data_dir")
-        if data_dir and plan.get("disk_bytes") and os.geteuid() == 0 and not off:
+        data_dir, disk_bytes = plan.get("data_dir"), plan.get("disk_bytes")
+        if data_dir and disk_bytes and os.geteuid() == 0 and not off:
             record["tmpfs"] = data_dir
         # Recorded before anything is made: a crash from here on leaves the reaper a list.
         confinement.save(path)
@@ -211,16 +214,16 @@ class Confinement:
             record["cgroups"], record["versions"] = [], []
             reason = f"creating the cgroup failed: {error}"
         record["fallback"] = reason
-        if record["tmpfs"]:
+        if record["tmpfs"] and data_dir and disk_bytes:
             try:
-                confinement._mount_tmpfs(data_dir, plan["disk_bytes"])
+                confinement._mount_tmpfs(data_dir, disk_bytes)
             except OSError as error:
                 record["tmpfs"] = None
                 record["fallback"] += f"; tmpfs on {data_dir} failed: {error}"
         confinement.save(path)
         return confinement
 
-    def _make_cgroups(self, found: list[Hierarchy], plan: dict) -> None:
+    def _make_cgroups(self, found: list[Hierarchy], plan: Plan) -> None:
         limits = self.record["limits"]
         for hierarchy, path in zip(found, self.record["cgroups"]):
             os.mkdir(path)
@@ -239,14 +242,14 @@ class Confinement:
                         except OSError:
                             pass  # swap accounting off in this kernel
                     limits["memory_bytes"] = value
-                elif controller == "cpu" and plan.get("cpus"):
-                    quota = max(1000, int(plan["cpus"] * _CPU_PERIOD_US))
+                elif controller == "cpu" and (cpus := plan.get("cpus")):
+                    quota = max(1000, int(cpus * _CPU_PERIOD_US))
                     if v2:
                         _write(os.path.join(path, "cpu.max"), f"{quota} {_CPU_PERIOD_US}")
                     else:
                         _write(os.path.join(path, "cpu.cfs_period_us"), str(_CPU_PERIOD_US))
                         _write(os.path.join(path, "cpu.cfs_quota_us"), str(quota))
-                    limits["cpus"] = plan["cpus"]
+                    limits["cpus"] = cpus
 
     def _mount_tmpfs(self, data_dir: str, disk_bytes: int) -> None:
         # tmpfs counts each file's pages towards the memory cgroup of its writer, so the
@@ -373,7 +376,7 @@ class Confinement:
         size_mib = stat.f_blocks * stat.f_frsize // 2**20
         return f"the sandbox's disk ({size_mib} MiB for the workdir and /tmp) is full; delete files to write more"
 
-    def describe(self, plan: dict) -> dict[str, str]:
+    def describe(self, plan: Plan) -> dict[str, str]:
         """Which mechanism holds each limit, for info and status."""
         versions = {p: v for p, v in zip(self.record["cgroups"], self.record["versions"])}
         limits = self.record["limits"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import cast
 
 import redis.asyncio as aioredis
 from pydantic import BaseModel, Field
@@ -33,8 +34,8 @@ class Member:
 
 async def node_members(r: aioredis.Redis, keys: Keys, node: str, worker_ttl_s: float) -> list[Member]:
     """``node``'s live workers (those that heart-beat within worker_ttl_s)."""
-    names = [n.decode() if isinstance(n, bytes) else n
-             for n in await r.zrangebyscore(keys.workers, time.time() - worker_ttl_s, "+inf")]
+    live = cast(list[bytes | str], await r.zrangebyscore(keys.workers, time.time() - worker_ttl_s, "+inf"))
+    names = [n.decode() if isinstance(n, bytes) else n for n in live]
     if not names:
         return []
     async with r.pipeline(transaction=False) as pipe:

@@ -8,6 +8,7 @@ critical path; /metrics lags the results by at most ``FLUSH_S``."""
 from __future__ import annotations
 
 import bisect
+from typing import cast
 
 import redis
 import redis.asyncio as aioredis
@@ -64,7 +65,8 @@ class Observations:
 
 
 async def read(r: aioredis.Redis, key: str) -> dict[str, float]:
-    return {k.decode(): float(v) for k, v in (await r.hgetall(key)).items()}
+    raw = cast(dict[bytes, bytes], await r.hgetall(key))
+    return {k.decode(): float(v) for k, v in raw.items()}
 
 
 def prometheus_lines(name: str, labels: str, raw: dict[str, float]) -> list[str]:

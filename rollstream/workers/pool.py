@@ -11,7 +11,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, cast
 
 from rollstream.errors import RollstreamError
 from rollstream.messages import STAGES
@@ -78,8 +78,9 @@ class WorkerPool:
         (a pool is started to run until stopped: an exit is a failure, whenever it comes)."""
         for index, (stage, proc) in enumerate(self.procs):
             if proc.poll() is not None:
+                argv = " ".join(cast(list[str], proc.args))
                 raise WorkerProcessExited(
-                    f"the {stage} worker (pid {proc.pid}, {' '.join(proc.args)}) exited with {proc.returncode}; "
+                    f"the {stage} worker (pid {proc.pid}, {argv}) exited with {proc.returncode}; "
                     f"the end of its output:\n{self._log_tail(index, stage)}")
 
     async def wait_registered(self, redis_client, workers_key: str, count: int, *, timeout_s: float = 120.0) -> None:

@@ -16,11 +16,19 @@ asks the stub in that API directly, or the door (with the balancer) in it: whole
 tool call to parse, and streamed calls of a text reply timed to their first text delta (the stub
 streams /v1/completions token by token, and each API's events when asked directly).
 
+The doors run in a process of their own, as a run worker's do beside the harnesses (in-sandbox
+CLIs) they serve: what a door does once its answer is sent (the lease's release, the history's
+rendering ahead of the next call) then runs beside the harness, as it does in a deployment, not
+in front of the harness's next step on one thread. ``--door-in-process`` serves them in the
+bench's own thread instead (as for a Python-callable harness on the run worker), the layout of
+the figures before session 13. CPU per call is counted in both processes.
+
 Run: python bench/proxy.py [--episodes 40] [--api-episodes 15] [--turns 8] [--harnesses 64] [--seconds 10]
+     [--door-in-process]
 Last line: RESULT {"added_p50_ms", "added_p90_ms", "door_p50_ms", "direct_p50_ms",
 "throughput_calls_per_s", "direct_throughput_calls_per_s", "harnesses", "load_avg",
 "added_p50_ms_chat", "added_p50_ms_responses", "added_p50_ms_anthropic", "ttft_added_p50_ms_chat",
-"ttft_added_p50_ms_responses", "ttft_added_p50_ms_anthropic", ...}.
+"ttft_added_p50_ms_responses", "ttft_added_p50_ms_anthropic", "door_in", "door_process_cpu_ms_per_call", ...}.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from pathlib import Path
 
 TOOL_CALL = '<tool_call>\n{"name": "bash", "arguments": {"command": "echo $((2+3))"}}\n</tool_call>'
 TEXT_REPLY = "The command printed 5, so the answer is 5."
+MODEL_CACHE = Path.home() / ".cache" / "rollstream" / "tests" / "arith-model"
 APIS = ("chat", "responses", "anthropic")
 
 
@@ -231,6 +240,119 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] * 1000
 
 
+# -- the doors: in a process of their own (as a run worker's are), or in the bench's ----------
+class Doors:
+    """One Gateway (the run worker's door server) on which each episode opens a job's door, as
+    run_harness does: the job's LLM session (through the balancer, or straight to the stub) and key."""
+
+    def __init__(self, redis_url: str, stub_url: str) -> None:
+        self.redis_url, self.stub_url = redis_url, stub_url
+        self.open_doors: dict = {}
+
+    async def start(self) -> Doors:
+        from transformers import AutoTokenizer
+
+        from rollstream.agent import AgentSettings
+        from rollstream.agent.backend_link import PooledVLLMClient
+        from rollstream.agent.gateway import Gateway
+        from rollstream.demo.arith_model import build_arith_model
+        from rollstream.llm.inference_client import SamplingParams
+        from rollstream.pipeline.balancer import Balancer
+        from rollstream.pipeline.connection import async_redis
+
+        self.tokenizer = AutoTokenizer.from_pretrained(build_arith_model(MODEL_CACHE))
+        self.settings = AgentSettings(max_turns=10**6, max_tokens_per_turn=64, max_context_tokens=32768,
+                                      sampling=SamplingParams(temperature=1.0, max_tokens=64))
+        self.backend = PooledVLLMClient()  # the door's link to the backends (as run_harness uses)
+        self.gateway = await Gateway().start()
+        self.redis = async_redis(self.redis_url)
+        self.balancer = Balancer(self.redis, namespace="bench")
+        self.base_url = self.gateway.base_url
+        return self
+
+    async def open(self, job: str, balanced: bool) -> str:
+        from rollstream.agent import LLMSession
+
+        session = LLMSession(self.backend, job, group_id=f"group-{int(job[4:]) // 8}",
+                             **({"balancer": self.balancer} if balanced else {"backend_url": self.stub_url}))
+        door = self.gateway.open(job, session, self.tokenizer, self.settings)
+        self.open_doors[door.key] = door
+        return door.key
+
+    async def close(self, key: str) -> None:
+        door = self.open_doors.pop(key)
+        self.gateway.close(door)
+        await door.session.close()
+
+    async def cpu_s(self) -> float:
+        return 0.0  # in the bench's process: its CPU is counted with the harness's
+
+    async def aclose(self) -> None:
+        await self.gateway.aclose()
+        await self.backend.aclose()
+        await self.redis.aclose()
+
+
+class DoorProcess:
+    """The doors in a process of their own, driven over its stdin and stdout one JSON line at a
+    time (between episodes, never during a call): the run worker is a process apart from the
+    harnesses it serves, so what the door does once an answer is sent (the lease's release, the
+    history's rendering for the next call) runs beside the harness, not before it."""
+
+    async def start(self, redis_url: str, stub_url: str) -> DoorProcess:
+        self.lock = asyncio.Lock()
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--doors", redis_url, stub_url,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.base_url = await self._ask({"op": "url"})
+        return self
+
+    async def _ask(self, message: dict):
+        async with self.lock:
+            self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+            await self.proc.stdin.drain()
+            line = await self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the door process exited; its stderr says why")
+        return json.loads(line)
+
+    async def open(self, job: str, balanced: bool) -> str:
+        return await self._ask({"op": "open", "job": job, "balanced": balanced})
+
+    async def close(self, key: str) -> None:
+        await self._ask({"op": "close", "key": key})
+
+    async def cpu_s(self) -> float:
+        return await self._ask({"op": "cpu"})
+
+    async def aclose(self) -> None:
+        self.proc.stdin.close()
+        await self.proc.wait()
+
+
+async def serve_doors(redis_url: str, stub_url: str) -> None:
+    """The door process's body: DoorProcess's requests on stdin, their answers on stdout."""
+    doors = await Doors(redis_url, stub_url).start()
+    reader = asyncio.StreamReader()
+    await asyncio.get_running_loop().connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    try:
+        while line := await reader.readline():
+            message = json.loads(line)
+            op = message["op"]
+            if op == "url":
+                answer = doors.base_url
+            elif op == "open":
+                answer = await doors.open(message["job"], message["balanced"])
+            elif op == "close":
+                answer = await doors.close(message["key"])
+            else:
+                answer = time.process_time()
+            sys.stdout.write(json.dumps(answer) + "\n")
+            sys.stdout.flush()
+    finally:
+        await doors.aclose()
+
+
 async def run(args) -> dict:
     import httpx
     from anthropic import AsyncAnthropic
@@ -238,33 +360,27 @@ async def run(args) -> dict:
     from openai import AsyncOpenAI, DefaultAsyncHttpxClient
     from transformers import AutoTokenizer
 
-    from rollstream.agent import AgentSettings, LLMSession
-    from rollstream.agent.backend_link import PooledVLLMClient
-    from rollstream.agent.gateway import Gateway
     from rollstream.agent.harnesses.openai_chat import SUBMIT
     from rollstream.demo.arith_model import build_arith_model
-    from rollstream.llm.inference_client import SamplingParams
-    from rollstream.pipeline.balancer import Balancer, add_backend
+    from rollstream.pipeline.balancer import add_backend
     from rollstream.pipeline.connection import async_redis
     from rollstream.pipeline.embedded import EmbeddedRedis
     from rollstream.tasks import arith
 
-    model_dir = build_arith_model(Path.home() / ".cache" / "rollstream" / "tests" / "arith-model")
+    model_dir = build_arith_model(MODEL_CACHE)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     completion_ids = tokenizer.encode(TOOL_CALL + "<|im_end|>", add_special_tokens=False)
     text_ids = tokenizer.encode(TEXT_REPLY + "<|im_end|>", add_special_tokens=False)
     stub, stub_url = start_stub(completion_ids, text_ids, model_dir)
     tools = [arith.BASH_SCHEMA, SUBMIT]
-    settings = AgentSettings(max_turns=10**6, max_tokens_per_turn=64, max_context_tokens=32768,
-                             sampling=SamplingParams(temperature=1.0, max_tokens=64))
     tmp = Path(tempfile.mkdtemp(prefix="rs-proxy-"))
-    backend = PooledVLLMClient()  # the door's link to the backends (as run_harness uses)
-    gateway = await Gateway().start()
+    doors: Doors | DoorProcess | None = None
     try:
         with EmbeddedRedis(tmp / "redis", appendonly=False) as server:
             r = async_redis(server.url)
             await add_backend(r, stub_url, "bench")
-            balancer = Balancer(r, namespace="bench")
+            doors = await (Doors(server.url, stub_url).start() if args.door_in_process
+                           else DoorProcess().start(server.url, stub_url))
             job_ids = iter(range(10**9))
 
             def client_of(api: str, base_url: str, key: str):
@@ -277,15 +393,11 @@ async def run(args) -> dict:
                 run_episode = run_episode or (lambda client, timings: episode(client, tools, args.turns, timings))
 
                 async def one(timings):
-                    job = f"job-{next(job_ids)}"
-                    session = LLMSession(backend, job, group_id=f"group-{int(job[4:]) // 8}",
-                                         **({"balancer": balancer} if balanced else {"backend_url": stub_url}))
-                    door = gateway.open(job, session, tokenizer, settings)
+                    key = await doors.open(f"job-{next(job_ids)}", balanced)
                     try:
-                        await run_episode(client_of(api, gateway.base_url, door.key), timings)
+                        await run_episode(client_of(api, doors.base_url, key), timings)
                     finally:
-                        gateway.close(door)
-                        await session.close()
+                        await doors.close(key)
                 return one
 
             http = DefaultAsyncHttpxClient(limits=httpx.Limits(max_connections=1000, max_keepalive_connections=1000))
@@ -294,15 +406,22 @@ async def run(args) -> dict:
             direct_client = AsyncOpenAI(base_url=stub_url + "/v1", api_key="none", max_retries=0, http_client=http)
             paths = {"direct": lambda timings: episode(direct_client, tools, args.turns, timings),
                      "door": door_path(False), "door+balancer": door_path(True)}
+            async def cpu_of(one, timings: list[float]) -> tuple[float, float]:
+                """Run ``one``; the CPU seconds it took in this process and in the door's."""
+                c0, d0 = time.process_time(), await doors.cpu_s()
+                await one(timings)
+                return time.process_time() - c0, await doors.cpu_s() - d0
+
             for one in paths.values():  # warm-up: connections, the template's jinja, the balancer's script
                 await one([])
             lat: dict[str, list[float]] = {name: [] for name in paths}
             cpu: dict[str, float] = {name: 0.0 for name in paths}
+            door_cpu: dict[str, float] = {name: 0.0 for name in paths}  # of the door's own process
             for _ in range(args.episodes):  # alternating, so machine load hits every path alike
                 for name, one in paths.items():
-                    c0 = time.process_time()
-                    await one(lat[name])
-                    cpu[name] += time.process_time() - c0
+                    here, there = await cpu_of(one, lat[name])
+                    cpu[name] += here + there
+                    door_cpu[name] += there
 
             async def closed_loop(one, seconds: float) -> float:
                 done: list[float] = []
@@ -329,7 +448,8 @@ async def run(args) -> dict:
                         "door": door_path(True, run_episode, api)}
 
             per_api: dict[tuple[str, bool], dict[str, list[float]]] = {}
-            api_cpu: dict[tuple[str, bool], float] = {}  # CPU of this process the door adds per call
+            api_cpu: dict[tuple[str, bool], float] = {}  # CPU the door adds per call (both processes)
+            api_door_cpu: dict[tuple[str, bool], float] = {}  # CPU of the door's own process per call
             for api in APIS:
                 for streamed in (False, True):
                     pair = measured(api, streamed)
@@ -337,13 +457,15 @@ async def run(args) -> dict:
                         await one([])
                     got: dict[str, list[float]] = {name: [] for name in pair}
                     spent = {name: 0.0 for name in pair}
+                    door_spent = 0.0
                     for _ in range(args.api_episodes):
                         for name, one in pair.items():
-                            c0 = time.process_time()
-                            await one(got[name])
-                            spent[name] += time.process_time() - c0
+                            here, there = await cpu_of(one, got[name])
+                            spent[name] += here + there
+                            door_spent += there if name == "door" else 0.0
                     per_api[(api, streamed)] = got
                     api_cpu[(api, streamed)] = (spent["door"] - spent["direct"]) / len(got["door"])
+                    api_door_cpu[(api, streamed)] = door_spent / len(got["door"])
             # Last: its 64 harnesses leave as many pooled keep-alive connections in the shared client, which
             # httpcore polls on every later request (has_expired), so no latency figure is measured after it.
             tput = {name: await closed_loop(paths[name], args.seconds) for name in ("direct", "door+balancer")}
@@ -351,8 +473,8 @@ async def run(args) -> dict:
             await http.aclose()
             await r.aclose()
     finally:
-        await gateway.aclose()
-        await backend.aclose()
+        if doors is not None:
+            await doors.aclose()
         stub.kill()
         stub.wait()
     calls = len(lat["direct"])
@@ -364,6 +486,8 @@ async def run(args) -> dict:
         apis[f"{prefix}door_p50_ms_{api}"] = round(pct(got["door"], 0.5), 3)
         apis[f"{prefix}direct_p50_ms_{api}"] = round(pct(got["direct"], 0.5), 3)
         apis[f"{prefix}added_cpu_ms_per_call_{api}"] = round(api_cpu[(api, streamed)] * 1000, 3)
+        if not args.door_in_process:
+            apis[f"{prefix}door_process_cpu_ms_per_call_{api}"] = round(api_door_cpu[(api, streamed)] * 1000, 3)
     return {**apis, "api_calls_measured": len(per_api[("chat", False)]["door"]),
         "added_p50_ms": round(pct(door, 0.5) - pct(direct, 0.5), 3),
         "added_p90_ms": round(pct(door, 0.9) - pct(direct, 0.9), 3),
@@ -371,8 +495,12 @@ async def run(args) -> dict:
         "door_p50_ms": round(pct(door, 0.5), 3), "door_p90_ms": round(pct(door, 0.9), 3),
         "door_without_balancer_p50_ms": round(pct(bare, 0.5), 3),
         "direct_p50_ms": round(pct(direct, 0.5), 3), "direct_p90_ms": round(pct(direct, 0.9), 3),
-        # CPU of this process (client + door) per call: what the door costs, whatever the load
+        # CPU per call the door path costs beyond the direct one (client, door and, in a process of
+        # its own, the door's process): what the door costs, whatever the load
         "added_cpu_ms_per_call": round((cpu["door+balancer"] - cpu["direct"]) / calls * 1000, 3),
+        "door_process_cpu_ms_per_call": None if args.door_in_process
+        else round(door_cpu["door+balancer"] / calls * 1000, 3),
+        "door_in": "bench process" if args.door_in_process else "own process",
         "calls_measured": calls, "turns_per_episode": args.turns,
         "throughput_calls_per_s": round(tput["door+balancer"], 1),
         "direct_throughput_calls_per_s": round(tput["direct"], 1),
@@ -384,6 +512,9 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--stub":
         asyncio.run(_stub(sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])))
         return
+    if len(sys.argv) > 1 and sys.argv[1] == "--doors":
+        asyncio.run(serve_doors(sys.argv[2], sys.argv[3]))
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--episodes", type=int, default=40, help="episodes per path for the latency figures")
     ap.add_argument("--api-episodes", type=int, default=15,
@@ -391,6 +522,9 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=8, help="model calls per episode")
     ap.add_argument("--harnesses", type=int, default=64, help="concurrent harnesses for the throughput figure")
     ap.add_argument("--seconds", type=float, default=10.0, help="length of each throughput run")
+    ap.add_argument("--door-in-process", action="store_true",
+                    help="serve the doors in the bench's own process and thread, beside the harnesses (as for a "
+                         "Python-callable harness on the run worker), not in a process of their own")
     args = ap.parse_args()
     load_before = os.getloadavg()
     res = run_result = asyncio.run(run(args))
@@ -402,7 +536,9 @@ def main() -> None:
           f"{res['throughput_calls_per_s']:>28.1f}")
     print(f"added by the door (with the balancer): p50 {res['added_p50_ms']:.3f} ms, p90 {res['added_p90_ms']:.3f} ms, "
           f"CPU {res['added_cpu_ms_per_call']:.3f} ms per call ({res['calls_measured']} calls per path, "
-          f"{args.turns}-turn episodes); "
+          f"{args.turns}-turn episodes; the door in the {res['door_in']}"
+          + (f", whose own CPU is {res['door_process_cpu_ms_per_call']:.3f} ms per call" if not args.door_in_process
+             else "") + "); "
           f"load average before {load_before[0]:.2f}, after {res['load_avg'][0]:.2f} on {res['cpus']} CPUs")
     print(f"\n{'API':<11} {'whole: direct':>14} {'door':>8} {'added':>8} {'CPU':>6}   {'to first text: direct':>22} "
           f"{'door':>8} {'added':>8} {'CPU':>6}   "

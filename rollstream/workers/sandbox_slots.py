@@ -21,8 +21,10 @@ from rollstream.pipeline.workerstate import WorkerRecord
 # The node's sandbox count and its run stream's length in one reply. Run messages are deleted
 # at their hand-off (transition.lua), so the length is the jobs queued for run or at work there.
 _COUNT = "return {redis.call('SCARD', KEYS[1]), redis.call('XLEN', KEYS[2])}"
-# How old the node's run slots may be: run workers join and leave at heartbeat pace.
-RUN_SLOTS_FRESH_S = 1.0
+# How old the node's run slots may be while it has none (its run workers starting with init):
+# otherwise a heartbeat interval, the pace at which run workers join and leave. Each look reads
+# every live worker's record, so a fleet's init processes must not look much more often.
+NO_RUN_SLOTS_FRESH_S = 0.5
 
 
 async def node_slots(r: aioredis.Redis, keys: Keys, node: str, worker_ttl_s: float) -> tuple[Counter, Counter]:
@@ -59,6 +61,7 @@ class SandboxSlots:
         self.limit = settings.max_sandboxes_per_node
         self.run_ahead = settings.init_run_ahead
         self.worker_ttl_s = settings.worker_ttl_s
+        self.heartbeat_s = settings.heartbeat_interval_s
         self._at_read: tuple[int, int] | None = None  # (live sandboxes, run stream length)
         self._forwards_since_read = 0
         self._sandbox_forwards_since_read = 0
@@ -73,7 +76,8 @@ class SandboxSlots:
             self._reset_forwards()
             self.counted(await (self.reader.execute("EVAL", _COUNT, 2, self.sandbox_key, self.run_stream)
                                 if self.reader else self.r.eval(_COUNT, 2, self.sandbox_key, self.run_stream)))
-        if time.monotonic() - self._run_slots_at > RUN_SLOTS_FRESH_S:
+        fresh_s = self.heartbeat_s if self._run_slots else min(self.heartbeat_s, NO_RUN_SLOTS_FRESH_S)
+        if time.monotonic() - self._run_slots_at > fresh_s:
             self._run_slots = (await node_slots(self.r, self.keys, self.node, self.worker_ttl_s))[0]["run"]
             self._run_slots_at = time.monotonic()
         assert self._at_read is not None

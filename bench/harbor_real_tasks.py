@@ -8,8 +8,9 @@ verified as eval does, in a fresh sandbox from the pristine image plus the agent
 
 Run: python bench/harbor_real_tasks.py TASKS_DIR [--tasks a,b] [--backend bwrap|docker]
 TASKS_DIR holds task folders (fetched from a public repository, e.g. the Terminal-Bench datasets;
-never committed). Prints a table (task, build s, oracle reward, empty reward, verify s, note),
-then `RESULT {json}`: tasks, passed (oracle 1 and empty 0), per-task figures and failures.
+never committed). Prints a table (task, build s, oracle reward, empty reward, verify s, tests, note),
+then `RESULT {json}`: tasks, passed (oracle 1 and empty 0), per-task figures (with the tests the
+verifier reported passed, of all, for the oracle and for no change) and failures.
 """
 
 from __future__ import annotations
@@ -52,9 +53,9 @@ BASE_IMAGES = {
 }
 
 
-async def rollout(path: str, sandboxes: NodeSandboxes, solve: bool) -> tuple[float, float, str]:
+async def rollout(path: str, sandboxes: NodeSandboxes, solve: bool) -> tuple[float, float, str, dict]:
     """One job of the task: init, the oracle's solve.sh or nothing, then eval's fresh-sandbox
-    verification. Returns the reward, the verification's seconds and eval's reason."""
+    verification. Returns the reward, the verification's seconds, eval's reason and its per-test outcomes."""
     _, env, ctx = await init(path, sandboxes)
     try:
         async with sandboxes.connected(env) as sandbox:
@@ -69,9 +70,14 @@ async def rollout(path: str, sandboxes: NodeSandboxes, solve: bool) -> tuple[flo
             reward = await HarborTask().score(env, ctx)
             report = env.trajectory.extra.get("eval", {})
             reason = f"{solved}{report.get('reason', '')}; output: {str(report.get('output', ''))[-400:]}"
-            return reward, time.perf_counter() - started, reason
+            return reward, time.perf_counter() - started, reason, report.get("tests") or {}
     finally:
         await sandboxes.destroy(env)
+
+
+def _passed_of(tests: dict) -> str:
+    """'3/4' passed of the per-test outcomes the verifier reported ('-' where it reported none)."""
+    return f"{sum(v == 'passed' for v in tests.values())}/{len(tests)}" if tests else "-"
 
 
 async def bench_task(source: Path, work: Path, sandboxes: NodeSandboxes, rootfs: bool) -> dict:
@@ -83,11 +89,12 @@ async def bench_task(source: Path, work: Path, sandboxes: NodeSandboxes, rootfs:
         started = time.perf_counter()
         image = ensure_image(TaskFolder.load(str(path)), load_settings().harbor_base_images, rootfs)
         row["build_s"] = round(time.perf_counter() - started, 1) if image.built else 0.0
-        oracle, verify_s, reason = await rollout(str(path), sandboxes, solve=True)
-        empty, _, empty_reason = await rollout(str(path), sandboxes, solve=False)
+        oracle, verify_s, reason, tests = await rollout(str(path), sandboxes, solve=True)
+        empty, _, empty_reason, empty_tests = await rollout(str(path), sandboxes, solve=False)
     except (LegacyTaskError, EnvBuildFailed, ToolError) as failed:
         return {**row, "note": f"{type(failed).__name__}: {str(failed)[-300:]}"}
-    row.update(oracle=oracle, empty=empty, verify_s=round(verify_s, 2), passed=oracle == 1.0 and empty == 0.0)
+    row.update(oracle=oracle, empty=empty, verify_s=round(verify_s, 2), passed=oracle == 1.0 and empty == 0.0,
+               tests=_passed_of(tests), empty_tests=_passed_of(empty_tests))
     if oracle != 1.0:
         row["note"] = f"oracle: {reason}"
     elif empty != 0.0:
@@ -119,10 +126,11 @@ async def main() -> None:
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
 
-    print(f"{'task':<44} {'build s':>8} {'oracle':>7} {'empty':>6} {'verify s':>9}  note")
+    print(f"{'task':<44} {'build s':>8} {'oracle':>7} {'empty':>6} {'verify s':>9} {'tests':>6} {'empty':>6}  note")
     for r in rows:
         print(f"{r['task'][:44]:<44} {r.get('build_s', '-'):>8} {r.get('oracle', '-'):>7} {r.get('empty', '-'):>6} "
-              f"{r.get('verify_s', '-'):>9}  {r.get('note', '')[:120]}")
+              f"{r.get('verify_s', '-'):>9} {r.get('tests', '-'):>6} {r.get('empty_tests', '-'):>6}  "
+              f"{r.get('note', '')[:120]}")
     passed = [r["task"] for r in rows if r.get("passed")]
     print("RESULT " + json.dumps({"backend": args.backend, "tasks": len(rows), "passed": len(passed),
                                   "passed_tasks": passed, "per_task": rows}))

@@ -14,8 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from rollstream.sandbox_spec import ROOT_TASK_CAPABILITIES
 from rollstream.sandboxes.backends.docker import DockerBackend
+from rollstream.tasks import harbor
 from rollstream.tasks.harbor import HarborTask
+from rollstream.tasks.harbor_image import HarborImage
 
 from . import harbor_fixtures
 from .conftest import needs_bwrap
@@ -69,6 +72,15 @@ def root_task(harbor_environment, tmp_path) -> Path:
     (task / "solution" / "solve.sh").write_text(SOLVE_SH)
     (task / "tests" / "test.sh").write_text(TEST_SH)
     return task
+
+
+def test_only_an_image_that_runs_as_root_gets_the_root_capabilities(harbor_environment, monkeypatch):
+    for user, expected in (("", list(ROOT_TASK_CAPABILITIES)), ("root", list(ROOT_TASK_CAPABILITIES)),
+                           ("0", list(ROOT_TASK_CAPABILITIES)), ("app", []), ("1000", [])):
+        image = HarborImage(key="k", tag="localhost/rollstream/harbor:k", workdir="/app", user=user)
+        monkeypatch.setattr(harbor, "cached", lambda key, image=image: image)
+        spec = HarborTask().sandbox_spec({"path": str(harbor_environment / "hello-file")})
+        assert spec.capabilities == expected, user
 
 
 async def _solve(ep, task: Path):

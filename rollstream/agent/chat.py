@@ -9,6 +9,7 @@ in jinja's immutable sandbox (transformers' renderer), each rendering bounded in
 
 from __future__ import annotations
 
+import functools
 import resource
 import sys
 import time
@@ -30,6 +31,55 @@ def _jinja_functions() -> tuple[Callable[..., Any], Callable[[str], Any]] | None
     except ImportError:
         return None
     return render_jinja_template, _compile_jinja_template
+
+
+# Attribute checks remembered per compiled template; past this many (type, attribute) pairs (a
+# template that makes names up with the attr filter) the rest are checked every time.
+MAX_REMEMBERED_CHECKS = 1024
+
+
+def _remember_attribute_checks(environment: Any) -> None:
+    """Make ``environment`` (jinja's immutable sandbox, as transformers compiles a chat template in)
+    remember its verdict on each attribute a template reads, by the object's type and the name.
+    Its check is a function of those two alone (a leading underscore, the internal attributes of
+    functions, methods, types, code, frames and generators, the methods that modify a list, dict
+    or set: all decided by name and by type), so the verdict is the same, reached once: a Qwen
+    template asks for ``loop.first``, ``loop.last``, ``loop.previtem``, ``loop.nextitem`` once per
+    message, and those checks were a fifth of a rendering. Any other environment is left as it is."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    if type(environment) is not ImmutableSandboxedEnvironment:
+        return
+    check = environment.is_safe_attribute
+    verdicts: dict[tuple[type, str], bool] = {}
+
+    def is_safe_attribute(obj: Any, attr: str, value: Any) -> bool:
+        key = (type(obj), attr)
+        safe = verdicts.get(key)
+        if safe is None:
+            safe = check(obj, attr, value)
+            if len(verdicts) < MAX_REMEMBERED_CHECKS:
+                verdicts[key] = safe
+        return safe
+
+    environment.is_safe_attribute = is_safe_attribute
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled_template(template: str) -> Any:
+    """transformers' compilation of ``template`` in an environment of its own (transformers caches
+    one per template for every apply_chat_template call; this one is rollstream's), whose attribute
+    checks are remembered (_remember_attribute_checks). None where transformers has no compiler."""
+    jinja = _jinja_functions()
+    if jinja is None:
+        return None
+    compile_template = jinja[1]
+    compiled = getattr(compile_template, "__wrapped__", None)
+    if compiled is None:  # not behind its cache: its environment is transformers' own, left as it is
+        return compile_template(template)
+    compiled = compiled(template)
+    _remember_attribute_checks(compiled.environment)
+    return compiled
 
 
 _JSON_SCALARS = (str, int, float, bool, type(None))
@@ -154,12 +204,12 @@ class ChatRenderer:
         self._compiled: Any = None  # for data of JSON's own types, rendered without copying it first
         jinja = _jinja_functions()
         if jinja is not None and hasattr(tokenizer, "get_chat_template"):
-            self._render_jinja, compile_template = jinja
+            self._render_jinja = jinja[0]
             variables = dict(self.template_kwargs)
             self._template = tokenizer.get_chat_template(variables.pop(JOB_TEMPLATE, None), self.tools)
             self._variables = {**tokenizer.special_tokens_map, **variables}
             if _plain(self.tools) and _plain(self._variables):
-                self._compiled = compile_template(self._template)
+                self._compiled = _compiled_template(self._template)
 
     def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         def apply() -> Any:

@@ -13,6 +13,7 @@ import model_cache
 import pytest
 from packaging.version import Version
 
+from rollstream.agent import chat as chat_module
 from rollstream.agent.chat import ChatRenderer, ChatTemplateRefused, ChatTemplateTooCostly
 from rollstream.errors import InvalidJob
 from rollstream.messages import Envelope, Job
@@ -99,3 +100,23 @@ def test_the_models_own_template_with_variables_still_renders(tokenizer):
 
 def test_jinja2_is_past_its_sandbox_escape_fixes():
     assert Version(importlib.metadata.version("jinja2")) >= Version("3.1.6")
+
+
+# The renderer remembers the sandbox's verdict per (type, attribute) (agent/chat.py): a verdict
+# reached once is the one the sandbox reaches every time, for an attribute read again, after a
+# safe one on the same type, or past the most verdicts remembered.
+READ_AGAIN = "{% for i in range(3) %}{{ loop.first }}{{ messages.append('x') }}{% endfor %}"
+# Its own text, so its own compiled template (they are cached by text) meets the cap of one verdict.
+PAST_THE_CAP = "{% for i in range(3) %}{{ loop.last }}{{ loop.first }}{{ messages.pop() }}{% endfor %}"
+
+
+@pytest.mark.parametrize("template", [READ_AGAIN, PAST_THE_CAP, ESCAPE])
+def test_an_unsafe_attribute_stays_refused_however_often_a_job_template_reads_it(tokenizer, allowed, template,
+                                                                                  monkeypatch):
+    monkeypatch.setenv("ROLLSTREAM_AGENT_JOB_CHAT_TEMPLATE_TIMEOUT_S", "30")
+    if template == PAST_THE_CAP:
+        monkeypatch.setattr(chat_module, "MAX_REMEMBERED_CHECKS", 1)
+    for _ in range(2):  # the second rendering meets the verdicts the first one left
+        chat = ChatRenderer(tokenizer, template_kwargs={"chat_template": template})
+        with pytest.raises(ChatTemplateRefused, match="SecurityError"):
+            chat.render(MESSAGES, add_generation_prompt=True)

@@ -189,7 +189,7 @@ async def test_root_with_the_task_capabilities_cannot_mknod_mount_or_reach_the_h
     assert not worked, f"attacks that worked: {worked}"
     assert found["open_by_handle_at"][1] == "EPERM", found["open_by_handle_at"]
     # Its /proc shows its own processes alone (no host pid, not the neighbour's).
-    assert os.getpid() not in found["pids"] and len(found["pids"]) < 20, found["pids"]
+    assert str(os.getpid()) not in found["pids"] and len(found["pids"]) < 20, found["pids"]
     assert not any("pytest" in line or SECRET in line for line in found["pids"].values()), found["pids"]
 
     # With CHOWN, DAC_OVERRIDE and FOWNER it owns its container; the host canaries stay out of reach.

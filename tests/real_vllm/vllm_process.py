@@ -87,24 +87,27 @@ class VLLMServer:
 
 
 def start_vllm(model_dir: Path, port: int, log_path: Path, model_name: str,
-               startup_timeout_s: float = STARTUP_TIMEOUT_S, max_model_len: int = MAX_MODEL_LEN) -> VLLMServer:
+               startup_timeout_s: float = STARTUP_TIMEOUT_S, max_model_len: int = MAX_MODEL_LEN,
+               host: str = "127.0.0.1", argv_prefix: tuple[str, ...] = ()) -> VLLMServer:
     """Start vLLM on `model_dir` and wait for /health; RuntimeError (with the log's tail) if
-    it exits or does not answer within startup_timeout_s, never a hang."""
+    it exits or does not answer within startup_timeout_s, never a hang. `host`: the address it
+    listens on; `argv_prefix`: what runs it (``ip netns exec NS`` on a namespace host, which
+    execs it: the pid is still vLLM's)."""
     if not PYTHON.exists():
         raise RuntimeError(f"no vLLM virtual environment at {VENV}: run scripts/install-vllm (scripts/test does)")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1",
            "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
     for name in ("VIRTUAL_ENV", "PYTHONPATH"):  # the test venv's paths must not leak into vLLM's
         env.pop(name, None)
-    cmd = [str(PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-           "--served-model-name", model_name, "--host", "127.0.0.1", "--port", str(port),
+    cmd = [*argv_prefix, str(PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+           "--served-model-name", model_name, "--host", host, "--port", str(port),
            "--dtype", "float32", "--max-model-len", str(max_model_len), "--max-num-seqs", str(MAX_NUM_SEQS),
            "--enforce-eager", "--enable-prompt-tokens-details"]
     log = open(log_path, "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(log_path.parent),
                             start_new_session=True)
     log.close()
-    server = VLLMServer(proc, f"http://127.0.0.1:{port}", Path(model_dir), model_name, log_path)
+    server = VLLMServer(proc, f"http://{host}:{port}", Path(model_dir), model_name, log_path)
     started = time.monotonic()
     while True:
         if proc.poll() is not None:

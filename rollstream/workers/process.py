@@ -44,7 +44,7 @@ async def serve_stage(stage: str, settings: Settings, concurrency: int, *, consu
     # UnsafeSandboxRoot: no worker on a sandbox root that another user could change.
     ensure_root(namespace_root_dir(settings.namespace, settings.sandbox_root))
     ctx = make_context(settings, settings.redis_url)
-    await _wait_for_redis(ctx, settings)
+    await _wait_for_redis(ctx, settings, settings.redis_url)
     ctx.work_dir.mkdir(parents=True, exist_ok=True)
     loop = ConsumerLoop(STAGES[stage](ctx), ctx, concurrency, consumer=consumer)
     background = await loop.stage.start_services(loop.consumer)
@@ -63,13 +63,13 @@ async def serve_stage(stage: str, settings: Settings, concurrency: int, *, consu
         await ctx.redis.aclose()
 
 
-async def _wait_for_redis(ctx: WorkerContext, settings: Settings) -> None:
+async def _wait_for_redis(ctx: WorkerContext, settings: Settings, url: str) -> None:
     """Workers may start before Redis (a restarting server, a head job still loading its
     AOF): wait for it, saying so, up to ``redis_wait_s``."""
     deadline = time.monotonic() + settings.redis_wait_s
     while True:
         try:
-            await check_async(ctx.redis, settings.redis_url)
+            await check_async(ctx.redis, url)
             return
         except RedisUnavailable as exc:
             if time.monotonic() > deadline:

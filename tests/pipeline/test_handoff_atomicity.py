@@ -11,11 +11,11 @@ import pytest
 import redis
 
 from rollstream.errors import JobCancelled
-from rollstream.messages import Envelope, Job, Result
+from rollstream.messages import DeadLetter, Envelope, Job, Result
 from rollstream.pipeline import cancel
-from rollstream.pipeline.codec import pack
+from rollstream.pipeline.codec import decode_envelope, pack
 from rollstream.pipeline.connection import async_redis
-from rollstream.pipeline.handoff import Finish, Handoff, Source
+from rollstream.pipeline.handoff import DeadLetterJob, Finish, Forward, Handoff, Requeue, Source
 from rollstream.pipeline.jobstate import JobStateFields, RunningMark, RunningMarks, entry_token, read_state
 from rollstream.pipeline.keys import Keys
 from rollstream.pipeline.wire import FastRedis
@@ -86,6 +86,34 @@ async def test_the_sandbox_count_moves_with_the_job(broker):
     assert await handoff.record(src, Finish(Result.completed(env, 1.0)), env)
     assert await r.scard(keys.node_sandboxes("n1")) == 0
     assert (await read_state(r, keys, env.job.job_id)).status == "completed"
+
+
+async def test_a_job_leaving_its_node_by_requeue_or_dead_letter_stops_counting_its_sandbox(broker):
+    """The hand-off counts a job's sandbox from the job it moves: on out of init, off as the job
+    leaves its node by whichever move (the worker passes no count)."""
+    r, keys, handoff = broker
+    envs = [_env(), _env()]
+    for n, env in enumerate(envs):
+        env.sandbox = SandboxHandle(id=f"sb{n}", backend="bwrap", socket_path=f"/s/sb{n}/sock", supervisor_pid=7,
+                                    workdir="/workspace")
+    first, second = envs
+    src = await _take(r, keys, "init", first)
+    assert await handoff.record(src, Forward("run"), first, node="n1")
+    eval_src = await _take(r, keys, "eval", second)  # forwarded on from run with its sandbox counted
+    await r.sadd(keys.node_sandboxes("n1"), "sb1")
+    assert await r.smembers(keys.node_sandboxes("n1")) == {b"sb0", b"sb1"}
+
+    src = await _take(r, keys, "run", first)
+    assert await handoff.record(src, Requeue(first.restarted(failed_with="run: boom"), "boom"), first)
+    assert await r.smembers(keys.node_sandboxes("n1")) == {b"sb1"}
+    [(_id, fields)] = await r.xrange(keys.init_stream)
+    requeued = decode_envelope(fields)
+    assert requeued.sandbox is None and requeued.attempt == 1 and requeued.errors == ["run: boom"]
+
+    letter = DeadLetterJob(DeadLetter.of_job(second, "eval", "gave up"), Result.failed(second, "gave up", "eval"))
+    assert await handoff.record(eval_src, letter, second)
+    assert await r.scard(keys.node_sandboxes("n1")) == 0
+    assert (await read_state(r, keys, second.job.job_id)).stage == "dead"
 
 
 async def test_a_late_running_mark_never_rewinds_the_state(broker):

@@ -112,6 +112,11 @@ class Settings(BaseSettings):
                                    "for the built-in server). Run workers tokenize prompts with it.")
     inference_api: str = Field("vllm", description="How run workers speak to backends: 'vllm' (also the "
                                "built-in server) or 'sglang'.")
+    inference_dead_peer_s: float = Field(15.0, ge=1, description="Seconds after which a run worker gives up on "
+                                         "a backend that went silent mid-request (cut off, not refusing): TCP "
+                                         "keep-alive probes and TCP_USER_TIMEOUT fail the connection and the turn "
+                                         "moves to another backend. A live server's kernel answers the probes "
+                                         "however long its generation takes.")
     sandbox_root: Path | None = Field(None, description="Where this node's sandboxes live (default "
                                       "/tmp/rollstream-sb-<uid>).")
     sandbox_backend: str = Field("auto", description="Sandbox backend for tasks that leave it to the node: "

@@ -27,7 +27,7 @@ class LLMService:
         self.keys = Keys(settings.namespace)
         self.balancer = Balancer(r, namespace=settings.namespace, group_affinity_slack=settings.group_affinity_slack,
                                  lease_ttl_s=settings.lease_ttl_s, worker_id=worker_id)
-        self.client = make_client(settings.inference_api)
+        self.client = make_client(settings.inference_api, dead_peer_s=settings.inference_dead_peer_s)
         self._tokenizer: Any = None
         self._tasks: list[asyncio.Task] = []
         self._health: HealthChecker | None = None

@@ -25,16 +25,18 @@ CONNECT_TIMEOUT_S = 5.0
 # wait out its whole timeout (minutes, since a long generation is legitimate). The kernel finds
 # such a peer instead: keep-alive probes after this many idle seconds (a live server's kernel
 # answers them however long the generation), and data unacknowledged this long, fail the
-# connection; the turn is then retried on another backend.
-DEAD_PEER_S = 15
+# connection; the turn is then retried on another backend. Settings.inference_dead_peer_s.
+DEAD_PEER_S = 15.0
 
 
-def _dead_peer_socket_options() -> list[tuple[int, int, int]]:
+def _dead_peer_socket_options(dead_peer_s: float = DEAD_PEER_S) -> list[tuple[int, int, int]]:
     import socket
 
     options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
-    for name, value in (("TCP_KEEPIDLE", DEAD_PEER_S // 3), ("TCP_KEEPINTVL", 2), ("TCP_KEEPCNT", 3),
-                        ("TCP_USER_TIMEOUT", DEAD_PEER_S * 1000)):
+    idle_s = max(1, int(dead_peer_s // 3))
+    interval_s = max(1, min(2, int(dead_peer_s // 3)))
+    for name, value in (("TCP_KEEPIDLE", idle_s), ("TCP_KEEPINTVL", interval_s), ("TCP_KEEPCNT", 3),
+                        ("TCP_USER_TIMEOUT", max(1000, int(dead_peer_s * 1000)))):
         if hasattr(socket, name):  # Linux; other systems keep their defaults
             options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
     return options
@@ -190,8 +192,9 @@ class _HTTPBackend:
 
     kind = "http"
 
-    def __init__(self, max_connections: int = 256, api_key: str | None = None):
+    def __init__(self, max_connections: int = 256, api_key: str | None = None, dead_peer_s: float = DEAD_PEER_S):
         self._max_connections = max_connections
+        self._dead_peer_s = dead_peer_s
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -202,7 +205,8 @@ class _HTTPBackend:
         loop = asyncio.get_running_loop()
         if self._client is None or self._loop is not loop or self._client.is_closed:
             limits = httpx.Limits(max_connections=self._max_connections, max_keepalive_connections=64)
-            transport = httpx.AsyncHTTPTransport(limits=limits, socket_options=_dead_peer_socket_options())
+            transport = httpx.AsyncHTTPTransport(limits=limits,
+                                                 socket_options=_dead_peer_socket_options(self._dead_peer_s))
             self._client = httpx.AsyncClient(transport=transport, headers=self._headers)
             self._loop = loop
         return self._client
@@ -314,8 +318,9 @@ class VLLMClient(_HTTPBackend):
 
     kind = "vllm"
 
-    def __init__(self, model: str | None = None, max_connections: int = 256, api_key: str | None = None):
-        super().__init__(max_connections=max_connections, api_key=api_key)
+    def __init__(self, model: str | None = None, max_connections: int = 256, api_key: str | None = None,
+                 dead_peer_s: float = DEAD_PEER_S):
+        super().__init__(max_connections=max_connections, api_key=api_key, dead_peer_s=dead_peer_s)
         self.model = model
         self._models: dict[str, str] = {}
 

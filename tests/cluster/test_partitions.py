@@ -236,7 +236,9 @@ async def test_an_inference_host_cut_off_mid_turn_sends_its_turns_to_the_other(a
         urls = [f"http://{cluster.net.hosts[n].address}:8000" for n in ("inf1", "inf2")]
         for url, proc in zip(urls, servers):
             await _wait_healthy(url, proc)
-        await cluster.start({"ROLLSTREAM_MODEL_DIR": str(arith_model_dir)})
+        # Silent backends are given up on after 4 s here, not the default 15 s: the same kernel
+        # detection (keep-alive probes, TCP_USER_TIMEOUT), sooner.
+        await cluster.start({"ROLLSTREAM_MODEL_DIR": str(arith_model_dir), "ROLLSTREAM_INFERENCE_DEAD_PEER_S": "4"})
         async with AsyncClient(settings=cluster.settings(), submitter="trainer") as client:
             for url in urls:
                 await add_backend(client.r, url, cluster.namespace)

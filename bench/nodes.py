@@ -11,6 +11,7 @@ Efficiency(N) = jobs/s(N) / (N x jobs/s(1)), the baseline being one node in the 
 On one machine the nodes share its CPUs: the table prints the benchmark's own CPU use, and
 where that nears the machine's capacity, efficiency measures the machine, not the system.
 Needs root (namespaces). Last line: RESULT {json} with node_efficiency ({nodes: efficiency}),
+busiest_node_share ({nodes: the busiest node's jobs over an even share}),
 jobs_per_s and jobs_per_s_per_node by node count.
 """
 
@@ -26,6 +27,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import psutil
@@ -75,6 +77,10 @@ async def run_nodes(net: Network, nodes: int, redis_url: str, server_url: str, f
             results = await scaling.collect_watching(client, pools, n_jobs, args.collect_timeout_s)
             machine = psutil.cpu_percent(interval=None)
             own = (scaling.cpu_seconds(pids) - own0) / ((time.perf_counter() - t0) * psutil.cpu_count()) * 100
+            async with client.r.pipeline(transaction=False) as pipe:  # the node each job ran on
+                for result in results:
+                    pipe.hget(client.keys.job(result.job_id), "node")
+                by_node = Counter(node.decode() for node in await pipe.execute() if node)
     finally:
         for pool in pools:
             pool.stop()
@@ -83,7 +89,10 @@ async def run_nodes(net: Network, nodes: int, redis_url: str, server_url: str, f
     lo, hi = int(0.1 * len(done)), int(0.9 * len(done))
     rate = (hi - lo) / (done[hi] - done[lo])
     return {"nodes": nodes, "jobs": n_jobs, "jobs_per_s": rate, "jobs_per_s_per_node": rate / nodes,
-            "ideal_jobs_per_s": ideal_one * nodes, "own_cpu_percent": own, "machine_cpu_percent": machine}
+            "ideal_jobs_per_s": ideal_one * nodes, "own_cpu_percent": own, "machine_cpu_percent": machine,
+            # The busiest node's share of the jobs against an even one (1.0: even; init's
+            # back-pressure keeps a node from taking more than its run slots serve).
+            "busiest_node_share": max(by_node.values()) * nodes / n_jobs}
 
 
 async def main(args) -> None:
@@ -120,7 +129,8 @@ async def main(args) -> None:
                                             [p.pid for p in procs]))
                 row = rows[-1]
                 scaling.say(f"  {nodes} node(s): {row['jobs_per_s']:.1f} jobs/s, "
-                            f"{row['jobs_per_s_per_node']:.1f} per node, cpu {row['own_cpu_percent']:.0f}% ours")
+                            f"{row['jobs_per_s_per_node']:.1f} per node, cpu {row['own_cpu_percent']:.0f}% ours, "
+                            f"busiest node {row['busiest_node_share']:.2f}x an even share")
             failed = False
         finally:
             for proc in procs:
@@ -150,6 +160,7 @@ async def main(args) -> None:
         "jobs_per_s": {str(r["nodes"]): round(r["jobs_per_s"], 2) for r in rows},
         "jobs_per_s_per_node": {str(r["nodes"]): round(r["jobs_per_s_per_node"], 2) for r in rows},
         "own_cpu_percent": {str(r["nodes"]): round(r["own_cpu_percent"], 1) for r in rows},
+        "busiest_node_share": {str(r["nodes"]): round(r["busiest_node_share"], 2) for r in rows},
         "ideal_jobs_per_s_per_node": round(ideal_one, 2),
         "latency_ms": args.latency_ms, "turns": args.turns, "concurrency": args.concurrency,
         "cpus": psutil.cpu_count(), "load_average_1min": round(os.getloadavg()[0], 2),

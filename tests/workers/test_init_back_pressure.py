@@ -38,11 +38,11 @@ async def test_init_takes_no_more_sandboxless_jobs_than_run_serves_and_leaves_th
     try:
         async with AsyncClient(settings=settings) as client:
             run_stream = client.keys.run_stream("n1")
-            ids = await client.submit_many([{"task": "echo", "instance": {"prompt": f"p{i}", "run_s": 1.0}}
+            ids = await client.submit_many([{"task": "echo", "instance": {"prompt": f"p{i}", "run_s": 2.5}}
                                             for i in range(jobs)])
             collected = asyncio.create_task(client.collect(jobs, timeout_s=120))
             started = time.monotonic()
-            while time.monotonic() - started < 1.5:  # n1 alone: its run slots fill, the rest waits
+            while time.monotonic() - started < 1.0:  # n1 alone, before any job leaves run: the rest waits
                 peak = max(peak, await client.r.xlen(run_stream))
                 await asyncio.sleep(0.01)
             states = [await client.r.hget(client.keys.job(job_id), "node") for job_id in ids]
@@ -60,5 +60,5 @@ async def test_init_takes_no_more_sandboxless_jobs_than_run_serves_and_leaves_th
     assert sorted(res.job_id for res in results) == sorted(ids) and all(res.ok for res in results)
     # Run's 2 slots plus 1 ahead; init's own in-flight jobs count against the same bound.
     assert 1 <= peak <= run_slots + 1
-    assert on_n1_alone <= 2 * (run_slots + 1)  # at most two rounds of its slots in 1.5 s: not all twelve
+    assert on_n1_alone <= run_slots + 1  # what its slots serve and one ahead, not all twelve
     assert nodes.count("n2") >= 2, f"the node that joined later got {nodes.count('n2')} of {jobs} jobs"

@@ -326,12 +326,17 @@ class DoorProcess:
         return await self._ask({"op": "cpu"})
 
     async def aclose(self) -> None:
-        self.proc.stdin.close()
-        await self.proc.wait()
+        self.proc.stdin.close()  # its end of input: it closes its doors and exits
+        try:
+            await asyncio.wait_for(self.proc.wait(), 30)
+        except TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()
 
 
 async def serve_doors(redis_url: str, stub_url: str) -> None:
     """The door process's body: DoorProcess's requests on stdin, their answers on stdout."""
+    answers, sys.stdout = sys.stdout, sys.stderr  # whatever else prints must not reach DoorProcess
     doors = await Doors(redis_url, stub_url).start()
     reader = asyncio.StreamReader()
     await asyncio.get_running_loop().connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
@@ -347,8 +352,8 @@ async def serve_doors(redis_url: str, stub_url: str) -> None:
                 answer = await doors.close(message["key"])
             else:
                 answer = time.process_time()
-            sys.stdout.write(json.dumps(answer) + "\n")
-            sys.stdout.flush()
+            answers.write(json.dumps(answer) + "\n")
+            answers.flush()
     finally:
         await doors.aclose()
 

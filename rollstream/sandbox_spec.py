@@ -149,3 +149,4 @@ class SandboxOverrides(TypedDict, total=False):
     python: str | None
     hide_paths: list[str]
     allow_unisolated: bool
+    capabilities: list[str]  # named only to be refused with the reason (policy.NEVER_FROM_A_JOB)

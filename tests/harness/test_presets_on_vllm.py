@@ -4,13 +4,16 @@ bubblewrap and in podman against the suite's real, unmodified vLLM. vLLM serves 
 server: one server (for this module) serves the tiny model that learnt every preset's arith
 episode (all_presets_model.py), and the twelve jobs run at once. Each job's model turns are vLLM's
 own ids, the very ones its preset's episode taught the model, and eval scores the answer the
-harness printed."""
+harness printed. The same server, its weights then swapped for random ones, shows a CLI on a model
+that emits garbage: the agent's failure, scored, once."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 
+import httpx
 import model_cache
 import pytest
 from real_vllm.vllm_process import not_runnable_reason, start_vllm
@@ -18,6 +21,7 @@ from real_vllm.vllm_process import not_runnable_reason, start_vllm
 from rollstream.llm.server import free_port
 from rollstream.sandboxes.backends.docker import DockerBackend
 from rollstream.tasks import arith
+from rollstream.trainer.weight_sync import VllmReloadBackend
 
 from .all_presets_model import expected_replies
 from .mini_swe_scripted import ARITH_INSTANCE
@@ -66,11 +70,23 @@ def all_presets_arith_model_dir():
 
 @pytest.fixture(scope="module")
 def presets_vllm(all_presets_arith_model_dir, tmp_path_factory):
-    """The suite's vLLM (its own venv, unmodified) on the model of every preset, for this module."""
-    server = start_vllm(all_presets_arith_model_dir, free_port(), tmp_path_factory.mktemp("vllm-log") / "vllm.log",
+    """The suite's vLLM (its own venv, unmodified) on the model of every preset, for this module:
+    on a copy, into which the garbage test loads other weights (one server start less)."""
+    served = tmp_path_factory.mktemp("vllm-served") / "all-presets"
+    shutil.copytree(all_presets_arith_model_dir, served)
+    server = start_vllm(served, free_port(), tmp_path_factory.mktemp("vllm-log") / "vllm.log",
                         "rollstream-presets", max_model_len=MAX_MODEL_LEN)
     yield server
     server.stop()
+
+
+def _start_pool(worker_pool, model_dir, sandbox_root, presets_dir, concurrency: int):
+    pool = worker_pool(model_dir=model_dir, sandbox_root=sandbox_root)
+    pool.env["ROLLSTREAM_HARNESS_PRESET_DIRS"] = json.dumps([str(presets_dir)])
+    # The operator lets these jobs pick their sandbox's backend and image, and gives the CLIs room.
+    pool.env["ROLLSTREAM_SANDBOX_JOB_OVERRIDES"] = '["backend", "image", "limits"]'
+    pool.env["ROLLSTREAM_SANDBOX_JOB_MAY_RAISE_LIMITS"] = "1"
+    pool.start_all(concurrency=concurrency)
 
 
 async def test_every_preset_completes_its_arith_loop_on_vllm_in_bwrap_and_podman_with_vllms_ids_and_is_scored(
@@ -78,14 +94,9 @@ async def test_every_preset_completes_its_arith_loop_on_vllm_in_bwrap_and_podman
     for name in ("mini-swe-agent", "openhands-sdk", *CLIS):
         installed_preset(name)
     folder = write_lean_preset(write_lean_presets(tmp_path / "presets"))
-    pool = worker_pool(model_dir=all_presets_arith_model_dir, sandbox_root=sandbox_root)
-    pool.env["ROLLSTREAM_HARNESS_PRESET_DIRS"] = json.dumps([str(folder)])
-    # The operator lets these jobs pick their sandbox's backend and image, and gives the CLIs room.
-    pool.env["ROLLSTREAM_SANDBOX_JOB_OVERRIDES"] = '["backend", "image", "limits"]'
-    pool.env["ROLLSTREAM_SANDBOX_JOB_MAY_RAISE_LIMITS"] = "1"
     backends = ["bwrap"] + (["docker"] if DockerBackend().available() else [])
     submitted = {(preset, backend): job for backend in backends for preset, job in jobs(backend).items()}
-    pool.start_all(concurrency=len(submitted))
+    _start_pool(worker_pool, all_presets_arith_model_dir, sandbox_root, folder, len(submitted))
     started = time.monotonic()
     results = dict(zip(submitted, await run_jobs(settings, presets_vllm.url, list(submitted.values()),
                                                  timeout_s=1000)))
@@ -105,3 +116,45 @@ async def test_every_preset_completes_its_arith_loop_on_vllm_in_bwrap_and_podman
         assert sum(generated, []) == sum(learnt[preset], []), context
         assert len(calls) == len(learnt[preset]) and f"{TOOLS[preset]}" in traj.response_text, context
         assert traj.extra["answer"] == "42" and result.reward == 1.0, context
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir():
+    return model_cache.load("tiny_model_dir")
+
+
+@pytest.fixture
+async def garbage_on_vllm(presets_vllm, all_presets_arith_model_dir, tiny_model_dir):
+    """vLLM serving the tiny model's random weights (the base every episode model was trained from:
+    the same tokenizer and template), as a trainer's weight sync loads them; afterwards the
+    presets' model again."""
+    backend = VllmReloadBackend(presets_vllm.url, presets_vllm.model_dir)
+    async with httpx.AsyncClient(timeout=300) as http:
+        await backend.load(http, tiny_model_dir, policy_version=1)
+        yield presets_vllm
+        await backend.load(http, all_presets_arith_model_dir, policy_version=2)
+
+
+async def test_a_cli_on_vllm_serving_a_model_that_emits_garbage_is_the_agents_failure_scored_once(
+        settings, worker_pool, sandbox_root, tmp_path, tiny_model_dir, garbage_on_vllm):
+    cli = CLIS["qwen-code"]
+    installed_preset(cli.preset)
+    _start_pool(worker_pool, tiny_model_dir, sandbox_root, write_lean_presets(tmp_path / "presets"), 1)
+    job = arith.job(INSTANCE, sampling={"temperature": 0.0, "max_tokens": 96},
+                    agent={**_agent(cli.lean, 96), "max_turns": 2}, sandbox={"limits": cli.limits})
+    [result] = await run_jobs(settings, garbage_on_vllm.url, [job])
+    # A reply without a tool call is the CLI's last word: its answer (garbage), scored 0 by eval; a
+    # call past the budget is refused for good and the CLI gives up (the agent's failure). Either way:
+    # once, scored, never the service's failure, never retried.
+    assert result.status == "completed" and result.failure != "service", (result.status, result.failure, result.error)
+    traj = result.trajectory
+    context = (traj.extra["harness_run"], traj.response_text[-1500:], garbage_on_vllm.log_tail(1500))
+    print(f"{cli.preset} on garbage: finish {traj.finish_reason}, failure {result.failure}, door {traj.extra['door']}, "
+          f"answer {traj.extra.get('answer')!r:.60}")
+    assert {call["backend"] for call in traj.extra["calls"]} == {garbage_on_vllm.url}, context
+    if traj.finish_reason == "stop":
+        assert traj.extra["harness_run"]["exit_code"] == 0 and traj.extra["answer"] != "42", context
+    else:
+        assert traj.finish_reason in ("max_turns", "harness_error") and result.failure == "agent", context
+    assert traj.response_ids and "reason" in traj.extra["eval"], context
+    assert result.reward == 0.0 and result.attempts == 1, context

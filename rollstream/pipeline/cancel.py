@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, cast
 
 import redis.asyncio as aioredis
 
 from rollstream.errors import InvalidJob
 from rollstream.messages import ID_RULE, Job, valid_id
 from rollstream.pipeline.keys import Keys
+
+if TYPE_CHECKING:
+    from rollstream.pipeline.wire import StreamReply
 
 
 async def cancel(r: aioredis.Redis, keys: Keys, *, job_id: str | None = None, group_id: str | None = None,
@@ -62,7 +66,7 @@ def reason_for_code(job: Job, code: int) -> str:
 
 
 async def check(r: aioredis.Redis, keys: Keys, job: Job) -> str | None:
-    return is_cancelled(job, await r.mget(flag_keys(keys, job)))
+    return is_cancelled(job, cast(list[bytes | None], await r.mget(flag_keys(keys, job))))
 
 
 async def check_many(r: aioredis.Redis, keys: Keys, jobs: list[Job]) -> list[str | None]:
@@ -117,7 +121,8 @@ class CancelBook:
         returns how many arrived."""
         total = 0
         while True:
-            resp = await r.xread({keys.cancels: self.last_id}, count=page, block=block_ms if not total else None)
+            resp = cast("StreamReply", await r.xread({keys.cancels: self.last_id}, count=page,
+                                                   block=block_ms if not total else None))
             entries = resp[0][1] if resp else []
             for msg_id, fields in entries:
                 self.last_id = msg_id.decode() if isinstance(msg_id, bytes) else msg_id

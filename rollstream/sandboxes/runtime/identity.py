@@ -14,7 +14,10 @@ import fcntl
 import os
 import shutil
 import stat
+from typing import TYPE_CHECKING
 
+if TYPE_CHECKING:
+    from .plan import Plan
 if __package__:
     from .env_settings import env_setting
 else:  # python -S supervisor.py: sibling modules are top-level
@@ -151,7 +154,7 @@ def searchable_by_others(path: str) -> bool:
         current = os.path.dirname(current)
 
 
-def hand_over(plan: dict, uid: int) -> None:
+def hand_over(plan: Plan, uid: int) -> None:
     """Give the sandbox's folders to `uid`: it writes the workdir and the kernel folder, walks
     (only) into its sandbox folder, and nobody else but root gets in."""
     directory = plan["dir"]

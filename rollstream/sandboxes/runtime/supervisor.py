@@ -17,7 +17,11 @@ import socket
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING, Literal
 
+if TYPE_CHECKING:
+    from .kernel import Kernel
+    from .plan import Plan
 if __package__:
     from . import confine, identity, protocol
     from .bash_session import BashSession, SessionBusy
@@ -51,14 +55,14 @@ class BadRequest(Exception):
 
 
 class Supervisor:
-    def __init__(self, plan: dict) -> None:
+    def __init__(self, plan: Plan) -> None:
         self.plan = plan
         self.dir = plan["dir"]
         self.sessions: dict[str, BashSession] = {}
         self.sessions_lock = threading.Lock()
-        self.kernel = None
+        self.kernel: Kernel | None = None
         self.kernel_lock = threading.Lock()
-        self.paths = PathMap(plan["workdir_inner"], [tuple(m) for m in plan["mounts"]])
+        self.paths = PathMap(plan["workdir_inner"], [(inner, host) for inner, host in plan["mounts"]])
         self.editor = Editor(self.paths, plan["output_bytes"])
         self.editor_lock = threading.Lock()
         self.started = time.monotonic()
@@ -99,19 +103,17 @@ class Supervisor:
             self.identity = identity.allocate(self.plan["unprivileged_via"])
             identity.hand_over(self.plan, self.identity.uid)
             self.paths.owner = self.identity.uid
-        if self.plan.get("start_argv"):
+        if start_argv := self.plan.get("start_argv"):
             import subprocess
 
-            completed = subprocess.run(
-                self.plan["start_argv"], capture_output=True, env=self.plan["host_env"], timeout=300
-            )
+            completed = subprocess.run(start_argv, capture_output=True, env=self.plan["host_env"], timeout=300)
             if completed.returncode != 0:
                 raise RuntimeError(
                     f"starting the container failed ({completed.returncode}): "
                     f"{completed.stderr.decode('utf-8', 'replace')[-2000:]}"
                 )
-        if self.plan.get("inspect_argv"):
-            self.container_namespace = container_pid_namespace(self.plan["inspect_argv"], self.plan["host_env"])
+        if inspect_argv := self.plan.get("inspect_argv"):
+            self.container_namespace = container_pid_namespace(inspect_argv, self.plan["host_env"])
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         path = self.plan["socket_path"]
         if os.path.exists(path):
@@ -188,7 +190,7 @@ class Supervisor:
         threading.Thread(target=self._watchdog, daemon=True, name="watchdog").start()
         self.readers = StandbyThreads("reader")
         while not self.stopping.is_set():
-            readable, _, _ = select.select([self.listener, self.wake_read], [], [])
+            readable, _, _ = select.select([self.listener.fileno(), self.wake_read], [], [])
             if self.wake_read in readable:
                 break
             try:
@@ -470,10 +472,10 @@ class Supervisor:
             session.close(kill_session=False)
         if self.kernel is not None:
             self.kernel.close(kill_session=False)
-        if self.plan.get("stop_argv"):
+        if stop_argv := self.plan.get("stop_argv"):
             import subprocess
 
-            subprocess.run(self.plan["stop_argv"], capture_output=True, env=self.plan["host_env"], timeout=120)
+            subprocess.run(stop_argv, capture_output=True, env=self.plan["host_env"], timeout=120)
             kill_session_processes(os.getpid())  # what the container CLI left behind
         stuck = self.confinement.release() if self.confinement is not None else []
         if stuck:  # the reaper (or destroy_sandbox's teardown) retries from confinement.json
@@ -493,7 +495,7 @@ class _disk_full_as_bad_request:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, kind, error, _traceback) -> bool:
+    def __exit__(self, kind, error, _traceback) -> Literal[False]:
         if isinstance(error, OSError) and error.errno in (28, 122):  # ENOSPC, EDQUOT
             raise BadRequest(
                 "no space left in the sandbox's disk (workdir and /tmp share its disk limit); "

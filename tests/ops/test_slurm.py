@@ -1,5 +1,5 @@
 """The slurm/ scripts on a real single-node Slurm: the head job and a worker array start
-through sbatch, 200 echo jobs complete exactly once although one array task is cancelled
+through sbatch, 32 echo jobs complete exactly once although one array task is cancelled
 with scancel mid-run (its jobs are rescued by the other task); an inference-server array
 task registers itself with the balancer and unregisters when cancelled. Nothing is left
 after: no job process, no Slurm or munge daemon."""
@@ -25,7 +25,10 @@ from rollstream.pipeline.keys import Keys
 from .slurm_cluster import SlurmCluster, ensure_installed, free_port
 
 REPO = Path(__file__).resolve().parents[2]
-N_JOBS = 200
+N_JOBS = 32
+# Longer than the task's shutdown grace (2 s below): work the cancelled task holds when its SIGTERM
+# comes cannot all finish in time, whatever the delay of scancel.
+RUN_S = 3.0
 
 
 # The daemons are started by the test itself, which Slurm allows only to root.
@@ -123,9 +126,11 @@ def test_cancelled_array_task_jobs_are_rescued_and_all_complete_once(slurm, tmp_
     logs.mkdir()
     env = {
         **_head_env(tmp_path),
-        # One process per stage and few jobs in flight, so the run streams hold a backlog.
+        # One process per stage; init queues up to 8 jobs past a task's 8 run slots, so the cancelled
+        # task holds jobs at work and queued (jobs shorter than the grace, 0.25 s as this test had,
+        # were all done by the time the SIGTERM came, once init stopped queueing without bound).
         "ROLLSTREAM_INIT_PROCS": "1", "ROLLSTREAM_RUN_PROCS": "1", "ROLLSTREAM_EVAL_PROCS": "1",
-        "ROLLSTREAM_RUN_CONCURRENCY": "4",
+        "ROLLSTREAM_RUN_CONCURRENCY": "8", "ROLLSTREAM_INIT_RUN_AHEAD": "8",
         # Short liveness timings so the dead task's jobs are rescued within seconds.
         "ROLLSTREAM_WORKER_TTL_S": "3", "ROLLSTREAM_HEARTBEAT_INTERVAL_S": "0.5",
         "ROLLSTREAM_VISIBILITY_TIMEOUT_S": "5", "ROLLSTREAM_READ_BLOCK_MS": "200",
@@ -143,9 +148,8 @@ def test_cancelled_array_task_jobs_are_rescued_and_all_complete_once(slurm, tmp_
         victim = next(n for n in nodes if n.endswith(f"{array_job}_1"))
 
         with Client(head["REDIS_URL"], submitter="slurm-test") as client:
-            # 0.25 s each: 200 jobs over 4 run slots a task keep the run streams backed up for seconds,
-            # and the rest, after the cancel, take one task half the time that 0.5 s took.
-            ids = client.submit_many([{"task": "echo", "instance": {"prompt": f"p{i}", "run_s": 0.25}}
+            # 32 jobs over 8 run slots a task (and 8 queued ahead of each) keep both tasks busy.
+            ids = client.submit_many([{"task": "echo", "instance": {"prompt": f"p{i}", "run_s": RUN_S}}
                                       for i in range(N_JOBS)])
             def held_by_victim() -> list[str]:  # the jobs task 1 holds in its run stage, queued or at work
                 pipe = r.pipeline(transaction=False)
@@ -156,7 +160,7 @@ def test_cancelled_array_task_jobs_are_rescued_and_all_complete_once(slurm, tmp_
             # Cancel task 1 while it holds work: results are flowing and its run stage holds jobs
             # (read from the jobs' states: a busy machine may let the run stream empty between polls).
             held = _wait("results to flow and task 1 to hold jobs",
-                         lambda: r.xlen(keys.results("slurm-test")) >= 20 and held_by_victim(),
+                         lambda: r.xlen(keys.results("slurm-test")) >= 8 and held_by_victim(),
                          120, interval_s=0.05, explain=lambda: _logs(logs))
             slurm.scancel(f"{array_job}_1")
             _wait("task 1 to leave the queue", lambda: all(j != f"{array_job}_1" for j, _ in slurm.squeue()), 30)

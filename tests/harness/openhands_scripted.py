@@ -73,11 +73,14 @@ def trained_folder(parent: Path, which: str) -> Path:
     PATH of a bwrap sandbox on the host's root, whose first folder is this interpreter's: the
     terminal names the interpreter in every observation (`[Python interpreter: …/bin/python]`), so a
     model learnt from one checkout's venv does not answer in another's (CI's clone in its own folder
-    shares this cache)."""
+    shares this cache); and by whether a podman engine answers, whose capture it then learns too (a
+    model built while the engine was down learnt bwrap's episode alone, and failed the podman jobs)."""
+    from rollstream.sandboxes.backends.docker import DockerBackend
+
     parts = [lean_preset_text(), json.dumps([_instructions()[which], REPLIES[which]]),
              driver_source("openhands").read_text(), Path(__file__).read_text()]
     if which == "arith":
-        parts.append(host_python_path())
+        parts += [host_python_path(), f"container engine: {DockerBackend().available()}"]
     return parent / f"openhands-{which}-{hashlib.sha1(chr(10).join(parts).encode()).hexdigest()[:12]}"
 
 

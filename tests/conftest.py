@@ -24,6 +24,12 @@ import redis as redis_sync
 
 from rollstream.config import Settings
 
+# One intra-op thread for torch here and in every process the tests start (workers, model
+# servers, the docs' blocks): on 2 cores, two threads spin-wait on each other whenever another
+# process holds a core (the tiny model's update step: 6.4 s with two threads, 0.04 s with one).
+# Set before any test module imports torch, which reads it once.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def _start_redis(folder: Path) -> tuple[subprocess.Popen, str]:
     sock = folder / "redis.sock"

@@ -33,13 +33,16 @@ async def test_groups_with_equal_rewards_never_reach_a_batch_and_the_batch_still
 
 
 async def test_keep_rate_estimate_follows_observed_drops():
-    source = SimulatedSource(seed=2)
+    # No delays: rollouts finish in the order they were sent, whatever the machine's load, so the
+    # groups the estimate observes are the same on every run (with random timer delays, a busy
+    # machine let late timers fire together and the batch filled before any drop was seen).
+    source = SimulatedSource(seed=2, max_delay_s=0.0)
     sampler = DynamicSampler(source, _prompts(), SamplerConfig(groups_per_batch=4, group_size=2))
     for step in range(4):
         source.policy_version = step
         batch = await sampler.next_batch(step)
     # a third of prompts are informative
-    assert 0.1 < batch.stats.keep_rate < 0.7
+    assert 0.1 < batch.stats.keep_rate < 0.7, batch.stats.keep_rate
     # and the sampler keeps more groups in flight than it needs, so the batch fills without waiting
     assert sampler._target_in_flight(4) > 4
     await sampler.cancel_all()

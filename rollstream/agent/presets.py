@@ -284,14 +284,15 @@ def install_on_host(preset: Preset) -> str:
     return preset.prefix
 
 
-def build_image(preset: Preset, base_image: str) -> str:
-    """Build (once) the environment image with ``preset`` installed on ``base_image``; its tag."""
+def build_image(preset: Preset, base_image: str, force: bool = False) -> str:
+    """Build (once; again with ``force``: ``base_image`` was rebuilt under its tag) the environment
+    image with ``preset`` installed on ``base_image``; its tag."""
     import tempfile
 
     from rollstream.sandboxes.env_images import _build, build_network, image_exists
 
     tag = preset.image_tag(base_image)
-    if image_exists(tag):
+    if image_exists(tag) and not force:
         return tag
     with tempfile.TemporaryDirectory(prefix="rs-harness-") as context:
         Path(context, "Containerfile").write_text(preset.containerfile(base_image))

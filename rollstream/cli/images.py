@@ -12,7 +12,10 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from rollstream.agent import harness_images
 from rollstream.cli.common import fail, redis_option, redis_url_alias, require_redis, settings_from
+from rollstream.config import load_settings
+from rollstream.errors import InvalidJob
 from rollstream.sandboxes import image_jobs, images
 from rollstream.sandboxes.env_images import EnvBuildFailed
 from rollstream.tasks import swe_env, swe_repos
@@ -86,14 +89,23 @@ def build(
     images_dir: str = typer.Option(None, help=IMAGES_DIR_HELP),
     now: bool = typer.Option(False, "--now", help="run here and wait instead of queueing an rq job"),
     as_json: bool = typer.Option(False, "--json", help="with --now: print what was built as JSON"),
+    harness: list[str] = typer.Option(
+        [],
+        "--harness",
+        help="with --now, environment images: install this harness preset onto each environment "
+        "image too (its layer, which podman/Docker jobs naming the preset start from); repeatable",
+    ),
     redis: str | None = redis_option(REDIS_HELP),
     redis_url: str | None = redis_url_alias(),
 ) -> None:
     """Build environment images for SWE instances (once per recipe, cached by content),
     or a SIF from a definition file."""
     if source.endswith((".jsonl", ".json")):
-        _build_environments(source, tuple(backend), mirror, images_dir, force, now, as_json, redis, redis_url)
+        _build_environments(source, tuple(backend), mirror, images_dir, force, now, as_json, redis, redis_url,
+                            harness)
         return
+    if harness:
+        raise typer.BadParameter("--harness goes with SWE instances (.jsonl/.json): it layers onto their environments")
     if name is None:
         raise typer.BadParameter("a definition file needs NAME (the SIF is NAME.sif)")
     if now:
@@ -118,28 +130,39 @@ def _build_environments(
     as_json: bool,
     redis: str | None,
     redis_url: str | None,
+    harness: list[str],
 ) -> None:
     unknown = set(backends) - {"docker", "bwrap", "singularity"}
     if unknown:
         raise typer.BadParameter(f"--backend takes docker, bwrap or singularity, not {sorted(unknown)}")
+    if harness and (not now or "docker" not in backends):
+        raise typer.BadParameter("--harness builds engine images here: give it with --now and --backend docker")
+    try:
+        layered = harness_images.harness_presets(harness, list(load_settings().harness_preset_dirs))
+    except (ValueError, InvalidJob) as error:
+        raise typer.BadParameter(str(error)) from None
     instances = load_instances(Path(source))
     if now:
         mirror_path = Path(mirror) if mirror else swe_repos.default_mirror()
         try:
             with console.status(f"building the environments of {len(instances)} instance(s) ..."):
                 built = swe_env.build_for_instances(instances, mirror_path, backends, images_dir, force)
-        except (EnvBuildFailed, ValidationError) as error:
+            if layered:  # on each environment image, once (cached by tag): what preset jobs on podman start from
+                with console.status(f"installing {', '.join(harness)} onto {len(built)} environment(s) ..."):
+                    harness_images.add_layers(built, layered)
+        except (EnvBuildFailed, ValidationError, RuntimeError) as error:
             fail(str(error), code=1)
         if as_json:
             print(json.dumps(built))
             return
-        table = Table("image", "built now", "seconds", "rootfs", "instances")
+        table = Table("image", "built now", "seconds", "rootfs", "harness layers", "instances")
         for entry in built:
             table.add_row(
                 entry["tag"],
                 str(entry["built"]),
                 f"{entry['build_s']:.1f}",
                 entry["rootfs"] or "-",
+                "\n".join(entry.get("harnesses", {}).values()) or "-",
                 ", ".join(entry["instances"]),
             )
         console.print(table)

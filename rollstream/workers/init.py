@@ -6,7 +6,9 @@ prepare it, and forwards the job to this node's run stream."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
+from rollstream.agent.harness_images import agent_spec
 from rollstream.messages import Envelope, job_problem
 from rollstream.pipeline.handoff import Forward
 from rollstream.tasks.base import Task, TaskContext
@@ -41,11 +43,12 @@ class InitStage(Stage):
 
     async def process(self, env: Envelope, tctx: TaskContext) -> Forward:
         env.node = self.ctx.node
-        await set_up(get_task(env.job.task), env, tctx, self.ctx.sandboxes)
+        await set_up(get_task(env.job.task), env, tctx, self.ctx.sandboxes, self.ctx.settings.harness_preset_dirs)
         return Forward("run")
 
 
-async def set_up(task: Task, env: Envelope, tctx: TaskContext, sandboxes: NodeSandboxes) -> None:
+async def set_up(task: Task, env: Envelope, tctx: TaskContext, sandboxes: NodeSandboxes,
+                 preset_dirs: list[Path] | None = None) -> None:
     """The job's sandbox, if its task wants one (a warm one of its exact spec if ``sandboxes``
     has a warm pool with one), then the task's own set-up in it. Should the set-up fail, the
     job's sandbox is in ``env`` already, so the stage's release destroys it."""
@@ -53,6 +56,9 @@ async def set_up(task: Task, env: Envelope, tctx: TaskContext, sandboxes: NodeSa
     await task.prepare_environment(env, tctx)
     spec = task.sandbox_spec(env.job.instance)
     if spec is not None:
+        # The agent's sandbox only: a preset job on podman/Docker starts from the harness layer of the
+        # task's image (eval's fresh sandbox takes the task's spec, the pristine image).
+        spec = await agent_spec(spec, sandboxes.resolved(env, spec), env.job.agent.get("harness"), preset_dirs)
         env.sandbox = await sandboxes.create(env, spec)
     async with sandboxes.connected(env) as sandbox:
         tctx.sandbox = sandbox

@@ -148,6 +148,13 @@ class Settings(BaseSettings):
     harbor_task_roots: list[Path] = Field(
         default_factory=list, description="Folders a harbor job's task folder may lie beneath (JSON list; symlinks "
         "resolved). Empty (the default): no harbor job runs; each fails (failure 'job') naming this setting.")
+    task_internet: bool = Field(
+        False, description="Give the network to sandboxes of tasks that ask for it (a Harbor task.toml's "
+        "[environment] allow_internet, true unless it says false): the container engine's private network "
+        "(podman's or Docker's bridge, never the host's), so such a task runs on the docker backend whatever "
+        "the node's sandbox_backend. Off (the default): a task that says allow_internet = true fails at init "
+        "(failure 'job') naming this setting; one that only inherits Harbor's default runs offline, the "
+        "trajectory's extra.warnings saying so.")
     openenv_roots: list[Path] = Field(
         default_factory=list, description="Folders an openenv job's environment folder may lie beneath (JSON list; "
         "symlinks resolved). Empty (the default): no openenv job runs; each fails (failure 'job') naming this "

@@ -6,6 +6,16 @@ harness) gets ``instruction.md`` with bash and editor tools, for as long as task
 pristine image plus the agent's changes to its workdir (harbor_verify.py) and reads the reward
 file it writes.
 
+The network: ``[environment] allow_internet`` (Harbor's default true) is honoured only where the
+operator grants it (setting ``task_internet``); then the agent's and the verifier's sandboxes run
+on the container engine's private network (backend docker: bwrap and Singularity can only share
+the host's network namespace, whose loopback holds Redis, the door and the model servers). Not
+granted, a task that says ``allow_internet = true`` is refused at init, before anything runs (its
+author says it needs the network: offline it would score 0 for a reason not the agent's, a
+false signal to train on); one that only inherits the default (most of Terminal-Bench: its
+test-time installers are moved to the image build, harbor_legacy.py) runs offline and its
+trajectory says so in ``extra["warnings"]``.
+
 Instance: ``{"path": "/abs/task-folder"}`` (beneath the operator's ``harbor_task_roots``),
 optionally ``system_prompt`` (fields {workdir} and {task_name}) and ``tools``.
 """
@@ -27,7 +37,7 @@ from rollstream.sandboxes.sandbox_client import SandboxClient
 from rollstream.tasks import harbor_verify
 from rollstream.tasks.agent_task import AgentTask
 from rollstream.tasks.base import TaskContext
-from rollstream.tasks.harbor_folder import TaskFolder
+from rollstream.tasks.harbor_folder import HarborTaskRefused, TaskFolder
 from rollstream.tasks.harbor_image import (
     DEFAULT_WORKDIR,
     LINKED,
@@ -47,6 +57,30 @@ SYSTEM_PROMPT = (
 )
 INSTANCE_FIELDS = ("path", "system_prompt", "tools", "name")
 SETUP_TIMEOUT_S = 300.0
+INTERNET_SETTING = "task_internet (ROLLSTREAM_TASK_INTERNET)"
+# The one backend whose network is a namespace of its own (the engine's bridge); bwrap and
+# Singularity can only share the host's.
+NETWORK_BACKEND = "docker"
+
+
+def gets_network(folder: TaskFolder, granted: bool) -> bool:
+    """Whether the task's sandboxes get the network: it asks (allow_internet, Harbor's default
+    true) and the operator grants it. A task that says allow_internet = true where it is not
+    granted is refused (HarborTaskRefused)."""
+    environment = folder.config.environment
+    if not environment.allow_internet or granted:
+        return environment.allow_internet
+    if "allow_internet" in environment.model_fields_set:
+        raise HarborTaskRefused(
+            f"harbor task {folder.name}: task.toml says allow_internet = true and this node gives sandboxes no "
+            f"network; the operator grants it with {INTERNET_SETTING} (the container engine's private network), "
+            "or the task says allow_internet = false to run offline")
+    return False
+
+
+def offline_warning(folder: TaskFolder) -> str:
+    return (f"harbor task {folder.name} ran offline: task.toml leaves allow_internet to Harbor's default (true) "
+            f"and this node grants no network ({INTERNET_SETTING}); a step that downloads fails")
 
 
 def restore_workdir_command(workdir: str) -> str:
@@ -92,10 +126,12 @@ class HarborTask(AgentTask):
         resources = folder.config.environment
         limits = SandboxLimits(memory_mb=resources.memory_mb, disk_mb=resources.storage_mb, cpus=resources.cpus)
         root = not image.user or image.user in ("root", "0")
+        network = gets_network(folder, load_settings().task_internet)
         # Harbor runs a task's container with Docker's default capabilities, and its solve.sh and
         # test.sh as root expect them (tar restoring owners, writing files other users own): a
         # root task's container keeps the few of them SECURITY.md argues for, within the operator's.
-        return SandboxSpec(image=image.tag, workdir=image.workdir, limits=limits,
+        return SandboxSpec(image=image.tag, workdir=image.workdir, limits=limits, network=network,
+                           **({"backend": NETWORK_BACKEND} if network else {}),
                            setup_commands=[restore_workdir_command(image.workdir)], setup_timeout_s=SETUP_TIMEOUT_S,
                            env={**(image.env or {}), "HOME": "/root" if root else "/tmp"},
                            capabilities=list(ROOT_TASK_CAPABILITIES) if root else [])
@@ -112,7 +148,12 @@ class HarborTask(AgentTask):
     async def prepare_environment(self, env: Envelope, ctx: TaskContext) -> None:
         """Build the environment image unless cached (its rootfs too where bwrap runs it)."""
         folder = await asyncio.to_thread(self.folder, env.job.instance)
-        backend = (env.job.sandbox or {}).get("backend") or (ctx.sandboxes.backend if ctx.sandboxes else "auto")
+        network = gets_network(folder, load_settings().task_internet)
+        backend = (env.job.sandbox or {}).get("backend") or (NETWORK_BACKEND if network else None) or (
+            ctx.sandboxes.backend if ctx.sandboxes else "auto")
+        if network and backend != NETWORK_BACKEND:
+            raise HarborTaskRefused(f"harbor task {folder.name}: its sandbox gets the network, which only backend "
+                                    f"{NETWORK_BACKEND!r} gives as a network of its own; the job asks for {backend!r}")
         rootfs = backend == "bwrap" or (backend == "auto" and BwrapBackend().available())
         try:
             await asyncio.to_thread(ensure_image, folder, load_settings().harbor_base_images, rootfs)
@@ -127,9 +168,17 @@ class HarborTask(AgentTask):
     async def rollout(self, env: Envelope, ctx: TaskContext) -> Trajectory:
         """The agent's episode, limited by task.toml's ``[agent] timeout_sec`` unless the job sets
         its own ``max_wall_time_s``."""
-        limit = (await asyncio.to_thread(self.folder, env.job.instance)).config.agent.timeout_sec
+        folder = await asyncio.to_thread(self.folder, env.job.instance)
+        limit = folder.config.agent.timeout_sec
         if limit is not None and "max_wall_time_s" not in env.job.agent:
             env.job.agent = {**env.job.agent, "max_wall_time_s": limit}
+        trajectory = await self.agent_rollout(env, ctx)
+        if folder.config.environment.allow_internet and not load_settings().task_internet:
+            trajectory.extra.setdefault("warnings", []).append(offline_warning(folder))
+        return trajectory
+
+    async def agent_rollout(self, env: Envelope, ctx: TaskContext) -> Trajectory:
+        """The agent's own episode (AgentTask's loop or the job's harness)."""
         return await super().rollout(env, ctx)
 
     # -- eval --------------------------------------------------------------------------

@@ -66,6 +66,8 @@ class EnvironmentConfig(BaseModel):
     memory: str | None = None  # deprecated spellings of memory_mb / storage_mb
     storage: str | None = None
     docker_image: str | None = None
+    # Harbor's default is true: a task that leaves it out may use the network without saying so.
+    allow_internet: bool = True
 
     @model_validator(mode="after")
     def _deprecated_sizes(self) -> EnvironmentConfig:

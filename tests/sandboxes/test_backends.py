@@ -33,9 +33,9 @@ def test_docker_plan_isolates_and_labels_the_container():
     assert plan.rlimits == {}  # limits live in the container, not on the CLI
 
 
-def test_docker_with_network_has_no_network_none():
+def test_docker_with_network_is_on_the_engines_bridge_never_the_hosts():
     plan = DockerBackend().plan(SandboxSpec(backend="docker", image="img", network=True), LAYOUT, "job-1", "")
-    assert "--network" not in plan.start_argv
+    assert plan.start_argv[plan.start_argv.index("--network") + 1] == "bridge"
 
 
 def test_singularity_plan_uses_instances_binds_and_containall():

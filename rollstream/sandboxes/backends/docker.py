@@ -4,7 +4,8 @@ The supervisor starts the container (`docker run -d ... sleep infinity`) and rem
 on shutdown; containers carry a rollstream.sandbox label so a reaper finds leftovers.
 Every capability is dropped but those the task declares for its root (`SandboxSpec.capabilities`,
 Harbor's root tasks) and the operator allows (`ROLLSTREAM_SANDBOX_CONTAINER_CAPABILITIES`);
-`no-new-privileges` always.
+`no-new-privileges` always. The network is none, or with `spec.network` the engine's bridge,
+never the host's.
 """
 
 from __future__ import annotations
@@ -144,8 +145,9 @@ class DockerBackend:
             "--volume", f"{layout.door}:{DOOR_DIR_INNER}:ro",
             "--workdir", spec.workdir,
         ]
-        if not spec.network:
-            argv += ["--network", "none"]
+        # With the network: the engine's bridge, named, so an engine whose default is the host's
+        # namespace (containers.conf netns="host") still gives the sandbox a namespace of its own.
+        argv += ["--network", "bridge" if spec.network else "none"]
         if limits.memory_mb:
             argv += ["--memory", f"{limits.memory_mb}m"]
         if limits.max_processes:

@@ -24,7 +24,8 @@ _layers_seen: set[str] = set()  # layer tags this process found in the engine (a
 
 
 def layer_tag(preset: Preset, env_image: str) -> str:
-    """The harness layer of ``preset`` on ``env_image``: keyed by the image, the pins and the prefix."""
+    """The harness layer of ``preset`` on ``env_image``: keyed by the image and the preset's install
+    (its pins, its prefix), so the presets of one install (variants with other options) share it."""
     return preset.image_tag(env_image)
 
 

@@ -87,12 +87,20 @@ class Preset:
         """What the preset installs, as its file pins it (None: nothing)."""
         return self.package or self.npm
 
+    @property
+    def installed_name(self) -> str:
+        """The bare name of the package it installs (its own name when it installs nothing)."""
+        if self.npm:
+            return self.npm.rsplit("@", 1)[0].rsplit("/", 1)[-1]  # @openai/codex@0.169.0: codex
+        return self.package.split()[0].split("==", 1)[0].lower() if self.package else self.name
+
     def image_tag(self, base_image: str) -> str:
-        """The environment image holding this preset on top of ``base_image``."""
+        """The environment image holding this preset's install on top of ``base_image``: named by
+        what it installs, so presets of one install (a variant with other options) share it."""
         pins = f"{self.package}\n{self.prefix}" + (f"\n{self.npm}\nnode {self.node}" if self.npm else "")
         pins += f"\n{self.python} in {self.python_home}" if self.python_home else ""
         digest = hashlib.sha256(f"{base_image}\n{pins}".encode()).hexdigest()[:12]
-        return f"{IMAGE_REPOSITORY}:{self.name}-{self.version}-{digest}"
+        return f"{IMAGE_REPOSITORY}:{self.installed_name}-{self.version}-{digest}"
 
     def install_commands(self) -> list[str]:
         """The shell commands that install the preset into an image (or this host)."""
@@ -111,11 +119,11 @@ class Preset:
                               "command must be in the image already")
         if self.copies_host_install:  # the host's install, copied in (build_image puts it in the context)
             return (f"FROM {base_image}\n"
-                    f"LABEL {LABEL}.{self.name}={self.version}\n"
+                    f"LABEL {LABEL}.{self.installed_name}={self.version}\n"
                     + (f"COPY {PYTHON_CONTEXT_DIR} {self.python_home}\n" if self.python_home else "")
                     + f"COPY {NPM_CONTEXT_DIR} {self.prefix}\n")
         return (f"FROM {base_image}\n"
-                f"LABEL {LABEL}.{self.name}={self.version}\n"
+                f"LABEL {LABEL}.{self.installed_name}={self.version}\n"
                 f"RUN set -e; {' && '.join(self.install_commands())}\n")
 
     def installed_on_host(self) -> bool:
@@ -315,14 +323,14 @@ def _copy_tree(source: str, destination: str) -> None:
 
 
 def images_with(preset: Preset) -> list[str]:
-    """The local engine's images that hold ``preset`` (by the label the build gives them)."""
+    """The local engine's images that hold ``preset``'s install (by the label the build gives them)."""
     binary = shutil.which("docker")
     if binary is None:
         return []
     from rollstream.sandboxes.backends.docker import client_env
 
     completed = subprocess.run(
-        [binary, "images", "--filter", f"label={LABEL}.{preset.name}={preset.version}", "--format",
+        [binary, "images", "--filter", f"label={LABEL}.{preset.installed_name}={preset.version}", "--format",
          "{{.Repository}}:{{.Tag}}"], capture_output=True, text=True, timeout=60, env={**os.environ, **client_env()},
         check=False)
     if completed.returncode != 0:

@@ -1,6 +1,6 @@
 """A Node.js CLI (Codex, unmodified) fixes the shipped SWE instance in **podman** through the whole
 pipeline: its harness is installed onto the instance's environment image once, when the image is
-built (`rollstream images build ... --harness`: a layer keyed by the image, the preset and its pins),
+built (`rollstream images build ... --harness`: a layer keyed by the image and the preset's install),
 init starts the agent's sandbox from that layer, and eval scores the diff in a fresh sandbox of the
 pristine environment image. The model is the CLI's bwrap SWE model: the podman episode renders the
 same prompts but for Codex's random chunk id in its tool output, which the bwrap runs vary as well."""
@@ -8,9 +8,6 @@ same prompts but for Codex's random chunk id in its tool output, which the bwrap
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import model_cache
 import pytest
@@ -22,14 +19,12 @@ from rollstream.sandboxes.backends.docker import DockerBackend
 from rollstream.tasks import swe_env, swe_records
 from rollstream.tasks.swe import SweTask
 
+from . import swe_podman_image
 from .node_cli_cases import agent
 from .node_clis import CODEX, run_job, write_lean_presets
-from .sandbox_presets import assert_fixed_and_scored, swe_instance, swe_job
+from .sandbox_presets import assert_fixed_and_scored, swe_job
 
 pytestmark = pytest.mark.timeout(1800)  # a first run builds the environment image and its harness layer, once
-# The shipped instance with an environment recipe: its image holds the test runner eval needs
-# (podman's base image has no pytest; the bwrap jobs run on the host's root, which has).
-ENVIRONMENT = {"pip_packages": ["pytest==8.3.3"], "install": "true"}
 
 
 @pytest.fixture(scope="module")
@@ -39,23 +34,15 @@ def presets_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def instance():
-    return {**swe_instance(), "environment": ENVIRONMENT}
+    return swe_podman_image.instance()
 
 
 @pytest.fixture(scope="module")
-def built(instance, presets_dir, tmp_path_factory):
-    """The environment image and the CLI's layer on it, built as an operator builds them (once; cached)."""
+def built(presets_dir, tmp_path_factory):
+    """The environment image and the CLI's layer on it (scripts/install-harnesses built them: cached)."""
     if not DockerBackend().available():
         pytest.skip("no container engine answers at DOCKER_HOST (scripts/install-podman sets up podman's)")
-    source = tmp_path_factory.mktemp("instances") / "instances.jsonl"
-    source.write_text(json.dumps(instance) + "\n")
-    completed = subprocess.run(
-        [sys.executable, "-m", "rollstream", "images", "build", str(source), "--now", "--backend", "docker",
-         "--harness", CODEX.lean, "--json"], capture_output=True, text=True, timeout=1500,
-        env={**os.environ, "ROLLSTREAM_HARNESS_PRESET_DIRS": json.dumps([str(presets_dir)])})
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    [entry] = json.loads(completed.stdout.strip().splitlines()[-1])
-    return entry
+    return swe_podman_image.build(tmp_path_factory.mktemp("instances"), CODEX.lean, [presets_dir])
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +54,8 @@ def test_the_build_layers_the_cli_on_the_instances_environment_image(instance, b
     env_image = swe_env.sandbox_image(swe_records.normalize(instance))
     lean = find_preset(CODEX.lean, [presets_dir])
     assert built["tag"] == env_image and built["harnesses"] == {CODEX.lean: layer_tag(lean, env_image)}
+    # Named by the install: the shipped preset and its lean variant (other options, one install) share it.
+    assert layer_tag(find_preset(CODEX.preset), env_image) == layer_tag(lean, env_image)
 
 
 async def test_only_a_preset_job_on_an_engine_starts_from_the_layer(instance, built, presets_dir):
@@ -97,7 +86,7 @@ async def test_codex_fixes_the_swe_instance_in_podman_and_eval_scores_its_diff(
     pool.env["ROLLSTREAM_SANDBOX_JOB_MAY_RAISE_LIMITS"] = "1"
     pool.start_all(concurrency=1)
     job = swe_job(str(tmp_path / "swe-mirror"), agent(CODEX, max_context_tokens=CODEX.swe_context_tokens))
-    job = {**job, "instance": {**job["instance"], "environment": ENVIRONMENT},
+    job = {**job, "instance": {**job["instance"], "environment": swe_podman_image.ENVIRONMENT},
            "sandbox": {"backend": "docker", "limits": CODEX.limits}}
     with served_model(codex_swe_model_dir, device="cpu",
                       extra_args=["--max-model-len", str(CODEX.swe_context_tokens)]) as server:

@@ -56,6 +56,18 @@ class SandboxLimits(BaseModel):
     max_lifetime_s: float = Field(6 * 3600.0, description="supervisor exits this long after start, busy or not")
 
 
+class SidecarSpec(BaseModel):
+    """A container started beside a docker sandbox, on a network of the sandbox's own, under its
+    capability and limit policy (a Harbor compose task's service other than main)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$", description="the name the sandbox reaches it by")
+    image: str = Field(pattern=r"^[A-Za-z0-9][\x21-\x7e]*$")
+    command: list[str] | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+
+
 class SandboxSpec(BaseModel):
     """How to build a sandbox; tasks declare one, the init stage creates it."""
 
@@ -87,6 +99,10 @@ class SandboxSpec(BaseModel):
     capabilities: list[ContainerCapability] = Field(
         default_factory=list, description="docker: capabilities root inside keeps (all others dropped), within "
         "the operator's ROLLSTREAM_SANDBOX_CONTAINER_CAPABILITIES; the task's to declare, never a job's"
+    )
+    services: list[SidecarSpec] = Field(
+        default_factory=list, description="docker: containers started beside the sandbox on its own network, "
+        "reachable by name and removed with it; the task's to declare, never a job's"
     )
 
     @field_validator("workdir")
@@ -150,3 +166,4 @@ class SandboxOverrides(TypedDict, total=False):
     hide_paths: list[str]
     allow_unisolated: bool
     capabilities: list[str]  # named only to be refused with the reason (policy.NEVER_FROM_A_JOB)
+    services: list[dict]  # named only to be refused with the reason (policy.NEVER_FROM_A_JOB)

@@ -16,6 +16,9 @@ false signal to train on); one that only inherits the default (most of Terminal-
 test-time installers are moved to the image build, harbor_legacy.py) runs offline and its
 trajectory says so in ``extra["warnings"]``.
 
+A compose file's services besides ``main`` run as sidecars beside the agent's container
+(harbor_compose.py), so such a task also runs on the docker backend.
+
 Instance: ``{"path": "/abs/task-folder"}`` (beneath the operator's ``harbor_task_roots``),
 optionally ``system_prompt`` (fields {workdir} and {task_name}) and ``tools``.
 """
@@ -31,10 +34,10 @@ from rollstream.errors import InvalidJob, JobFailed
 from rollstream.messages import Envelope
 from rollstream.sandbox_spec import ROOT_TASK_CAPABILITIES, SandboxLimits, SandboxSpec
 from rollstream.sandboxes.backends.bwrap import BwrapBackend
-from rollstream.sandboxes.env_images import EnvBuildFailed
+from rollstream.sandboxes.env_images import EnvBuildFailed, build_network
 from rollstream.sandboxes.errors import BackendUnavailable
 from rollstream.sandboxes.sandbox_client import SandboxClient
-from rollstream.tasks import harbor_verify
+from rollstream.tasks import harbor_compose, harbor_verify
 from rollstream.tasks.agent_task import AgentTask
 from rollstream.tasks.base import TaskContext
 from rollstream.tasks.harbor_folder import HarborTaskRefused, TaskFolder
@@ -103,7 +106,7 @@ class HarborTask(AgentTask):
         if "tools" in instance and not (isinstance(instance["tools"], list)
                                         and all(isinstance(t, str) for t in instance["tools"])):
             raise InvalidJob("harbor: tools must be a list of tool names such as [\"bash\", \"editor\"]")
-        self.folder(instance)
+        harbor_compose.load(self.folder(instance))
         self.prompt_messages(instance)
 
     def folder(self, instance: dict) -> TaskFolder:
@@ -126,14 +129,18 @@ class HarborTask(AgentTask):
         resources = folder.config.environment
         limits = SandboxLimits(memory_mb=resources.memory_mb, disk_mb=resources.storage_mb, cpus=resources.cpus)
         root = not image.user or image.user in ("root", "0")
-        network = gets_network(folder, load_settings().task_internet)
+        settings = load_settings()
+        network = gets_network(folder, settings.task_internet)
+        compose = harbor_compose.load(folder)
+        services = harbor_compose.sidecar_specs(compose, image.key, settings.harbor_base_images) if compose else []
         # Harbor runs a task's container with Docker's default capabilities, and its solve.sh and
         # test.sh as root expect them (tar restoring owners, writing files other users own): a
         # root task's container keeps the few of them SECURITY.md argues for, within the operator's.
-        return SandboxSpec(image=image.tag, workdir=image.workdir, limits=limits, network=network,
-                           **({"backend": NETWORK_BACKEND} if network else {}),
+        return SandboxSpec(image=image.tag, workdir=image.workdir, limits=limits, network=network, services=services,
+                           **({"backend": NETWORK_BACKEND} if network or services else {}),
                            setup_commands=[restore_workdir_command(image.workdir)], setup_timeout_s=SETUP_TIMEOUT_S,
-                           env={**(image.env or {}), "HOME": "/root" if root else "/tmp"},
+                           env={**(image.env or {}), **(compose.main_env if compose else {}),
+                                "HOME": "/root" if root else "/tmp"},
                            capabilities=list(ROOT_TASK_CAPABILITIES) if root else [])
 
     def prompt_messages(self, instance: dict) -> list[dict]:
@@ -148,17 +155,24 @@ class HarborTask(AgentTask):
     async def prepare_environment(self, env: Envelope, ctx: TaskContext) -> None:
         """Build the environment image unless cached (its rootfs too where bwrap runs it)."""
         folder = await asyncio.to_thread(self.folder, env.job.instance)
-        network = gets_network(folder, load_settings().task_internet)
-        backend = (env.job.sandbox or {}).get("backend") or (NETWORK_BACKEND if network else None) or (
+        settings = load_settings()
+        compose = await asyncio.to_thread(harbor_compose.load, folder)
+        needs = ("the network" if gets_network(folder, settings.task_internet) else
+                 "its compose file's services" if compose else None)
+        backend = (env.job.sandbox or {}).get("backend") or (NETWORK_BACKEND if needs else None) or (
             ctx.sandboxes.backend if ctx.sandboxes else "auto")
-        if network and backend != NETWORK_BACKEND:
-            raise HarborTaskRefused(f"harbor task {folder.name}: its sandbox gets the network, which only backend "
-                                    f"{NETWORK_BACKEND!r} gives as a network of its own; the job asks for {backend!r}")
+        if needs and backend != NETWORK_BACKEND:
+            raise HarborTaskRefused(f"harbor task {folder.name}: its sandbox needs {needs}, on a network of its own, "
+                                    f"which only backend {NETWORK_BACKEND!r} gives (bwrap and Singularity can only "
+                                    f"share the host's); the job asks for {backend!r}")
         rootfs = backend == "bwrap" or (backend == "auto" and BwrapBackend().available())
         try:
-            await asyncio.to_thread(ensure_image, folder, load_settings().harbor_base_images, rootfs)
+            image = await asyncio.to_thread(ensure_image, folder, settings.harbor_base_images, rootfs)
+            if compose:
+                await asyncio.to_thread(harbor_compose.ensure_sidecars, folder, compose, image.key,
+                                        settings.harbor_base_images, build_network())
         except EnvBuildFailed as failed:
-            raise JobFailed(f"harbor task {folder.name}: environment/Dockerfile did not build: {failed}",
+            raise JobFailed(f"harbor task {folder.name}: its environment did not build: {failed}",
                             retryable=False, failure="task") from None
         except (BackendUnavailable, RuntimeError, OSError) as error:
             raise JobFailed(f"harbor task {folder.name}: the container engine could not build its environment "

@@ -241,11 +241,8 @@ class TaskFolder:
                 compose = sorted(names & set(COMPOSE_FILES))
                 raise HarborTaskRefused(
                     f"harbor: {real}/environment has {compose[0] + ' but ' if compose else ''}no Dockerfile; "
-                    "rollstream builds task environments from environment/Dockerfile only (docker-compose "
-                    "environments with several services are not supported yet)")
-            if names & set(COMPOSE_FILES):
-                raise HarborTaskRefused(f"harbor: {real}/environment has a compose file; multi-service "
-                                        "environments (docker-compose) are not supported yet")
+                    "rollstream builds the agent's container (a compose file's service main) from "
+                    "environment/Dockerfile")
             tests = _open_folder(top, "tests", "tests/ folder")
             try:
                 _read_file(tests, "test.sh", "tests/test.sh", FOLDER_MAX_BYTES)

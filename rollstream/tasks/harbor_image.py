@@ -215,7 +215,7 @@ def _engine_is_podman() -> bool:
     return "Podman" in components.stdout
 
 
-def _run_build(context: str, containerfile: str, tag: str, network: str, timeout_s: float) -> None:
+def run_build(context: str, containerfile: str, tag: str, network: str, timeout_s: float) -> None:
     podman = shutil.which("podman") if _engine_is_podman() else None
     argv = build_argv(containerfile, tag, context, network, podman)
     env = {**os.environ, **client_env(), "DOCKER_BUILDKIT": "0"}
@@ -240,7 +240,7 @@ def _build(folder: TaskFolder, key: str, dockerfile: str, network: str) -> Harbo
         with open(os.path.join(context, "Dockerfile"), "w", encoding="utf-8") as handle:
             handle.write(dockerfile)
         log.info("building %s for harbor task %s (network %s)", source, folder.path, network)
-        _run_build(context, os.path.join(context, "Dockerfile"), source, network, timeout_s)
+        run_build(context, os.path.join(context, "Dockerfile"), source, network, timeout_s)
     config = json.loads(docker("image", "inspect", "--format", "{{json .Config}}", source, timeout=60).stdout)
     workdir = os.path.normpath(config.get("WorkingDir") or "/")
     if workdir == "/":
@@ -255,7 +255,7 @@ def _build(folder: TaskFolder, key: str, dockerfile: str, network: str) -> Harbo
         path = os.path.join(context, "Containerfile")
         with open(path, "w", encoding="utf-8") as handle:
             handle.write(finishing_containerfile(source, workdir, user))
-        _run_build(context, path, tag, "none", timeout_s)
+        run_build(context, path, tag, "none", timeout_s)
     return HarborImage(key=key, tag=tag, workdir=workdir, user=user, built=True, env=image_env(config))
 
 

@@ -124,11 +124,11 @@ async def test_a_test_sh_without_a_usable_reward_fails_the_job_as_the_tasks_faul
     assert message in str(failed.value)
 
 
-def test_a_compose_environment_is_refused_with_what_is_supported(harbor_environment, tmp_path):
+def test_a_compose_environment_without_a_dockerfile_for_main_is_refused_naming_it(harbor_environment, tmp_path):
     task = copy_task(harbor_environment / "hello-file", tmp_path / "compose")
     (task / "environment" / "Dockerfile").unlink()
     (task / "environment" / "docker-compose.yaml").write_text("services:\n  main:\n    build: .\n")
-    with pytest.raises(InvalidJob, match="docker-compose.yaml but no Dockerfile.*not supported"):
+    with pytest.raises(InvalidJob, match="docker-compose.yaml but no Dockerfile.*service main"):
         HarborTask().validate({"path": str(task)})
 
 

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import resource
+import shlex
 import subprocess
 
 from rollstream.sandbox_spec import ROOT_TASK_CAPABILITIES, SandboxSpec
@@ -105,6 +106,79 @@ def container_name(sandbox_id: str) -> str:
     return f"rs-{sandbox_id}"
 
 
+def sidecar_name(sandbox_id: str, service: str) -> str:
+    return f"rs-{sandbox_id}-s-{service}"
+
+
+def network_name(sandbox_id: str) -> str:
+    """The network of a sandbox with sidecars: its own, named after it, removed with it."""
+    return f"rs-net-{sandbox_id}"
+
+
+def policy_flags(spec: SandboxSpec, sandbox_id: str, owner: str) -> list[str]:
+    """What every container of a sandbox gets, the main one and its sidecars: its labels (how a
+    reaper finds it), the capability set, no-new-privileges, rlimits and the cgroup limits."""
+    limits = spec.limits
+    argv = ["--label", f"{LABEL}={sandbox_id}", "--label", f"rollstream.owner={owner}", *capability_flags(spec),
+            "--security-opt", "no-new-privileges", *_rlimit_flags(limits.max_open_files)]
+    if limits.memory_mb:
+        argv += ["--memory", f"{limits.memory_mb}m"]
+    if limits.max_processes:
+        argv += ["--pids-limit", str(limits.max_processes)]
+    if limits.cpus:
+        argv += ["--cpus", str(limits.cpus)]
+    if limits.cpu_time_s:
+        argv += ["--ulimit", f"cpu={limits.cpu_time_s}:{limits.cpu_time_s}"]
+    return argv
+
+
+_IP = "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}"
+_STATE = "{{.State.Running}} {{.State.ExitCode}}"
+
+
+def _with_hosts(argv: list[str], hosts: list[str]) -> str:
+    """``docker run`` as shell text, with the ``--add-host`` flags (which expand a variable) after ``run``."""
+    return " ".join([*map(shlex.quote, argv[:2]), *hosts, *map(shlex.quote, argv[2:])])
+
+
+def with_sidecars(docker: str, spec: SandboxSpec, sandbox_id: str, owner: str,
+                  main_argv: list[str]) -> tuple[list[str], list[str]]:
+    """(start, cleanup) commands of a sandbox with sidecars: its network (internal, no route out,
+    unless ``spec.network``), each sidecar on it reachable by its name (``--add-host``: podman's
+    Docker API gives a network no DNS), then the main container; a sidecar that has exited by
+    then fails the start with its last output. A failed start removes what it made; the
+    cleanup (the supervisor's stop, the reaper's after a killed worker) removes it all."""
+    q = shlex.quote
+    net = network_name(sandbox_id)
+    names = [container_name(sandbox_id)] + [sidecar_name(sandbox_id, s.name) for s in spec.services]
+    cleanup = (f"{q(docker)} rm --force {' '.join(map(q, names))} >/dev/null 2>&1; "
+               f"{q(docker)} network rm {q(net)} >/dev/null 2>&1; true")
+    lines = ["set -e", f"trap 'status=$?; if [ $status != 0 ]; then {cleanup}; fi' EXIT",
+             f"{q(docker)} network create {'' if spec.network else '--internal '}--label {q(f'{LABEL}={sandbox_id}')} "
+             f"{q(net)} >/dev/null"]
+    hosts: list[str] = []
+    for service in spec.services:
+        name = sidecar_name(sandbox_id, service.name)
+        argv = [docker, "run", "--detach", "--name", name, "--hostname", service.name, "--network", net,
+                *policy_flags(spec, sandbox_id, owner)]
+        for key, value in service.env.items():
+            argv += ["--env", f"{key}={value}"]
+        argv += ["--", service.image, *(service.command or [])]
+        lines.append(_with_hosts(argv, hosts) + " >/dev/null")
+        lines.append(f"ip_{service.name.replace('-', '_')}=$({q(docker)} inspect --format {q(_IP)} {q(name)})")
+        hosts.append(f"--add-host {q(service.name)}:\"$ip_{service.name.replace('-', '_')}\"")
+    network_at = main_argv.index("--network")
+    main = main_argv[:network_at] + ["--network", net] + main_argv[network_at + 2:]
+    lines.append(_with_hosts(main, hosts))
+    for service in spec.services:
+        name = sidecar_name(sandbox_id, service.name)
+        # One line: the supervisor reports the first line of a failed start.
+        lines.append(f"set -- $({q(docker)} inspect --format {q(_STATE)} {q(name)})")
+        lines.append(f'[ "$1" = true ] || {{ echo "service {service.name} exited (exit code $2); its last output: '
+                     f'$({q(docker)} logs --tail 20 {q(name)} 2>&1 | tail -c 1500 | tr \"\\n\" \" \")" >&2; exit 1; }}')
+    return ["bash", "-c", "\n".join(lines), "rs-start"], ["bash", "-c", cleanup, "rs-cleanup"]
+
+
 @functools.lru_cache(maxsize=1)
 def _engine_answers() -> bool:
     binary = which("docker")
@@ -129,16 +203,11 @@ class DockerBackend:
             raise ValueError(
                 f"backend='docker' image {spec.image!r} starts with '-': an option, not an image reference"
             )
-        limits = spec.limits
         argv = [
             which("docker") or "docker", "run", "--detach",
             "--name", container_name(sandbox_id),
-            "--label", f"{LABEL}={sandbox_id}",
-            "--label", f"rollstream.owner={owner}",
             "--hostname", "sandbox",
-            *capability_flags(spec),
-            "--security-opt", "no-new-privileges",
-            *_rlimit_flags(limits.max_open_files),
+            *policy_flags(spec, sandbox_id, owner),
             "--volume", f"{layout.work}:{spec.workdir}",
             "--volume", f"{layout.tmp}:/tmp",
             "--volume", f"{layout.kernel}:{KERNEL_DIR_INNER}",
@@ -148,14 +217,6 @@ class DockerBackend:
         # With the network: the engine's bridge, named, so an engine whose default is the host's
         # namespace (containers.conf netns="host") still gives the sandbox a namespace of its own.
         argv += ["--network", "bridge" if spec.network else "none"]
-        if limits.memory_mb:
-            argv += ["--memory", f"{limits.memory_mb}m"]
-        if limits.max_processes:
-            argv += ["--pids-limit", str(limits.max_processes)]
-        if limits.cpus:
-            argv += ["--cpus", str(limits.cpus)]
-        if limits.cpu_time_s:
-            argv += ["--ulimit", f"cpu={limits.cpu_time_s}:{limits.cpu_time_s}"]
         for key, value in env.items():
             argv += ["--env", f"{key}={value}"]
         # `--` ends the options: whatever the image is named, it is read as the image.
@@ -176,6 +237,10 @@ class DockerBackend:
         host_env = client_env()
         name = container_name(sandbox_id)
         docker = which("docker") or "docker"
+        start = self.run_argv(spec, layout, sandbox_id, owner, env)
+        cleanup = [docker, "rm", "--force", name]
+        if spec.services:
+            start, cleanup = with_sidecars(docker, spec, sandbox_id, owner, start)
         return LaunchPlan(
             **base_plan(spec, layout, sandbox_id, owner, self.name),
             workdir_inner=spec.workdir,
@@ -193,8 +258,8 @@ class DockerBackend:
             host_env=host_env,
             rlimits={},  # limits apply inside the container; host rlimits would only bind the CLI
             confine_processes=False,  # dockerd holds the processes: --pids-limit, --memory, --cpus
-            start_argv=self.run_argv(spec, layout, sandbox_id, owner, env),
-            stop_argv=[docker, "rm", "--force", name],
-            cleanup_argv=[docker, "rm", "--force", name],
+            start_argv=start,
+            stop_argv=cleanup,
+            cleanup_argv=cleanup,
             inspect_argv=[docker, "inspect", "--format", "{{.State.Pid}} {{.Id}}", name],
         )

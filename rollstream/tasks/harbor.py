@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import shlex
+import subprocess
 from typing import ClassVar
 
 from rollstream.config import load_settings
@@ -36,6 +37,7 @@ from rollstream.sandbox_spec import ROOT_TASK_CAPABILITIES, SandboxLimits, Sandb
 from rollstream.sandboxes.backends.bwrap import BwrapBackend
 from rollstream.sandboxes.env_images import EnvBuildFailed, build_network
 from rollstream.sandboxes.errors import BackendUnavailable
+from rollstream.sandboxes.images import sif_from_engine_image
 from rollstream.sandboxes.sandbox_client import SandboxClient
 from rollstream.tasks import harbor_compose, harbor_verify
 from rollstream.tasks.agent_task import AgentTask
@@ -171,12 +173,15 @@ class HarborTask(AgentTask):
             if compose:
                 await asyncio.to_thread(harbor_compose.ensure_sidecars, folder, compose, image.key,
                                         settings.harbor_base_images, build_network())
+            if backend == "singularity":  # the same image as a SIF, which the backend finds by its tag
+                await asyncio.to_thread(sif_from_engine_image, image.tag)
         except EnvBuildFailed as failed:
             raise JobFailed(f"harbor task {folder.name}: its environment did not build: {failed}",
                             retryable=False, failure="task") from None
-        except (BackendUnavailable, RuntimeError, OSError) as error:
+        except (BackendUnavailable, RuntimeError, OSError, subprocess.CalledProcessError) as error:
             raise JobFailed(f"harbor task {folder.name}: the container engine could not build its environment "
-                            f"({error}); check DOCKER_HOST and the engine (scripts/install-podman)") from error
+                            f"({error}); check DOCKER_HOST and the engine (scripts/install-podman), and for "
+                            "Singularity apptainer or singularity on PATH") from error
 
     # -- run ---------------------------------------------------------------------------
     async def rollout(self, env: Envelope, ctx: TaskContext) -> Trajectory:

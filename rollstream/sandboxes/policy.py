@@ -91,6 +91,8 @@ class OverridePolicy:
         image (the task's, often taken from the instance, or the job's) checked by `check_image`."""
         result = self._merged(spec, overrides) if overrides else spec
         self.check_image(result.image, "job.sandbox.image" if overrides and "image" in overrides else "image")
+        for service in result.services:  # a task's sidecars (a compose file's image) pass the same list
+            self.check_image(service.image, f"services.{service.name}.image")
         return result
 
     def _merged(self, spec: SandboxSpec, overrides: dict) -> SandboxSpec:

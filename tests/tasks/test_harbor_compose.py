@@ -17,9 +17,11 @@ import pytest
 
 from rollstream.errors import InvalidJob, JobFailed
 from rollstream.messages import Envelope, Job
+from rollstream.sandbox_spec import SandboxSpec, SidecarSpec
 from rollstream.sandboxes.backends.docker import DockerBackend, client_env, network_name, sidecar_name
 from rollstream.sandboxes.errors import SandboxStartError
 from rollstream.sandboxes.paths import sandbox_id_for
+from rollstream.sandboxes.policy import OverridePolicy, SandboxOverrideRefused
 from rollstream.sandboxes.reaper import teardown
 from rollstream.tasks.base import TaskContext
 from rollstream.tasks.harbor import HarborTask
@@ -145,6 +147,14 @@ async def test_compose_keys_that_reach_the_host_and_a_bwrap_backend_are_refused(
                         "    volumes: ['/:/host']\n    privileged: true\n")
     with pytest.raises(InvalidJob, match=r"services.kv sets \['privileged', 'volumes'\]"):
         HarborTask().validate({"path": str(folder)})
+    # A sidecar's image passes the operator's image list as the sandbox's does; services are never a job's.
+    unlisted = SandboxSpec(backend="docker", image="localhost/rollstream/harbor:x",
+                           services=[SidecarSpec(name="db", image="docker.io/library/postgres:15")])
+    with pytest.raises(SandboxOverrideRefused, match="services.db.image='docker.io/library/postgres:15' is not among"):
+        OverridePolicy().apply(unlisted, None)
+    with pytest.raises(SandboxOverrideRefused, match="services cannot come from a job"):
+        OverridePolicy(allowed=("limits", "services")).apply(unlisted.model_copy(update={"services": []}),
+                                                             {"services": [{"name": "db", "image": "x"}]})
     env = Envelope(job=Job(task="harbor", instance={"path": str(compose_tasks / "kv-built")},
                            sandbox={"backend": "bwrap"}))
     with pytest.raises(InvalidJob, match="compose file's services.*only backend 'docker'"):

@@ -1,25 +1,31 @@
 """Test hosts on one machine, joined by a real network: each host is a Linux network namespace
 with one veth port on a bridge that lives in a namespace of its own (the switch), so traffic
 between hosts crosses real TCP stacks and a port that can be cut, healed, delayed or made
-lossy (``tc netem``). The machine's own namespace joins as one more host (the driver: the test
-or benchmark process), so it reaches the others without entering a namespace.
+lossy (``tc netem``, or where the kernel has no netem a userspace wire: chaos/wire.py). The
+machine's own namespace joins as one more host (the driver: the test or benchmark process), so
+it reaches the others without entering a namespace.
 
 Addresses come from 198.18.0.0/15, the range set aside for benchmarking networks (RFC 2544):
 every address used is one of these hosts'. Needs root, ``ip`` and ``tc`` (iproute2).
-``Network.close()`` (or the context manager) deletes every namespace, which takes its veth
-ports with it; processes started in a host are the caller's to stop first."""
+``Network.close()`` (or the context manager) stops its wires and deletes every namespace, which
+takes its veth ports with it; processes started in a host are the caller's to stop first."""
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import ipaddress
 import os
 import random
 import shutil
+import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
+from pathlib import Path
+
+WIRE = Path(__file__).with_name("wire.py")
+CLONE_NEWNET = 0x40000000
 
 
 class NetworkUnavailable(RuntimeError):
@@ -65,6 +71,7 @@ class Network:
     _switch: str = ""
     _namespaces: list[str] = field(default_factory=list)
     _netem: bool | None = None
+    _wires: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
@@ -124,33 +131,63 @@ class Network:
             _ip("ip", "link", "del", probe, netns=self._switch, check=False)
         return self._netem
 
-    def shape(self, name: str, *, delay_ms: float = 0.0, loss_percent: float = 0.0) -> None:
-        """Packets the host sends wait ``delay_ms`` (tc netem) and are lost with
-        ``loss_percent`` (netem, or an iptables ``statistic`` rule where the kernel has no
-        netem); zeros remove the shaping. Without netem a delay cannot be put on a link:
-        put a ``DelayRelay`` in front of the service instead."""
+    def shape(self, name: str, *, delay_ms: float = 0.0, loss_percent: float = 0.0, jitter_ms: float = 0.0) -> None:
+        """Frames the host sends wait ``delay_ms`` (± ``jitter_ms``) and are lost with
+        ``loss_percent``: ``tc netem`` on its device where the kernel has netem, else a userspace
+        wire on its cable (chaos/wire.py); zeros remove the shaping. Either way both ends keep
+        their kernel TCP stacks: what crosses is real frames, retransmitted by the kernel."""
         host = self.hosts[name]
-        _ip("tc", "qdisc", "del", "dev", host.device, "root", netns=host.netns, check=False)
-        _ip("iptables", "-D", "OUTPUT", "-o", host.device, "-j", "RS_LOSS", netns=host.netns, check=False)
-        _ip("iptables", "-F", "RS_LOSS", netns=host.netns, check=False)
-        _ip("iptables", "-X", "RS_LOSS", netns=host.netns, check=False)
-        if not (delay_ms or loss_percent):
-            return
         if self.netem_available():
-            args = ["tc", "qdisc", "add", "dev", host.device, "root", "netem"]
-            args += ["delay", f"{delay_ms}ms"] if delay_ms else []
-            args += ["loss", f"{loss_percent}%"] if loss_percent else []
-            _ip(*args, netns=host.netns)
+            _ip("tc", "qdisc", "del", "dev", host.device, "root", netns=host.netns, check=False)
+            if delay_ms or loss_percent or jitter_ms:
+                args = ["tc", "qdisc", "add", "dev", host.device, "root", "netem"]
+                args += ["delay", f"{delay_ms}ms"] + ([f"{jitter_ms}ms"] if jitter_ms else [])
+                args += ["loss", f"{loss_percent}%"] if loss_percent else []
+                _ip(*args, netns=host.netns)
             return
-        if delay_ms:
-            raise NetworkUnavailable("this kernel has no netem qdisc (CONFIG_NET_SCH_NETEM): put a DelayRelay "
-                                     "in front of the service to delay its traffic")
-        _ip("iptables", "-N", "RS_LOSS", netns=host.netns)
-        _ip("iptables", "-A", "RS_LOSS", "-m", "statistic", "--mode", "random", "--probability",
-            f"{loss_percent / 100:.4f}", "-j", "DROP", netns=host.netns)
-        _ip("iptables", "-I", "OUTPUT", "-o", host.device, "-j", "RS_LOSS", netns=host.netns)
+        if not (delay_ms or loss_percent or jitter_ms):
+            self._unwire(name)
+            return
+        wire = self._wires.get(name) or self._wire(name)
+        assert wire.stdin is not None
+        wire.stdin.write(f"{delay_ms} {jitter_ms} {loss_percent}\n")
+        wire.stdin.flush()
+
+    def wired(self) -> list[str]:
+        """Hosts whose cable is a userspace wire now."""
+        return [name for name, proc in self._wires.items() if proc.poll() is None]
+
+    def _wire(self, name: str) -> subprocess.Popen:
+        """Take the host's port off the bridge and put a wire process between it and a new
+        veth whose peer takes its place on the bridge."""
+        port = self.hosts[name].port
+        _ip("ip", "link", "set", port, "nomaster", netns=self._switch)
+        _ip("ip", "link", "add", port + "w", "type", "veth", "peer", "name", port + "b", netns=self._switch)
+        _ip("ip", "link", "set", port + "b", "master", "br0", netns=self._switch)
+        for device in (port + "w", port + "b"):
+            _ip("ip", "link", "set", device, "up", netns=self._switch)
+        proc = subprocess.Popen(["ip", "netns", "exec", self._switch, sys.executable, str(WIRE), port, port + "w"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        if (line := proc.stdout.readline()).strip() != "ready":
+            proc.kill()
+            raise NetworkUnavailable(f"the wire on {name}'s cable did not start: {line}{proc.stdout.read()}")
+        self._wires[name] = proc
+        return proc
+
+    def _unwire(self, name: str) -> None:
+        proc = self._wires.pop(name, None)
+        if proc is None:
+            return
+        _stop(proc)
+        if self._switch in self._namespaces:
+            port = self.hosts[name].port
+            _ip("ip", "link", "del", port + "w", netns=self._switch, check=False)
+            _ip("ip", "link", "set", port, "master", "br0", netns=self._switch)
 
     def close(self) -> None:
+        for name in list(self._wires):
+            self._unwire(name)
         for host in self.hosts.values():
             if host.netns is None:
                 _ip("ip", "link", "del", host.device, check=False)
@@ -166,64 +203,86 @@ class Network:
         self.close()
 
 
-# -- a delay where the kernel has no netem ------------------------------------------------
-class DelayRelay:
-    """A TCP relay run in a host: every chunk read from either side is written to the other
-    ``delay_ms`` later, in order, so each request/response round trip through it takes two
-    delays more (what ``netem delay`` on both ends of a link gives). Clients address the
-    relay's ``listen`` port instead of the service."""
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop a wire or forwarder: its stdin closed is its signal to exit; SIGKILL if it lingers."""
+    if proc.stdin:
+        proc.stdin.close()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    if proc.stdout:
+        proc.stdout.close()
 
-    def __init__(self, host: Host, listen: tuple[str, int], target: tuple[str, int], delay_ms: float):
-        self.host, self.listen, self.target, self.delay_ms = host, listen, target, delay_ms
+
+# -- a TCP forwarder between hosts -----------------------------------------------------------
+class Forwarder:
+    """A plain TCP forwarder listening on ``listen`` in ``host`` and connecting to ``target`` from
+    ``source``'s namespace (default: the same host): a service on the machine's loopback (the
+    session's vLLM) becomes reachable at a host's address, and cutting that host's cable cuts
+    the service off. Exits when its owner closes its stdin (``stop``) or dies."""
+
+    def __init__(self, host: Host, listen: tuple[str, int], target: tuple[str, int], source: Host | None = None):
+        self.host, self.listen, self.target = host, listen, target
+        self.source = source or host
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "DelayRelay":
-        argv = [sys.executable, "-m", "chaos.netns", "relay", f"{self.listen[0]}:{self.listen[1]}",
-                f"{self.target[0]}:{self.target[1]}", str(self.delay_ms)]
-        self.proc = subprocess.Popen(self.host.command(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    def start(self) -> "Forwarder":
+        argv = [sys.executable, "-m", "chaos.netns", "forward", self.host.netns or "-",
+                f"{self.listen[0]}:{self.listen[1]}", f"{self.target[0]}:{self.target[1]}"]
+        self.proc = subprocess.Popen(self.source.command(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, cwd=str(WIRE.parent.parent))
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()  # "listening" once bound
         if "listening" not in line:
-            raise NetworkUnavailable(f"the delay relay did not start: {line}{self.proc.stdout.read()}")
+            self.proc.kill()
+            raise NetworkUnavailable(f"the forwarder did not start: {line}{self.proc.stdout.read()}")
         return self
 
     def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
+        if self.proc:
+            _stop(self.proc)
+
+    def __enter__(self) -> "Forwarder":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
 
-async def _relay(listen: str, target: str, delay_ms: float) -> None:
-    delay = delay_ms / 1000
+def _listen_in(netns: str, host: str, port: int) -> socket.socket:
+    """A listening socket made in namespace ``netns`` (a socket keeps the namespace it was made
+    in), this thread returned to its own namespace afterwards."""
+    if netns == "-":
+        return socket.create_server((host, port), backlog=1024)
+    libc = ctypes.CDLL(None, use_errno=True)
+    own = os.open("/proc/self/ns/net", os.O_RDONLY)
+    other = os.open(f"/run/netns/{netns}", os.O_RDONLY)
+    try:
+        if libc.setns(other, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns into {netns}")
+        try:
+            return socket.create_server((host, port), backlog=1024)
+        finally:
+            if libc.setns(own, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "setns back")
+    finally:
+        os.close(own)
+        os.close(other)
+
+
+async def _forward(netns: str, listen: str, target: str) -> None:
     target_host, target_port = target.rsplit(":", 1)
 
     async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        queue: asyncio.Queue = asyncio.Queue()
-
-        async def deliver() -> None:
-            while True:
-                due, chunk = await queue.get()
-                if chunk is None:
-                    break
-                wait = due - time.monotonic()
-                if wait > 0:
-                    await asyncio.sleep(wait)
-                writer.write(chunk)
-                await writer.drain()
-            writer.close()
-
-        sender = asyncio.create_task(deliver())
         try:
             while chunk := await reader.read(65536):
-                queue.put_nowait((time.monotonic() + delay, chunk))
+                writer.write(chunk)
+                await writer.drain()
         except ConnectionError:
             pass
-        queue.put_nowait((0.0, None))
-        try:
-            await sender
-        except ConnectionError:
-            pass
+        writer.close()
 
     async def handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         try:
@@ -234,11 +293,12 @@ async def _relay(listen: str, target: str, delay_ms: float) -> None:
         await asyncio.gather(pump(client_r, server_w), pump(server_r, client_w))
 
     host, port = listen.rsplit(":", 1)
-    server = await asyncio.start_server(handle, host, int(port), backlog=1024)
+    server = await asyncio.start_server(handle, sock=_listen_in(netns, host, int(port)))
     print("listening", flush=True)
-    async with server:
-        await server.serve_forever()
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, sys.stdin.read)  # until the owner closes our stdin
+    server.close()
 
 
-if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == "relay":
-    asyncio.run(_relay(sys.argv[2], sys.argv[3], float(sys.argv[4])))
+if __name__ == "__main__" and len(sys.argv) == 5 and sys.argv[1] == "forward":
+    asyncio.run(_forward(sys.argv[2], sys.argv[3], sys.argv[4]))

@@ -34,8 +34,8 @@ from transformers.utils import logging as hf_logging
 from rollstream.agent.chat import ChatRenderer
 from rollstream.agent.tools import submit_tool_schema
 from rollstream.demo.arith_model import ARITH_RL_RECIPE, cached_arith_model
+from rollstream.llm.balancer import add_backend
 from rollstream.llm.server.app import start_server_process
-from rollstream.pipeline.balancer import add_backend
 from rollstream.pipeline.connection import async_redis
 from rollstream.pipeline.embedded import EmbeddedRedis
 from rollstream.tasks import arith

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from redis.asyncio import Redis  # noqa: E402
 
-from rollstream.pipeline.balancer import Balancer  # noqa: E402
+from rollstream.llm.balancer import Balancer  # noqa: E402
 
 BLOCK = 16  # tokens per KV block, vLLM's default
 

@@ -38,8 +38,8 @@ from rollstream.agent.sandbox_harness import HARNESS_SESSION, launch_values, sta
 from rollstream.client import AsyncClient
 from rollstream.config import Settings
 from rollstream.episode_settings import agent_settings
+from rollstream.llm.balancer import add_backend
 from rollstream.llm.inference_client import Generation
-from rollstream.pipeline.balancer import add_backend
 from rollstream.pipeline.embedded import EmbeddedRedis
 from rollstream.sampling import SamplingParams
 from rollstream.sandboxes import SandboxClient, SandboxSpec, create_sandbox, destroy_sandbox

@@ -252,12 +252,12 @@ class Doors:
     async def start(self) -> Doors:
         from transformers import AutoTokenizer
 
-        from rollstream.agent import AgentSettings
-        from rollstream.agent.backend_link import PooledVLLMClient
         from rollstream.agent.gateway import Gateway
         from rollstream.demo.arith_model import build_arith_model
+        from rollstream.episode_settings import AgentSettings
+        from rollstream.llm.backend_link import PooledVLLMClient
+        from rollstream.llm.balancer import Balancer
         from rollstream.llm.inference_client import SamplingParams
-        from rollstream.pipeline.balancer import Balancer
         from rollstream.pipeline.connection import async_redis
 
         self.tokenizer = AutoTokenizer.from_pretrained(build_arith_model(MODEL_CACHE))
@@ -271,7 +271,7 @@ class Doors:
         return self
 
     async def open(self, job: str, balanced: bool) -> str:
-        from rollstream.agent import LLMSession
+        from rollstream.llm.session import LLMSession
 
         session = LLMSession(self.backend, job, group_id=f"group-{int(job[4:]) // 8}",
                              **({"balancer": self.balancer} if balanced else {"backend_url": self.stub_url}))
@@ -367,7 +367,7 @@ async def run(args) -> dict:
 
     from rollstream.agent.harnesses.openai_chat import SUBMIT
     from rollstream.demo.arith_model import build_arith_model
-    from rollstream.pipeline.balancer import add_backend
+    from rollstream.llm.balancer import add_backend
     from rollstream.pipeline.connection import async_redis
     from rollstream.pipeline.embedded import EmbeddedRedis
     from rollstream.tasks import arith

@@ -155,8 +155,8 @@ def run_rollstream(args, prompts: int, model_dir: Path, redis_url: str, work: Pa
     from rollstream.config import Settings
     from rollstream.integrations.trl import RolloutFunc, rollstream_reward
     from rollstream.integrations.trl_weight_sync import WeightSyncCallback
+    from rollstream.llm.balancer import add_backend
     from rollstream.llm.server.app import start_server_process
-    from rollstream.pipeline.balancer import add_backend
     from rollstream.workers.pool import WorkerPool
 
     namespace = f"trl{uuid.uuid4().hex[:6]}"

@@ -33,7 +33,7 @@ from cluster.test_partitions import NetCluster, _backends, _collect_all  # noqa:
 from real_vllm.vllm_process import start_vllm  # noqa: E402
 
 from rollstream.client import AsyncClient  # noqa: E402
-from rollstream.pipeline.balancer import add_backend  # noqa: E402
+from rollstream.llm.balancer import add_backend  # noqa: E402
 from rollstream.tasks import arith  # noqa: E402
 
 VLLM_PORT = 8000

@@ -18,7 +18,7 @@ import httpx
 import psutil
 
 from chaos.diskfull import SmallDisk
-from rollstream.pipeline.balancer import add_backend
+from rollstream.llm.balancer import add_backend
 from rollstream.pipeline.connection import async_redis
 from rollstream.pipeline.embedded import EmbeddedRedis
 from rollstream.pipeline.keys import Keys

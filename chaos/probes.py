@@ -15,7 +15,7 @@ import psutil
 import redis.asyncio as aioredis
 
 from chaos.cluster import LocalCluster
-from rollstream.pipeline.balancer import list_backends
+from rollstream.llm.balancer import list_backends
 
 log = logging.getLogger(__name__)
 

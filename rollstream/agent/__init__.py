@@ -1,9 +1,3 @@
-"""The agent loop of the run stage: multi-turn model/tool episodes in token ids, with the
-LLM session that routes each turn through the balancer."""
-
-from rollstream.agent.episode import run_agent
-from rollstream.agent.session import LLMSession
-from rollstream.agent.tools import CallToolAdapter, FunctionToolBox, ToolBox, ToolOutput
-from rollstream.episode_settings import AgentSettings
-
-__all__ = ["AgentSettings", "CallToolAdapter", "FunctionToolBox", "LLMSession", "ToolBox", "ToolOutput", "run_agent"]
+"""The agent loop of the run stage: multi-turn model/tool episodes in token ids (episode.py), each
+model turn through the job's LLM session (rollstream.llm.session), and the door that harnesses
+call in the APIs they speak (gateway.py and the door_* modules). Import from the modules."""

@@ -18,8 +18,8 @@ from rollstream.agent.door_stream import Completed, Emitter, ReplyText
 from rollstream.agent.parsing import reply_calls
 from rollstream.agent.recorder import CallRecorder
 from rollstream.episode_settings import AgentSettings
+from rollstream.llm.balancer import NoBackendAvailable
 from rollstream.llm.inference_client import BackendError, ContextLengthError
-from rollstream.pipeline.balancer import NoBackendAvailable
 
 Send = Callable[[bytes], Awaitable[None]]
 

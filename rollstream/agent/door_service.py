@@ -7,19 +7,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from rollstream.agent.backend_link import PooledVLLMClient
 from rollstream.agent.gateway import Gateway, JobDoor
-from rollstream.agent.llm_service import LLMService
-from rollstream.agent.session import LLMSession
+from rollstream.agent.services import ProcessServices
 from rollstream.episode_settings import AgentSettings, agent_settings
+from rollstream.llm.backend_link import PooledVLLMClient
 from rollstream.llm.inference_client import VLLMClient
+from rollstream.llm.service import LLMService
+from rollstream.llm.session import LLMSession
 from rollstream.messages import Envelope, Job
 from rollstream.trajectory import Trajectory
-
-if TYPE_CHECKING:  # the tasks' context names the services; the agent does not import the tasks
-    from rollstream.tasks.base import ProcessServices
 
 
 def preset_dirs(services: ProcessServices) -> list[Path]:
@@ -40,7 +38,7 @@ async def worker_gateway(services: ProcessServices) -> Gateway:
 
 def job_session(llm: LLMService, services: ProcessServices, job: Job, settings: AgentSettings) -> LLMSession:
     """The job's LLM session (the run worker's balancer, so job and group affinity hold),
-    speaking to vLLM-API backends through the door's pooled link (agent/backend_link.py)."""
+    speaking to vLLM-API backends through the door's pooled link (llm/backend_link.py)."""
     options: dict[str, Any] = {"max_backend_attempts": settings.max_backend_attempts,
                                "request_timeout_s": settings.request_timeout_s,
                                "backend_wait_s": settings.backend_wait_s}

@@ -13,11 +13,11 @@ from typing import Any
 
 from rollstream.agent.chat import ChatRenderer
 from rollstream.agent.parsing import MalformedToolCall, ToolCall, malformed_call_observation, parse_tool_calls
-from rollstream.agent.session import LLMSession
 from rollstream.agent.tools import ToolBox, ToolOutput, call_with_timeout, schema_name, submit_tool_schema
 from rollstream.episode_settings import AgentSettings
+from rollstream.llm.balancer import NoBackendAvailable
 from rollstream.llm.inference_client import BackendError, ContextLengthError
-from rollstream.pipeline.balancer import NoBackendAvailable
+from rollstream.llm.session import LLMSession
 from rollstream.trajectory import FinishReason, Message, ToolCallRecord, Trajectory
 
 log = logging.getLogger(__name__)

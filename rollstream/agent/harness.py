@@ -18,21 +18,19 @@ from dataclasses import dataclass, field
 from functools import cache
 from importlib import import_module
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rollstream.agent.door_service import open_harness_door, preset_dirs
 from rollstream.agent.episode import truncate_middle
 from rollstream.agent.gateway import MODEL_NAME
 from rollstream.agent.presets import all_presets, find_preset
 from rollstream.agent.sandbox_harness import run_sandbox_harness
+from rollstream.agent.services import ProcessServices
 from rollstream.episode_settings import AgentSettings
 from rollstream.errors import InvalidJob, JobCancelled, JobFailed
 from rollstream.messages import Envelope
 from rollstream.sandboxes.sandbox_client import SandboxClient
 from rollstream.trajectory import ToolCallRecord, Trajectory
-
-if TYPE_CHECKING:  # the tasks' context names the services; the agent does not import the tasks
-    from rollstream.tasks.base import ProcessServices
 
 ENTRY_POINT_GROUP = "rollstream.harnesses"
 HARNESSES = {

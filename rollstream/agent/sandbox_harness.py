@@ -18,20 +18,17 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rollstream.agent.door_service import open_harness_door
 from rollstream.agent.gateway import DOOR_SOCKET_NAME, MODEL_NAME
 from rollstream.agent.presets import Preset, driver_source
+from rollstream.agent.services import ProcessServices
 from rollstream.errors import InvalidJob, JobFailed
 from rollstream.messages import Envelope
 from rollstream.sandboxes.backends.common import DOOR_DIR_INNER
 from rollstream.sandboxes.errors import SandboxGone, ToolError
 from rollstream.sandboxes.sandbox_client import SandboxClient
 from rollstream.trajectory import Trajectory
-
-if TYPE_CHECKING:
-    from rollstream.tasks.base import ProcessServices
 
 log = logging.getLogger(__name__)
 

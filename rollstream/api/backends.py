@@ -7,7 +7,7 @@ from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, Field
 
 from rollstream.api.state import Shared
-from rollstream.pipeline.balancer import (
+from rollstream.llm.balancer import (
     BackendStatus,
     Balancer,
     add_backend,

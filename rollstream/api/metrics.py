@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
+from rollstream.llm.balancer import list_backends
 from rollstream.messages import STAGES
 from rollstream.pipeline import histograms
-from rollstream.pipeline.balancer import list_backends
 from rollstream.pipeline.keys import Keys
 from rollstream.pipeline.status import snapshot
 

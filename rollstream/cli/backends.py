@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from rollstream.cli.common import console, namespace_option, redis_option, require_redis, settings_from
-from rollstream.pipeline.balancer import Balancer, add_backend, list_backends, normalize_url, remove_backend
+from rollstream.llm.balancer import Balancer, add_backend, list_backends, normalize_url, remove_backend
 from rollstream.pipeline.connection import async_redis
 
 app = typer.Typer(help="Inference servers (vLLM, SGLang, built-in) the run workers balance over.",

@@ -16,7 +16,7 @@ from rollstream.demo.arith_model import ARITH_RL_RECIPE, cached_arith_model, mod
 from rollstream.demo.report import DemoOutcome, summarize
 from rollstream.demo.rollouts import demo_jobs, run_rollouts
 from rollstream.demo.training import train_briefly
-from rollstream.pipeline.balancer import add_backend
+from rollstream.llm.balancer import add_backend
 from rollstream.pipeline.connection import async_redis
 from rollstream.workers.pool import WorkerPool
 

@@ -13,7 +13,7 @@ from transformers import TrainerCallback
 
 from rollstream.config import Settings
 from rollstream.integrations.trl_bridge import RollstreamConnection
-from rollstream.pipeline.balancer import list_backends
+from rollstream.llm.balancer import list_backends
 from rollstream.trainer.weight_sync import BuiltinServerBackend, SyncReport, WeightPublisher, WeightSyncBackend
 
 log = logging.getLogger(__name__)

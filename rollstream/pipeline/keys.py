@@ -117,7 +117,7 @@ class Keys:
         """``tool_histogram("*")`` is the pattern that matches every tool's."""
         return self._k("hist", "tool", tool)
 
-    # The LLM backend balancer (pipeline/balancer.py and its Lua scripts).
+    # The LLM backend balancer (llm/balancer.py and its Lua scripts).
     @property
     def backends(self) -> str:
         """Healthy backends scored by requests in flight (the min-heap acquire pops from)."""

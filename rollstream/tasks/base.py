@@ -12,45 +12,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+from rollstream.agent.services import ProcessServices
 from rollstream.messages import Envelope
 from rollstream.sandbox_spec import SandboxSpec
 from rollstream.trajectory import Trajectory
 
-if TYPE_CHECKING:  # names for the fields' types only: importing a task must not load the HTTP clients
-    from rollstream.agent.backend_link import PooledVLLMClient
-    from rollstream.agent.gateway import Gateway
-    from rollstream.agent.llm_service import LLMService
+if TYPE_CHECKING:
     from rollstream.sandboxes.sandbox_client import SandboxClient
     from rollstream.workers.node_sandboxes import NodeSandboxes
 
 
 async def _never_cancelled() -> str | None:
     return None
-
-
-@dataclass
-class ProcessServices:
-    """The services a worker process shares among its jobs' hooks: the LLM service that the run
-    stage starts, and for harness jobs the door server and the pooled link to the backends, made
-    on first use (agent/harness.py). Init and eval workers leave them empty."""
-
-    llm: LLMService | None = None
-    gateway: Gateway | None = None
-    backend_link: PooledVLLMClient | None = None
-
-    def need_llm(self) -> LLMService:
-        """The LLM service, or an error that says how to have one."""
-        if self.llm is None:
-            raise RuntimeError("this worker has no LLM service: only run workers start one "
-                               "(see 'rollstream worker --help')")
-        return self.llm
-
-    async def aclose(self) -> None:
-        """Close the clients; the door server's socket goes with the process (closing it waits
-        for connections a harness may still hold open)."""
-        for client in (self.backend_link, self.llm):
-            if client is not None:
-                await client.aclose()
 
 
 @dataclass

@@ -18,7 +18,7 @@ import torch
 
 from rollstream.client import AsyncClient
 from rollstream.config import load_settings
-from rollstream.pipeline.balancer import list_backends
+from rollstream.llm.balancer import list_backends
 from rollstream.trainer.batch import build_batch
 from rollstream.trainer.checkpoint import CheckpointMeta, latest_checkpoint, load_checkpoint, model_dir, save_checkpoint
 from rollstream.trainer.config import TrainConfig

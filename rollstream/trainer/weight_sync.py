@@ -526,7 +526,7 @@ class WeightPublisher:
         every backend serves the new one from the same moment; saving happens before."""
         if self.redis is None or not self.pause_generation:
             return contextlib.nullcontext()
-        from rollstream.pipeline.balancer import generation_paused
+        from rollstream.llm.balancer import generation_paused
 
         return generation_paused(self.redis, self.namespace, f"weight sync to policy v{policy_version}",
                                  drain_timeout_s=self.timeout_s)
@@ -545,7 +545,7 @@ async def record_served_versions(redis: Any, namespace: str, policy_version: int
                                  outcomes: dict[str, BaseException | None]) -> None:
     """Note in each registered backend's balancer record the policy version it serves after a
     sync to `policy_version` (a backend that failed keeps its old one, with the error)."""
-    from rollstream.pipeline.balancer import Balancer, normalize_url
+    from rollstream.llm.balancer import Balancer, normalize_url
 
     balancer = Balancer(redis, namespace=namespace)
     known = {row.url: row.info for row in await balancer.backends()}

@@ -13,7 +13,7 @@ import math
 import os
 import stat
 
-from rollstream.agent.llm_service import LLMService
+from rollstream.llm.service import LLMService
 from rollstream.messages import Envelope
 from rollstream.pipeline.handoff import Forward
 from rollstream.sandbox_spec import SandboxHandle

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
+from rollstream.agent.services import ProcessServices
 from rollstream.config import Settings
 from rollstream.messages import Envelope, Result, StageName
 from rollstream.pipeline.handoff import Forward, Handoff
 from rollstream.pipeline.keys import Keys
-from rollstream.tasks.base import ProcessServices, TaskContext
+from rollstream.tasks.base import TaskContext
 from rollstream.tasks.registry import get_task
 from rollstream.workers.node_sandboxes import NodeSandboxes
 

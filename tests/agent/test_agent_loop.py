@@ -10,11 +10,13 @@ import signal
 import torch
 from redis.asyncio import Redis
 
-from rollstream.agent import AgentSettings, LLMSession, run_agent
 from rollstream.agent.chat import ChatRenderer
+from rollstream.agent.episode import run_agent
 from rollstream.agent.tools import FunctionToolBox
+from rollstream.episode_settings import AgentSettings
+from rollstream.llm.balancer import Balancer
 from rollstream.llm.inference_client import SamplingParams
-from rollstream.pipeline.balancer import Balancer
+from rollstream.llm.session import LLMSession
 
 from .scripted_model import ADD_QUESTION, BROKEN_QUESTION, CALCULATOR, TOOLS, prompt, scripts
 

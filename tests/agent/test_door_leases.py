@@ -7,11 +7,12 @@ from __future__ import annotations
 import pytest
 from openai import AsyncOpenAI, BadRequestError
 
-from rollstream.agent import AgentSettings, LLMSession
-from rollstream.agent.backend_link import PooledVLLMClient
 from rollstream.agent.gateway import Gateway
+from rollstream.episode_settings import AgentSettings
+from rollstream.llm.backend_link import PooledVLLMClient
+from rollstream.llm.balancer import Balancer
 from rollstream.llm.inference_client import SamplingParams
-from rollstream.pipeline.balancer import Balancer
+from rollstream.llm.session import LLMSession
 from rollstream.pipeline.connection import async_redis
 from rollstream.tasks import arith
 

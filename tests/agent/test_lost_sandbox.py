@@ -9,7 +9,8 @@ import tempfile
 
 import pytest
 
-from rollstream.agent import LLMSession, run_agent
+from rollstream.agent.episode import run_agent
+from rollstream.llm.session import LLMSession
 from rollstream.sandboxes import SandboxClient, SandboxSpec, create_sandbox, destroy_sandbox
 from rollstream.sandboxes.results import ToolOutput
 from rollstream.sandboxes.supervisor_spawn import stop_fork_server

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-
 import httpx
 
 
@@ -123,7 +122,7 @@ async def test_generation_is_paused_and_resumed_through_the_api_and_the_cli(api_
 
     from redis.asyncio import Redis
 
-    from rollstream.pipeline.balancer import Balancer
+    from rollstream.llm.balancer import Balancer
 
     r = Redis.from_url(settings.redis_url)
     balancer = Balancer(r, namespace=settings.namespace)

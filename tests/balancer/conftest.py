@@ -8,7 +8,7 @@ import uuid
 import pytest
 from redis.asyncio import Redis
 
-from rollstream.pipeline.balancer import Balancer
+from rollstream.llm.balancer import Balancer
 
 
 @pytest.fixture

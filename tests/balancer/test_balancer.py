@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from redis.asyncio import Redis
 
-from rollstream.pipeline.balancer import (
+from rollstream.llm.balancer import (
     Balancer,
     HealthChecker,
     NoBackendAvailable,
@@ -133,7 +133,7 @@ async def test_sigkilled_worker_leases_expire_and_counts_return(
         f"""
         import asyncio, sys
         from redis.asyncio import Redis
-        from rollstream.pipeline.balancer import Balancer
+        from rollstream.llm.balancer import Balancer
 
         async def main():
             b = Balancer(Redis.from_url({redis_url!r}), namespace={namespace!r}, lease_ttl_s=1.0)

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 from redis.asyncio import Redis
 
-from rollstream.pipeline.balancer import Balancer, generation_paused
+from rollstream.llm.balancer import Balancer, generation_paused
 
 
 async def test_no_turn_starts_while_generation_is_paused_and_all_start_on_resume(balancer: Balancer):

@@ -223,7 +223,7 @@ async def _wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120
 async def test_an_inference_host_cut_off_mid_turn_sends_its_turns_to_the_other(arith_model_dir):
     """A cut is not a crash: the backend neither refuses nor answers, and a request already sent
     would wait out its whole request timeout (600 s). Its turns must move to the other host."""
-    from rollstream.pipeline.balancer import add_backend
+    from rollstream.llm.balancer import add_backend
     from rollstream.tasks import arith
 
     folder = Path(tempfile.mkdtemp(prefix="rs-net-", dir="/tmp"))

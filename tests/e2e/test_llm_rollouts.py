@@ -8,7 +8,7 @@ import asyncio
 import httpx
 
 from rollstream.client import AsyncClient
-from rollstream.pipeline.balancer import add_backend, list_backends
+from rollstream.llm.balancer import add_backend, list_backends
 from rollstream.sandboxes import live_supervisors
 from rollstream.tasks import arith
 

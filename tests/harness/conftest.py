@@ -7,9 +7,10 @@ import anthropic
 import pytest
 from openai import AsyncOpenAI
 
-from rollstream.agent import AgentSettings, LLMSession
 from rollstream.agent.gateway import Gateway
+from rollstream.episode_settings import AgentSettings
 from rollstream.llm.inference_client import SamplingParams
+from rollstream.llm.session import LLMSession
 
 from .test_gateway import RecordingClient
 

@@ -217,7 +217,7 @@ async def run_job(settings, server: str, job: dict):
 async def run_jobs(settings, server: str, jobs: list[dict], timeout_s: float = 600):
     """Submit ``jobs`` at once with ``server`` as the backend; their results, in the jobs' order."""
     from rollstream.client import AsyncClient
-    from rollstream.pipeline.balancer import add_backend
+    from rollstream.llm.balancer import add_backend
 
     async with AsyncClient(settings=settings) as client:
         await add_backend(client.r, server, settings.namespace)

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from rollstream.agent.backend_link import PooledVLLMClient
+from rollstream.llm.backend_link import PooledVLLMClient
 from rollstream.llm.inference_client import BackendError, ContextLengthError, SamplingParams
 
 COMPLETION = {"choices": [{"text": "hi", "token_ids": [5, 6], "finish_reason": "stop",

@@ -18,11 +18,12 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from rollstream.agent import AgentSettings, LLMSession
 from rollstream.agent.door_stream import ReplyText
 from rollstream.agent.harness import HarnessContext
 from rollstream.agent.harnesses.openai_chat import SUBMIT
+from rollstream.episode_settings import AgentSettings
 from rollstream.llm.inference_client import Generation
+from rollstream.llm.session import LLMSession
 from rollstream.tasks import arith
 
 from .conftest import GREEDY

@@ -9,8 +9,9 @@ import asyncio
 
 from openai import AsyncOpenAI
 
-from rollstream.agent import AgentSettings, LLMSession
+from rollstream.episode_settings import AgentSettings
 from rollstream.llm.inference_client import SamplingParams
+from rollstream.llm.session import LLMSession
 
 from .test_door_apis import _assert_exact
 from .test_gateway import RecordingClient

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from rollstream.agent import AgentSettings, LLMSession
 from rollstream.agent.presets import find_preset, install_on_host
+from rollstream.episode_settings import AgentSettings
 from rollstream.llm.inference_client import Generation
+from rollstream.llm.session import LLMSession
 
 pytestmark = pytest.mark.timeout(900)  # a first run may install the CLI (npm), once
 

@@ -13,10 +13,11 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from rollstream.agent import AgentSettings, LLMSession
 from rollstream.agent.chat import ChatRenderer
 from rollstream.agent.harnesses.openai_chat import SUBMIT
+from rollstream.episode_settings import AgentSettings
 from rollstream.llm.inference_client import Generation, SamplingParams, VLLMClient
+from rollstream.llm.session import LLMSession
 from rollstream.tasks import arith
 
 from .conftest import GREEDY

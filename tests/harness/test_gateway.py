@@ -11,10 +11,11 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from rollstream.agent import AgentSettings, LLMSession
-from rollstream.agent.backend_link import PooledVLLMClient
 from rollstream.agent.harnesses.openai_chat import SUBMIT
+from rollstream.episode_settings import AgentSettings
+from rollstream.llm.backend_link import PooledVLLMClient
 from rollstream.llm.inference_client import SamplingParams, VLLMClient
+from rollstream.llm.session import LLMSession
 from rollstream.tasks import arith
 
 

@@ -14,7 +14,7 @@ import os
 import pytest
 
 from rollstream.client import AsyncClient
-from rollstream.pipeline.balancer import add_backend
+from rollstream.llm.balancer import add_backend
 from rollstream.tasks import arith
 
 from .leftovers import alive, left_behind

@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 from rollstream.client import AsyncClient
-from rollstream.pipeline.balancer import add_backend
+from rollstream.llm.balancer import add_backend
 from rollstream.tasks import arith
 
 HARNESSES = textwrap.dedent('''

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from rollstream.client import AsyncClient
-from rollstream.pipeline.balancer import add_backend
+from rollstream.llm.balancer import add_backend
 from rollstream.sandboxes.backends.docker import DockerBackend
 from rollstream.sandboxes.env_images import DEFAULT_BASE_IMAGE
 from rollstream.tasks import arith

@@ -6,14 +6,13 @@ model does not solve the tasks: the test proves the plumbing."""
 
 from __future__ import annotations
 
-
 import pytest
 
 pytest.importorskip("agents", reason="the harness extra: pip install rollstream[harness]")
 
 from rollstream.client import AsyncClient  # noqa: E402
+from rollstream.llm.balancer import add_backend  # noqa: E402
 from rollstream.llm.inference_client import SamplingParams, VLLMClient  # noqa: E402
-from rollstream.pipeline.balancer import add_backend  # noqa: E402
 from rollstream.tasks import arith  # noqa: E402
 from rollstream.tasks.swe import load_instances  # noqa: E402
 

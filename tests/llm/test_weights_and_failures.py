@@ -157,7 +157,7 @@ async def test_slow_request_times_out_and_the_server_drops_it(model_server):
 
 
 async def test_server_registers_itself_with_the_balancer_and_leaves_on_exit(tiny_model_dir, redis_url, namespace):
-    from rollstream.pipeline.balancer import list_backends
+    from rollstream.llm.balancer import list_backends
     from rollstream.pipeline.connection import async_redis
 
     proc, url = start_server_process(

@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from rollstream.client import Client
-from rollstream.pipeline.balancer import list_backends
+from rollstream.llm.balancer import list_backends
 from rollstream.pipeline.connection import async_redis
 from rollstream.pipeline.keys import Keys
 

@@ -13,9 +13,11 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from rollstream.agent import AgentSettings, LLMSession, run_agent
+from rollstream.agent.episode import run_agent
+from rollstream.episode_settings import AgentSettings
 from rollstream.llm import SamplingParams, VLLMClient
-from rollstream.pipeline.balancer import Balancer
+from rollstream.llm.balancer import Balancer
+from rollstream.llm.session import LLMSession
 from rollstream.tasks import arith
 
 from .refs import arith_tools, trajectory_logprob_error

@@ -9,10 +9,12 @@ import asyncio
 
 import pytest
 
-from rollstream.agent import AgentSettings, LLMSession, run_agent
 from rollstream.agent.chat import ChatRenderer
+from rollstream.agent.episode import run_agent
 from rollstream.agent.tools import submit_tool_schema
+from rollstream.episode_settings import AgentSettings
 from rollstream.llm import ContextLengthError, SamplingParams, VLLMClient
+from rollstream.llm.session import LLMSession
 from rollstream.tasks import arith
 
 from agent.conftest import RecordingClient

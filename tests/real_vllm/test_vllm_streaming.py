@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from rollstream.agent.backend_link import PooledVLLMClient
 from rollstream.agent.chat import ChatRenderer
+from rollstream.llm.backend_link import PooledVLLMClient
 from rollstream.llm.inference_client import SamplingParams, VLLMClient
 from rollstream.tasks import arith
 

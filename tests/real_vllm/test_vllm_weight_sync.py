@@ -15,8 +15,8 @@ from transformers import AutoModelForCausalLM, TrainerControl, TrainerState
 
 from rollstream.integrations.trl_weight_sync import WeightSyncCallback
 from rollstream.llm import SamplingParams, VLLMClient
+from rollstream.llm.balancer import Balancer
 from rollstream.llm.server import free_port
-from rollstream.pipeline.balancer import Balancer
 from rollstream.tasks import arith
 from rollstream.trainer.weight_sync import (
     PREVIOUS_WEIGHTS_DIR,

@@ -13,9 +13,10 @@ import socket
 import pytest
 from openai import AsyncOpenAI
 
-from rollstream.agent import AgentSettings, LLMSession
 from rollstream.agent.gateway import Gateway
+from rollstream.episode_settings import AgentSettings
 from rollstream.llm.inference_client import VLLMClient
+from rollstream.llm.session import LLMSession
 
 # Bounds on how long the attacker waits for an answer: an answer never comes on a door
 # that has the hole, so the test fails at this bound instead of hanging.

@@ -15,7 +15,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from rollstream.client import AsyncClient
-from rollstream.pipeline.balancer import add_backend
+from rollstream.llm.balancer import add_backend
 from rollstream.tasks import arith
 
 KEY_SHAPE = re.compile(rb"rs-[A-Za-z0-9_-]{43}")

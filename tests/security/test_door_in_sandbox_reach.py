@@ -14,9 +14,10 @@ import os
 
 import pytest
 
-from rollstream.agent import AgentSettings, LLMSession
 from rollstream.agent.gateway import SANDBOX_PREAMBLE, Gateway
+from rollstream.episode_settings import AgentSettings
 from rollstream.llm.inference_client import VLLMClient
+from rollstream.llm.session import LLMSession
 from rollstream.sandboxes import (
     SandboxClient,
     SandboxSpec,

@@ -187,8 +187,8 @@ async def test_rollstreams_own_loop_drives_the_environment_with_a_real_model(set
     environment's step tool; an untrained model guesses nothing right, so the episode scores 0."""
     import model_cache
 
+    from rollstream.llm.balancer import add_backend
     from rollstream.llm.server import served_model
-    from rollstream.pipeline.balancer import add_backend
 
     model = model_cache.load("tiny_model_dir")
     worker_pool(model_dir=model, sandbox_root=sandbox_root).start_all(concurrency=2)

@@ -18,8 +18,8 @@ pytest.importorskip("verifiers", reason="the verifiers extra: pip install rollst
 
 from rollstream.client import AsyncClient
 from rollstream.errors import InvalidJob
+from rollstream.llm.balancer import add_backend
 from rollstream.llm.inference_client import SamplingParams, VLLMClient
-from rollstream.pipeline.balancer import add_backend
 
 from .verifiers_scripted import ENVS_DIR
 

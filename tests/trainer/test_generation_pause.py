@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 
 from rollstream.client import AsyncClient
+from rollstream.llm.balancer import Balancer, add_backend
 from rollstream.llm.server import served_model
-from rollstream.pipeline.balancer import Balancer, add_backend
 from rollstream.tasks import arith
 from rollstream.trainer.weight_sync import BuiltinServerBackend, WeightPublisher
 

@@ -7,7 +7,7 @@ import logging
 import socket
 from dataclasses import dataclass, field
 
-from rollstream.pipeline.balancer import add_backend, remove_backend
+from rollstream.llm.balancer import add_backend, remove_backend
 from rollstream.pipeline.connection import async_redis, check_async
 
 logger = logging.getLogger(__name__)

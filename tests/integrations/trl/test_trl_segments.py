@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from rollstream.integrations.trl import SEGMENTS_KEY, RolloutFunc, rollstream_reward  # noqa: E402
 from rollstream.integrations.trl_segments import RollstreamGRPOTrainer  # noqa: E402
-from rollstream.pipeline.balancer import add_backend  # noqa: E402
+from rollstream.llm.balancer import add_backend  # noqa: E402
 from rollstream.tasks import arith  # noqa: E402
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")

@@ -30,8 +30,8 @@ from verl.protocol import DataProto  # noqa: E402
 from rollstream.integrations.verl import AGENT_NAME, RolloutFailed, RollstreamAgentLoop, VerlLoopConfig  # noqa: E402
 from rollstream.integrations.verl_mapping import dataset_row, observation_blocks  # noqa: E402
 from rollstream.integrations.verl_results import close_routers, shared_router  # noqa: E402
+from rollstream.llm.balancer import add_backend  # noqa: E402
 from rollstream.messages import Result  # noqa: E402
-from rollstream.pipeline.balancer import add_backend  # noqa: E402
 from rollstream.tasks import arith  # noqa: E402
 
 PROMPT_LENGTH, RESPONSE_LENGTH = 512, 256

@@ -23,7 +23,7 @@ from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories  
 
 from rollstream.integrations.verl_results import close_routers, shared_router  # noqa: E402
 from rollstream.messages import Result  # noqa: E402
-from rollstream.pipeline.balancer import add_backend  # noqa: E402
+from rollstream.llm.balancer import add_backend  # noqa: E402
 from rollstream.tasks import arith  # noqa: E402
 
 G = 2

@@ -1,5 +1,5 @@
 """The LLM backend balancer: a Redis min-heap of inference servers scored by requests in
-flight, changed only by the Lua scripts in pipeline/lua/balancer_*.lua. Run workers acquire
+flight, changed only by the Lua scripts in llm/lua/balancer_*.lua. Run workers acquire
 a backend per model turn; jobs stick to their backend and groups prefer a shared one."""
 
 from __future__ import annotations

@@ -8,13 +8,13 @@ import asyncio
 import logging
 import time
 
+from rollstream.llm.balancer import Balancer, Lease, NoBackendAvailable
 from rollstream.llm.inference_client import (
     BackendError,
     CompletionBackend,
     Generation,
     TokensCallback,
 )
-from rollstream.pipeline.balancer import Balancer, Lease, NoBackendAvailable
 from rollstream.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 class LLMSession:
     """Generates model turns for one job. With a balancer, each turn takes a lease on a
-    backend (the job's own while it is healthy, see pipeline/balancer.py) and gives it back
+    backend (the job's own while it is healthy, see llm/balancer.py) and gives it back
     when the turn ends; without one, every turn goes to `backend_url`."""
 
     def __init__(

@@ -1,7 +1,7 @@
 """The LLM service of a run-worker process: the Redis balancer (which backend), the
 token-in/token-out client (how to ask it), the tokenizer of the served model, a health
 checker that ejects and readmits backends, and lease keep-alive. The run stage starts it;
-tasks reach it as ``ctx.services.need_llm()`` (tasks/base.py)."""
+tasks reach it as ``ctx.services.need_llm()`` (agent/services.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from rollstream.agent.session import LLMSession
 from rollstream.config import Settings
+from rollstream.llm.balancer import Balancer, HealthChecker
 from rollstream.llm.inference_client import make_client
-from rollstream.pipeline.balancer import Balancer, HealthChecker
+from rollstream.llm.session import LLMSession
 from rollstream.pipeline.keys import Keys
 
 log = logging.getLogger(__name__)

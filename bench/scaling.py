@@ -285,7 +285,7 @@ async def main(args) -> None:
                 print(f"  {workers} run worker(s): {rows[-1]['jobs_per_s']:.1f} jobs/s, "
                       f"cpu {rows[-1]['own_cpu_percent']:.0f}% ours, {rows[-1]['cpu_percent']:.0f}% machine", file=sys.stderr, flush=True)
             say("  Redis stream throughput")
-            streams = redis_stream_throughput(redis_server.url)
+            streams = redis_stream_throughput(redis_server.url, n=args.stream_messages)
         failed = False
     finally:
         server.terminate()
@@ -357,6 +357,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--port", type=int, default=0, help="simulated server port (0: pick a free one)")
     p.add_argument("--start-timeout-s", type=float, default=120.0,
                    help="how long worker processes may take to register before the run fails with their logs")
+    p.add_argument("--stream-messages", type=int, default=200_000,
+                   help="messages per Redis stream throughput measurement (a smoke run may take fewer)")
     p.add_argument("--collect-timeout-s", type=float, default=600.0, help="how long one measurement may take")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--serve-http", type=int, help=argparse.SUPPRESS)

@@ -65,8 +65,11 @@ def test_rollstream_up_runs_jobs_and_a_benchmark_on_another_python(venv):
         out = up.communicate(timeout=60)[0]
     assert up.returncode == 0, out[-3000:]
 
+    # A smoke run (the benchmark's whole path, its RESULT line): 16 jobs in flight make its 100
+    # jobs take ~2 s instead of ~5, and fewer stream messages its Redis figures ~1 s instead of ~3.
     bench = subprocess.run([str(bin_dir / "python"), str(ROOT / "bench" / "scaling.py"), "--workers", "1",
-                            "--seconds", "1"], cwd=data, env=env, capture_output=True, text=True, timeout=240)
+                            "--seconds", "1", "--concurrency", "16", "--stream-messages", "20000"],
+                           cwd=data, env=env, capture_output=True, text=True, timeout=240)
     assert bench.returncode == 0, bench.stderr[-3000:]
     result = json.loads(bench.stdout.strip().splitlines()[-1].removeprefix("RESULT "))
     assert result["jobs_per_s"]["1"] > 0

@@ -58,6 +58,7 @@ def _streams(text_ids: list[int]) -> dict[bytes, bytes]:
 
     from rollstream.agent.door_anthropic import AnthropicEvents
     from rollstream.agent.door_chat import ChatEvents
+    from rollstream.agent.door_models import ResponsesRequest
     from rollstream.agent.door_request import parse_request
     from rollstream.agent.door_responses import ResponsesEvents
     from rollstream.agent.door_stream import Completed
@@ -77,7 +78,7 @@ def _streams(text_ids: list[int]) -> dict[bytes, bytes]:
     options = parse_request({"messages": [{"role": "user", "content": "-"}], "stream": True})
     out = {b"/v1/completions": completions}
     for path, emitter in ((b"/v1/chat/completions", ChatEvents("stub", options, tokenizer)),
-                          (b"/v1/responses", ResponsesEvents({"model": "stub"})),
+                          (b"/v1/responses", ResponsesEvents(ResponsesRequest(model="stub", input="-"))),
                           (b"/v1/messages", AnthropicEvents("stub"))):
         out[path] = emitter.start(1) + b"".join(emitter.text(p, []) for p in pieces) + emitter.finish(done)
     return out

@@ -23,6 +23,7 @@ import json
 import uuid
 from typing import Any
 
+from rollstream.agent.door_models import AnthropicRequest
 from rollstream.agent.door_request import (
     CallOptions,
     DoorError,
@@ -192,23 +193,26 @@ class AnthropicApi:
 
     name = "anthropic"
 
-    def parse(self, request: dict, count_only: bool = False) -> CallOptions:
-        return parse(request, count_only)
+    def parse(self, request: dict, count_only: bool = False) -> tuple[AnthropicRequest, CallOptions]:
+        options = parse(request, count_only)
+        if count_only and "max_tokens" in request:  # counting generates nothing: not read, so not typed
+            request = {k: v for k, v in request.items() if k != "max_tokens"}
+        return AnthropicRequest.accepted(request), options
 
     def error(self, exc: DoorError) -> dict:
         return error_body(exc.status, str(exc))
 
-    def body(self, done: Completed, request: dict, options: CallOptions, tokenizer: Any) -> dict:
+    def body(self, done: Completed, request: AnthropicRequest, options: CallOptions, tokenizer: Any) -> dict:
         thinking, text = split_thinking(done.content)
         content = [{"type": "thinking", "thinking": thinking, "signature": ""}] if thinking is not None else []
         content += [{"type": "text", "text": text}] if text or not (done.calls or content) else []
         content += [_tool_use(c) for c in done.calls]
         return {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant",
-                "model": request.get("model") or MODEL_NAME, "content": content, "stop_reason": _stop_reason(done),
+                "model": request.model or MODEL_NAME, "content": content, "stop_reason": _stop_reason(done),
                 "stop_sequence": done.stop_sequence, "usage": _usage(done)}
 
-    def emitter(self, request: dict, options: CallOptions, tokenizer: Any) -> AnthropicEvents:
-        return AnthropicEvents(request.get("model") or MODEL_NAME)
+    def emitter(self, request: AnthropicRequest, options: CallOptions, tokenizer: Any) -> AnthropicEvents:
+        return AnthropicEvents(request.model or MODEL_NAME)
 
 
 def _event(kind: str, **fields: Any) -> bytes:
@@ -227,9 +231,10 @@ class AnthropicEvents:
         self.pending = ""  # text that may be the start of <think> or </think>
 
     def start(self, prompt_tokens: int) -> bytes:
-        message = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "content": [],
-                   "model": self.model, "stop_reason": None, "stop_sequence": None,
-                   "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}
+        message: dict[str, Any] = {
+            "id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "content": [],
+            "model": self.model, "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}
         return _event("message_start", message=message)
 
     def _switch(self, kind: str | None) -> bytes:

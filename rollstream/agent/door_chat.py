@@ -12,6 +12,7 @@ import time
 import uuid
 from typing import Any
 
+from rollstream.agent.door_models import ChatRequest
 from rollstream.agent.door_request import CallOptions, DoorError, parse_request
 from rollstream.agent.door_stream import Completed
 from rollstream.agent.parsing import ToolCall
@@ -49,25 +50,26 @@ class ChatApi:
 
     name = "chat"
 
-    def parse(self, request: dict) -> CallOptions:
-        return parse_request(request)
+    def parse(self, request: dict) -> tuple[ChatRequest, CallOptions]:
+        options = parse_request(request)
+        return ChatRequest.accepted(request), options
 
     def error(self, exc: DoorError) -> dict:
         return exc.body()
 
-    def body(self, done: Completed, request: dict, options: CallOptions, tokenizer: Any) -> dict:
+    def body(self, done: Completed, request: ChatRequest, options: CallOptions, tokenizer: Any) -> dict:
         message: dict[str, Any] = {"role": "assistant", "content": done.content}
         if done.calls:
             message["content"] = done.content or None
             message["tool_calls"] = _tool_calls(done.calls)
         logprobs = {"content": token_logprobs(tokenizer, done.tokens), "refusal": None} if options.logprobs else None
         return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                "model": request.get("model") or MODEL_NAME,
+                "model": request.model or MODEL_NAME,
                 "choices": [{"index": 0, "message": message, "finish_reason": done.finish, "logprobs": logprobs}],
                 "usage": _usage(done)}
 
-    def emitter(self, request: dict, options: CallOptions, tokenizer: Any) -> ChatEvents:
-        return ChatEvents(request.get("model") or MODEL_NAME, options, tokenizer)
+    def emitter(self, request: ChatRequest, options: CallOptions, tokenizer: Any) -> ChatEvents:
+        return ChatEvents(request.model or MODEL_NAME, options, tokenizer)
 
 
 class ChatEvents:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 
 class DoorError(Exception):
@@ -140,7 +140,7 @@ def _check_message(index: int, message: dict) -> None:
                             "unsupported_content", param=f"messages[{index}].content")
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

@@ -17,6 +17,7 @@ import time
 import uuid
 from typing import Any
 
+from rollstream.agent.door_models import ResponsesRequest
 from rollstream.agent.door_request import (
     CallOptions,
     DoorError,
@@ -150,7 +151,7 @@ def parse(request: dict) -> CallOptions:
         raise refuse("text", "text.format must be {\"type\": \"text\"}: a JSON schema needs constrained decoding, "
                      "which this door does not do")
     include = request.get("include") or []
-    if not isinstance(include, list) or set(include) - {"reasoning.encrypted_content"}:
+    if not isinstance(include, list) or any(item != "reasoning.encrypted_content" for item in include):
         raise refuse("include", "include may name reasoning.encrypted_content only (this door has none to add)")
     check_job_sampling(request, ("temperature", "top_p"))
     tools = function_tools(namespaces(request.get("tools"))[0], "function", None, "parameters",
@@ -190,17 +191,18 @@ class ResponsesApi:
 
     name = "responses"
 
-    def parse(self, request: dict) -> CallOptions:
-        return parse(request)
+    def parse(self, request: dict) -> tuple[ResponsesRequest, CallOptions]:
+        options = parse(request)
+        return ResponsesRequest.accepted(request), options
 
     def error(self, exc: DoorError) -> dict:
         return exc.body()
 
-    def body(self, done: Completed, request: dict, options: CallOptions, tokenizer: Any) -> dict:
+    def body(self, done: Completed, request: ResponsesRequest, options: CallOptions, tokenizer: Any) -> dict:
         events = ResponsesEvents(request)
         return events.response(done, _output(done, events.spaces))
 
-    def emitter(self, request: dict, options: CallOptions, tokenizer: Any) -> ResponsesEvents:
+    def emitter(self, request: ResponsesRequest, options: CallOptions, tokenizer: Any) -> ResponsesEvents:
         return ResponsesEvents(request)
 
 
@@ -213,9 +215,9 @@ def _output(done: Completed, spaces: dict[str, str]) -> list[dict]:
 class ResponsesEvents:
     """A streamed response's events (door_stream.Emitter), numbered as Responses numbers them."""
 
-    def __init__(self, request: dict) -> None:
+    def __init__(self, request: ResponsesRequest) -> None:
         self.request = request
-        self.spaces = namespaces(request.get("tools"))[1]
+        self.spaces = namespaces(request.tools)[1]
         self.id = _id("resp")
         self.created = int(time.time())
         self.sequence = 0
@@ -228,12 +230,13 @@ class ResponsesEvents:
         body: dict[str, Any] = {
             "id": self.id, "object": "response", "created_at": self.created,
             "status": status or ("incomplete" if incomplete else "completed"),
-            "model": r.get("model") or MODEL_NAME, "output": output, "error": None,
+            "model": r.model or MODEL_NAME, "output": output, "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
-            "instructions": r.get("instructions"), "metadata": r.get("metadata") or {},
-            "parallel_tool_calls": r.get("parallel_tool_calls", True), "tool_choice": r.get("tool_choice") or "auto",
-            "tools": r.get("tools") or [], "temperature": r.get("temperature"), "top_p": r.get("top_p"),
-            "max_output_tokens": r.get("max_output_tokens"), "previous_response_id": None, "store": False,
+            "instructions": r.instructions, "metadata": r.metadata or {},
+            # absent: the default (true); sent, as sent (null included)
+            "parallel_tool_calls": r.parallel_tool_calls if "parallel_tool_calls" in r.model_fields_set else True,
+            "tool_choice": r.tool_choice or "auto", "tools": r.tools or [], "temperature": r.temperature,
+            "top_p": r.top_p, "max_output_tokens": r.max_output_tokens, "previous_response_id": None, "store": False,
             "text": {"format": {"type": "text"}}, "truncation": "disabled", "usage": None}
         if done is not None:
             body["usage"] = {"input_tokens": done.prompt_tokens,

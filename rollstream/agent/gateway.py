@@ -24,7 +24,8 @@ from typing import Any
 from rollstream.agent.door_anthropic import AnthropicApi
 from rollstream.agent.door_call import JobDoor
 from rollstream.agent.door_chat import MODEL_NAME, ChatApi
-from rollstream.agent.door_request import DoorError
+from rollstream.agent.door_models import DoorRequest
+from rollstream.agent.door_request import CallOptions, DoorError
 from rollstream.agent.door_responses import ResponsesApi
 from rollstream.agent.door_stream import EventStream
 from rollstream.episode_settings import AgentSettings
@@ -330,7 +331,7 @@ class Gateway:
                 raise DoorError(400, f"the body is not JSON: {exc}", "invalid_json") from None
             if not isinstance(request, dict):
                 raise DoorError(400, "the body is not a JSON object", "invalid_json")
-            options = api.parse(request, count_only=True) if count_only else api.parse(request)
+            typed, options = api.parse(request, count_only=True) if count_only else api.parse(request)
             if count_only:
                 await self._send(writer, 200, {"input_tokens": await door.count_tokens(options)})
                 return
@@ -340,11 +341,11 @@ class Gateway:
             await self._send(writer, exc.status, api.error(exc))
             return
         try:
-            await self._answer(writer, api, door, request, options)
+            await self._answer(writer, api, door, typed, options)
         finally:
             await door.settle()  # the call's backend slot, given back once its answer is on its way
 
-    async def _answer(self, writer, api: Any, door: JobDoor, request: dict, options: Any) -> None:
+    async def _answer(self, writer, api: Any, door: JobDoor, request: DoorRequest, options: CallOptions) -> None:
         if not options.stream:
             try:
                 done = await door.call(options)

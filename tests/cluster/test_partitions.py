@@ -97,10 +97,12 @@ def shared_net_cluster():
 
 @pytest.fixture
 def net_cluster(shared_net_cluster):
-    """The shared cluster, every cable back in after the test (each test uses a submitter of its own)."""
+    """The shared cluster, every cable back in and plain after the test (each test uses a submitter
+    of its own)."""
     yield shared_net_cluster
     for name in shared_net_cluster.net.hosts:
         shared_net_cluster.net.heal(name)
+        shared_net_cluster.net.shape(name)
 
 
 async def _collect_all(client: AsyncClient, job_ids: list[str], timeout_s: float) -> list:
@@ -168,8 +170,12 @@ async def test_a_node_cut_off_from_redis_mid_load_has_its_jobs_rescued_once_and_
 
 
 @pytest.mark.slow
-async def test_a_trainer_cut_off_finds_every_result_waiting_when_it_returns(net_cluster):
+async def test_a_trainer_cut_off_over_a_slow_lossy_network_finds_every_result_waiting_when_it_returns(net_cluster):
     cluster = net_cluster
+    # Every node's cable delays what it sends and loses some of it (netem, or the userspace wire
+    # where the kernel has none): hand-offs, heartbeats and results cross it, retransmitted by TCP.
+    for node in NODES:
+        cluster.net.shape(node, delay_ms=20, jitter_ms=5, loss_percent=2)
     async with AsyncClient(settings=cluster.settings(), submitter="away-trainer") as client:
         job_ids = [str(s) for s in await client.submit_many(
             [{"task": "echo", "instance": {"prompt": f"t{i}", "run_s": 0.5}} for i in range(30)])]

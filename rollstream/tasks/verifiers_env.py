@@ -73,7 +73,7 @@ class VerifiersTask(Task):
         if traj.finish_reason == "harness_error":  # raised outside the environment's rollout: still the task's
             raise JobFailed(f"the verifiers episode of {job.instance.get('environment')!r} failed: "
                             f"{traj.extra.get('finish_detail', 'no detail')}", retryable=False, failure="task")
-        refused = (traj.extra.get("door") or {}).get("refused", 0)
+        refused = traj.extra["door"]["refused"] if "door" in traj.extra else 0
         if refused and traj.finish_reason not in ("max_turns", "context"):
             # Not the job's limits: the environment asked the door for what it does not serve
             # (its sampling arguments, say). Its rubric would score an episode that never ran.

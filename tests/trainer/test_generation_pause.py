@@ -6,6 +6,8 @@ turn's policy version is the one that produced it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -41,7 +43,12 @@ async def test_a_weight_sync_pauses_every_backend_and_each_turn_keeps_its_exact_
     model = AutoModelForCausalLM.from_pretrained(str(arith_model_dir))
     tokenizer = AutoTokenizer.from_pretrained(str(arith_model_dir))
     pool = worker_pool(model_dir=arith_model_dir, sandbox_root=sandbox_root)
-    with served_model(arith_model_dir, device="cpu") as first, served_model(arith_model_dir, device="cpu") as second:
+    with contextlib.ExitStack() as servers:
+        # Both servers start at once: each spends seconds importing torch and loading the model.
+        with ThreadPoolExecutor(2) as starting:
+            started = [starting.submit(servers.enter_context, served_model(arith_model_dir, device="cpu"))
+                       for _ in range(2)]
+        first, second = (future.result() for future in started)
         async with AsyncClient(settings=settings) as client:
             for url in (first, second):
                 await add_backend(client.r, url, settings.namespace)

@@ -6,6 +6,11 @@ a host of their own, and the driver submits from the machine's own namespace. Ev
 heartbeat and inference request crosses real TCP between hosts.
 
     python bench/nodes.py [--nodes 1,2,4,8] [--latency-ms 50] [--turns 4] [--concurrency 8]
+                          [--delay-ms 0] [--loss-percent 0]
+
+--delay-ms and --loss-percent shape every node's cable (Network.shape: netem, or on a kernel
+without it the userspace wire of chaos/wire.py): what a node sends (hand-offs, heartbeats,
+inference requests) waits and is lost as on a slow, lossy network, TCP retransmitting.
 
 Efficiency(N) = jobs/s(N) / (N x jobs/s(1)), the baseline being one node in the same run.
 On one machine the nodes share its CPUs: the table prints the benchmark's own CPU use, and
@@ -108,8 +113,11 @@ async def main(args) -> None:
             net.add_host("driver", driver=True)
             redis_host = net.add_host("redis")
             inference = net.add_host("inference")
+            shaping = "netem" if net.netem_available() else "userspace wire"
             for i in range(max(counts)):
                 net.add_host(f"n{i + 1}")
+                if args.delay_ms or args.loss_percent:
+                    net.shape(f"n{i + 1}", delay_ms=args.delay_ms, loss_percent=args.loss_percent)
             procs.append(subprocess.Popen(
                 redis_host.command(["redis-server", "--bind", redis_host.address, "--port", str(REDIS_PORT),
                                     "--protected-mode", "no", "--save", "", "--appendonly", "no",
@@ -147,7 +155,8 @@ async def main(args) -> None:
     ideal_one = args.concurrency / (args.turns * args.latency_ms / 1000)
     print(f"\nrollout nodes on hosts of their own (namespaces, veth, a bridge); each node 1 init + 1 run + 1 eval "
           f"process; run stage {args.turns} turns x {args.latency_ms} ms simulated inference, {args.concurrency} "
-          f"jobs in flight (ideal {ideal_one:.1f} jobs/s per node); {psutil.cpu_count()} CPUs shared by all hosts, "
+          f"jobs in flight (ideal {ideal_one:.1f} jobs/s per node); each node's cable {args.delay_ms} ms delay, "
+          f"{args.loss_percent}% loss ({shaping}); {psutil.cpu_count()} CPUs shared by all hosts, "
           f"load average {os.getloadavg()[0]:.1f}\n")
     print(f"{'nodes':>5} {'jobs':>6} {'jobs/s':>9} {'per node':>9} {'ideal':>9} {'efficiency':>10} "
           f"{'our cpu %':>9} {'machine cpu %':>13}")
@@ -162,7 +171,8 @@ async def main(args) -> None:
         "own_cpu_percent": {str(r["nodes"]): round(r["own_cpu_percent"], 1) for r in rows},
         "busiest_node_share": {str(r["nodes"]): round(r["busiest_node_share"], 2) for r in rows},
         "ideal_jobs_per_s_per_node": round(ideal_one, 2),
-        "latency_ms": args.latency_ms, "turns": args.turns, "concurrency": args.concurrency,
+        "latency_ms": args.latency_ms, "delay_ms": args.delay_ms, "loss_percent": args.loss_percent,
+        "shaping": shaping, "turns": args.turns, "concurrency": args.concurrency,
         "cpus": psutil.cpu_count(), "load_average_1min": round(os.getloadavg()[0], 2),
     }
     print("RESULT " + json.dumps(result))
@@ -190,6 +200,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=8, help="jobs in flight per node's run process")
     p.add_argument("--seconds", type=float, default=8.0, help="target length of each measurement")
     p.add_argument("--start-timeout-s", type=float, default=120.0, help="how long workers may take to register")
+    p.add_argument("--delay-ms", type=float, default=0.0, help="delay on what each node sends (its cable)")
+    p.add_argument("--loss-percent", type=float, default=0.0, help="loss on what each node sends (its cable)")
     p.add_argument("--collect-timeout-s", type=float, default=600.0, help="how long one measurement may take")
     return p.parse_args()
 

@@ -65,6 +65,8 @@ class Wire:
                 size, address = sock.recvfrom_into(self.buffer)
             except BlockingIOError:
                 return
+            except OSError:
+                continue  # the port went down (a cut cable): the kernel reports it once, then hooks it again when up
             if address[2] != PACKET_OUTGOING:
                 yield bytes(self.buffer[:size])
 

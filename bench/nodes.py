@@ -113,7 +113,8 @@ async def main(args) -> None:
             net.add_host("driver", driver=True)
             redis_host = net.add_host("redis")
             inference = net.add_host("inference")
-            shaping = "netem" if net.netem_available() else "userspace wire"
+            shaping = "none" if not (args.delay_ms or args.loss_percent) else \
+                "netem" if net.netem_available() else "userspace wire"
             for i in range(max(counts)):
                 net.add_host(f"n{i + 1}")
                 if args.delay_ms or args.loss_percent:

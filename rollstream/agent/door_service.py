@@ -12,11 +12,9 @@ from typing import Any
 from rollstream.agent.gateway import Gateway, JobDoor
 from rollstream.agent.services import ProcessServices
 from rollstream.episode_settings import AgentSettings, agent_settings
-from rollstream.llm.backend_link import PooledVLLMClient
-from rollstream.llm.inference_client import VLLMClient
 from rollstream.llm.service import LLMService
 from rollstream.llm.session import LLMSession
-from rollstream.messages import Envelope, Job
+from rollstream.messages import Envelope
 from rollstream.trajectory import Trajectory
 
 
@@ -34,19 +32,6 @@ async def worker_gateway(services: ProcessServices) -> Gateway:
             max_connections=settings.door_max_connections, read_timeout_s=settings.door_read_timeout_s,
             keepalive_s=settings.door_keepalive_s)
     return await services.gateway.start()
-
-
-def job_session(llm: LLMService, services: ProcessServices, job: Job, settings: AgentSettings) -> LLMSession:
-    """The job's LLM session (the run worker's balancer, so job and group affinity hold),
-    speaking to vLLM-API backends through the door's pooled link (llm/backend_link.py)."""
-    options: dict[str, Any] = {"max_backend_attempts": settings.max_backend_attempts,
-                               "request_timeout_s": settings.request_timeout_s,
-                               "backend_wait_s": settings.backend_wait_s}
-    if type(llm.client) is not VLLMClient:  # another API (SGLang): its own client
-        return llm.session(job.job_id, job.group_id, **options)
-    if services.backend_link is None:
-        services.backend_link = PooledVLLMClient(model=llm.client.model)
-    return LLMSession(services.backend_link, job.job_id, job.group_id, balancer=llm.balancer, **options)
 
 
 @dataclass
@@ -92,6 +77,7 @@ async def open_harness_door(env: Envelope, services: ProcessServices) -> Harness
     settings = agent_settings(job.agent, job.sampling)
     version_at_start = await llm.policy_version()
     gateway = await worker_gateway(services)
-    session = job_session(llm, services, job, settings)
+    session = llm.session(job.job_id, job.group_id, pooled=True, max_backend_attempts=settings.max_backend_attempts,
+                          request_timeout_s=settings.request_timeout_s, backend_wait_s=settings.backend_wait_s)
     door = gateway.open(job.job_id, session, llm.tokenizer, settings)
     return HarnessDoor(llm, settings, gateway, session, door, version_at_start)

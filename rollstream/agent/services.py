@@ -1,7 +1,7 @@
 """The services a worker process shares among its jobs' hooks (``TaskContext.services``): the
-run stage's LLM service, and for harness jobs the door server and the pooled link to the
-backends. Here beside the door that fills them, so the agent names them without importing the
-tasks; a task's context imports this module, which loads none of the clients it names."""
+run stage's LLM service, and for harness jobs the door server. Here beside the door that starts
+it, so the agent names them without importing the tasks; a task's context imports this module,
+which loads neither."""
 
 from __future__ import annotations
 
@@ -10,19 +10,17 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # names for the fields' types only: importing a task must not load the HTTP clients
     from rollstream.agent.gateway import Gateway
-    from rollstream.llm.backend_link import PooledVLLMClient
     from rollstream.llm.service import LLMService
 
 
 @dataclass
 class ProcessServices:
     """The services a worker process shares among its jobs' hooks: the LLM service that the run
-    stage starts, and for harness jobs the door server and the pooled link to the backends, made
-    on first use (agent/door_service.py). Init and eval workers leave them empty."""
+    stage starts, and for harness jobs the door server, started on first use
+    (agent/door_service.py). Init and eval workers leave them empty."""
 
     llm: LLMService | None = None
     gateway: Gateway | None = None
-    backend_link: PooledVLLMClient | None = None
 
     def need_llm(self) -> LLMService:
         """The LLM service, or an error that says how to have one."""
@@ -32,8 +30,7 @@ class ProcessServices:
         return self.llm
 
     async def aclose(self) -> None:
-        """Close the clients; the door server's socket goes with the process (closing it waits
-        for connections a harness may still hold open)."""
-        for client in (self.backend_link, self.llm):
-            if client is not None:
-                await client.aclose()
+        """Close the LLM service's clients; the door server's socket goes with the process (closing
+        it waits for connections a harness may still hold open)."""
+        if self.llm is not None:
+            await self.llm.aclose()

@@ -69,11 +69,7 @@ class LLMSession:
 
         last_error: BackendError | None = None
         for _attempt in range(self.max_backend_attempts):
-            if self.balancer is None:
-                backend, lease = self.backend_url, None
-            else:
-                lease = await self._acquire()
-                backend = lease.backend
+            backend, lease = await self._take_backend()
             if not self.backends_used or self.backends_used[-1] != backend:
                 self.backends_used.append(backend)
             generated = False
@@ -98,6 +94,7 @@ class LLMSession:
                     if generated and release_later:
                         self._finished.append(lease)
                     else:
+                        assert self.balancer is not None  # it gave the lease
                         await self.balancer.release(lease)
         assert last_error is not None
         raise last_error
@@ -112,7 +109,15 @@ class LLMSession:
         await on_tokens(gen.token_ids, gen.logprobs)
         return gen
 
-    async def _acquire(self) -> Lease:
+    async def _take_backend(self) -> tuple[str, Lease | None]:
+        """The backend of the next attempt: leased from the balancer, else the session's own URL."""
+        if self.balancer is not None:
+            lease = await self._acquire(self.balancer)
+            return lease.backend, lease
+        assert self.backend_url is not None  # __init__ requires one of the two
+        return self.backend_url, None
+
+    async def _acquire(self, balancer: Balancer) -> Lease:
         """A lease on a healthy backend, waiting up to backend_wait_s while none is: a backend
         that restarts (or a health checker that has not readmitted it yet) must not cost the
         job its attempts."""
@@ -120,7 +125,7 @@ class LLMSession:
         pause = 0.2
         while True:
             try:
-                return await self.balancer.acquire(self.job_id, self.group_id)
+                return await balancer.acquire(self.job_id, self.group_id)
             except NoBackendAvailable:
                 if time.monotonic() + pause > deadline:
                     raise

@@ -110,8 +110,9 @@ class Settings(BaseSettings):
         "it is installed (a fifth less CPU per job than asyncio's own loop), else asyncio's.")
     model_dir: Path | None = Field(None, description="Folder of the served model's tokenizer (and weights, "
                                    "for the built-in server). Run workers tokenize prompts with it.")
-    inference_api: str = Field("vllm", description="How run workers speak to backends: 'vllm' (also the "
-                               "built-in server) or 'sglang'.")
+    inference_api: Literal["vllm", "sglang", "builtin"] = Field(
+        "vllm", description="How run workers speak to backends: 'vllm' (also the built-in server, which "
+        "'builtin' names too) or 'sglang'.")
     inference_dead_peer_s: float = Field(15.0, ge=1, description="Seconds after which a run worker gives up on "
                                          "a backend that went silent mid-request (cut off, not refusing): TCP "
                                          "keep-alive probes and TCP_USER_TIMEOUT fail the connection and the turn "

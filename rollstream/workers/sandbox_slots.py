@@ -14,6 +14,7 @@ from collections import Counter
 import redis.asyncio as aioredis
 
 from rollstream.config import Settings
+from rollstream.messages import RUN_STAGE
 from rollstream.pipeline.keys import Keys
 from rollstream.pipeline.wire import FastRedis
 from rollstream.pipeline.workerstate import WorkerRecord
@@ -78,7 +79,7 @@ class SandboxSlots:
                                 if self.reader else self.r.eval(_COUNT, 2, self.sandbox_key, self.run_stream)))
         fresh_s = self.heartbeat_s if self._run_slots else min(self.heartbeat_s, NO_RUN_SLOTS_FRESH_S)
         if time.monotonic() - self._run_slots_at > fresh_s:
-            self._run_slots = (await node_slots(self.r, self.keys, self.node, self.worker_ttl_s))[0]["run"]
+            self._run_slots = (await node_slots(self.r, self.keys, self.node, self.worker_ttl_s))[0][RUN_STAGE]
             self._run_slots_at = time.monotonic()
         assert self._at_read is not None
         live, queued = self._at_read

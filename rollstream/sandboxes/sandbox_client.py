@@ -16,6 +16,8 @@ from .runtime import protocol
 from .runtime.unix_path import open_unix_connection
 from .tools import call_tool
 
+_LIVE_READERS: set[asyncio.Task] = set()  # every connected client's reader, until its connection ends
+
 
 class SandboxClient:
     """`async with SandboxClient(handle.socket_path) as sb: await sb.bash("ls")`."""
@@ -42,6 +44,11 @@ class SandboxClient:
                 "destroyed, reaped for idleness, or lives on another node"
             ) from None
         self._read_task = asyncio.get_running_loop().create_task(self._read_replies())
+        # asyncio's stream protocol holds the reader only weakly and the loop its tasks weakly:
+        # without this a client whose holders form a cycle (its pending future -> the awaiting
+        # task -> its frame -> the client) is collected mid-request, failing it as SandboxGone.
+        _LIVE_READERS.add(self._read_task)
+        self._read_task.add_done_callback(_LIVE_READERS.discard)
         return self
 
     async def __aenter__(self) -> SandboxClient:

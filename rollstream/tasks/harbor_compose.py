@@ -58,11 +58,6 @@ class Compose:
     sidecars: list[Service]
 
 
-def compose_file(files: FolderFiles) -> str | None:
-    found = [name for name in COMPOSE_FILES if name in files.files]
-    return found[0] if found else None
-
-
 def _env(value: object, where: str) -> dict[str, str]:
     if value is None:
         return {}
@@ -146,11 +141,10 @@ def parse(text: str, where: str) -> Compose:
 
 def load(folder: TaskFolder) -> Compose | None:
     """The task's compose services, or None for a single-Dockerfile environment."""
-    files = folder.files("environment")
-    name = compose_file(files)
-    if name is None:
+    found = folder.file("environment", COMPOSE_FILES)
+    if found is None:
         return None
-    return parse(files.files[name][0].decode("utf-8", "replace"), f"{folder.path}/environment/{name}")
+    return parse(found[1].decode("utf-8", "replace"), f"{folder.path}/environment/{found[0]}")
 
 
 def sidecar_tag(key: str, service: Service) -> str:

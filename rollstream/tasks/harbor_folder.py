@@ -252,6 +252,23 @@ class TaskFolder:
             os.close(top)
         return cls(real, os.path.basename(real), config, instruction)
 
+    def file(self, folder: str, names: tuple[str, ...]) -> tuple[str, bytes] | None:
+        """The first of ``names`` that ``folder`` holds, and its content (read beneath the task
+        folder, never through a symlink), or None: one file, without reading the whole folder."""
+        top = _open_folder(None, self.path, f"folder {self.path}")
+        try:
+            sub = _open_folder(top, folder, f"{folder}/ folder")
+        finally:
+            os.close(top)
+        try:
+            present = set(os.listdir(sub))
+            for name in names:
+                if name in present:
+                    return name, _read_file(sub, name, f"{folder}/{name}", TEXT_MAX_BYTES)
+            return None
+        finally:
+            os.close(sub)
+
     def files(self, folder: str) -> FolderFiles:
         """The regular files of ``environment``, ``tests`` or ``solution``."""
         top = _open_folder(None, self.path, f"folder {self.path}")

@@ -107,7 +107,7 @@ def _looks_like_context_error(message: str) -> bool:
 def sse_events(buffer: bytearray) -> list[bytes]:
     """Take the complete server-sent events' ``data:`` payloads out of ``buffer`` (bytes as
     they arrived; what is left waits for the rest of its event)."""
-    out = []
+    out: list[bytes] = []
     while True:
         end = buffer.find(b"\n\n")
         if end < 0:

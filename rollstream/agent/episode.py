@@ -139,11 +139,12 @@ class _Episode:
             if max_tokens < self.settings.max_tokens_per_turn:
                 raise _EpisodeEnd("context", "the context filled up during a model turn")
             # No tool call to answer: the note goes in a user turn.
-            observations = [{"role": "user", "content": _cut_turn_message(max_tokens)}]
+            observations: list[dict] = [{"role": "user", "content": _cut_turn_message(max_tokens)}]
         else:
-            observations = await self.run_calls(parsed.calls)
-            if observations is None:
+            answered = await self.run_calls(parsed.calls)
+            if answered is None:
                 raise _EpisodeEnd("stop")
+            observations = answered
         await self.append_observations(observations, ended_turn)
 
     async def run_calls(self, calls: list[ToolCall | MalformedToolCall]) -> list[dict] | None:

@@ -27,7 +27,7 @@ def _text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(p.get("text", p.get("refusal", "")) if isinstance(p, dict) else str(p) for p in content)
+        return "".join((p.get("text", p.get("refusal", "")) or "") if isinstance(p, dict) else str(p) for p in content)
     return str(content)
 
 

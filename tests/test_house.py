@@ -149,6 +149,19 @@ def test_pipeline_imports_nothing_above_it():
     assert not leaks, f"pipeline modules import from above the pipeline: {leaks}"
 
 
+def test_the_llm_side_and_the_agent_import_nothing_above_them():
+    """llm/ (clients, balancer, sessions, the run worker's LLM service) stands under agent/ (the
+    loop and the door), and both under the tasks and the stages that use them. A package's
+    ``__main__`` is a command line, the top of the house wherever its file sits."""
+    top = ("rollstream.tasks", "rollstream.workers", "rollstream.trainer", "rollstream.api", "rollstream.cli",
+           "rollstream.integrations", "rollstream.demo", "rollstream.client")
+    floors = {"rollstream.agent": top, "rollstream.llm": ("rollstream.agent", *top)}
+    leaks = sorted((name, dep) for package, above in floors.items() for name in modules()
+                   if in_packages(name, (package,)) and not name.endswith(".__main__")
+                   for dep in import_graph()[name] if in_packages(dep, above))
+    assert not leaks, f"imports up from the LLM side or the agent: {leaks}"
+
+
 def test_stage_modules_never_import_each_other():
     stages = {f"rollstream.workers.{file.removesuffix('.py')}" for file in STAGE_FILES}
     crossings = sorted((name, dep) for name in stages for dep in import_graph()[name] if dep in stages)

@@ -5,10 +5,12 @@ server: one server (for this module) serves the tiny model that learnt every pre
 episode (all_presets_model.py), and the twelve jobs run at once. Each job's model turns are vLLM's
 own ids, the very ones its preset's episode taught the model, and eval scores the answer the
 harness printed. The same server, its weights then swapped for random ones, shows a CLI on a model
-that emits garbage: the agent's failure, scored, once."""
+that emits garbage: the agent's failure, scored, once; swapped for those of mini-SWE-agent's SWE
+model, it drives mini-SWE-agent to fix a shipped SWE instance, whose diff eval's hidden tests pass."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
@@ -24,11 +26,12 @@ from rollstream.tasks import arith
 from rollstream.trainer.weight_sync import VllmReloadBackend
 
 from .all_presets_model import expected_replies
+from .episode_model import kept_examples, replies
 from .mini_swe_scripted import ARITH_INSTANCE
 from .node_clis import CLIS, INSTANCE, run_jobs, write_lean_presets
 from .openhands_scripted import LEAN as OPENHANDS_LEAN
 from .openhands_scripted import write_lean_preset
-from .sandbox_presets import installed_preset
+from .sandbox_presets import assert_fixed_and_scored, installed_preset, swe_job
 
 # Twelve harness sandboxes at once on a busy 2-core machine; vLLM's startup first (tens of seconds).
 pytestmark = [pytest.mark.timeout(1200),
@@ -123,16 +126,26 @@ def tiny_model_dir():
     return model_cache.load("tiny_model_dir")
 
 
+@contextlib.asynccontextmanager
+async def _serving(vllm, weights_dir, then_dir):
+    """``vllm`` serving ``weights_dir``'s weights, loaded as a trainer's weight sync loads them (every
+    model here is trained from one tiny base: same architecture, tokenizer and template); afterwards
+    ``then_dir``'s again, so the module's other tests find the model they expect in any order."""
+    backend = VllmReloadBackend(vllm.url, vllm.model_dir)
+    async with httpx.AsyncClient(timeout=300) as http:
+        await backend.load(http, weights_dir, policy_version=1)
+        try:
+            yield vllm
+        finally:
+            await backend.load(http, then_dir, policy_version=2)
+
+
 @pytest.fixture
 async def garbage_on_vllm(presets_vllm, all_presets_arith_model_dir, tiny_model_dir):
-    """vLLM serving the tiny model's random weights (the base every episode model was trained from:
-    the same tokenizer and template), as a trainer's weight sync loads them; afterwards the
-    presets' model again."""
-    backend = VllmReloadBackend(presets_vllm.url, presets_vllm.model_dir)
-    async with httpx.AsyncClient(timeout=300) as http:
-        await backend.load(http, tiny_model_dir, policy_version=1)
-        yield presets_vllm
-        await backend.load(http, all_presets_arith_model_dir, policy_version=2)
+    """vLLM serving the tiny model's random weights (the base every episode model was trained from);
+    afterwards the presets' model again."""
+    async with _serving(presets_vllm, tiny_model_dir, all_presets_arith_model_dir) as vllm:
+        yield vllm
 
 
 async def test_a_cli_on_vllm_serving_a_model_that_emits_garbage_is_the_agents_failure_scored_once(
@@ -158,3 +171,31 @@ async def test_a_cli_on_vllm_serving_a_model_that_emits_garbage_is_the_agents_fa
         assert traj.finish_reason in ("max_turns", "harness_error") and result.failure == "agent", context
     assert traj.response_ids and "reason" in traj.extra["eval"], context
     assert result.reward == 0.0 and result.attempts == 1, context
+
+
+@pytest.fixture(scope="module")
+def mini_swe_swe_model_dir():
+    return model_cache.load("mini_swe_swe_model_dir")
+
+
+@pytest.fixture
+async def swe_model_on_vllm(presets_vllm, all_presets_arith_model_dir, mini_swe_swe_model_dir):
+    """vLLM serving mini-SWE-agent's SWE model; afterwards the presets' model again."""
+    async with _serving(presets_vllm, mini_swe_swe_model_dir, all_presets_arith_model_dir) as vllm:
+        yield vllm
+
+
+async def test_mini_swe_agent_on_vllm_fixes_a_shipped_swe_instance_in_bwrap_with_vllms_ids_and_its_diff_is_scored(
+        settings, worker_pool, sandbox_root, tmp_path, mini_swe_swe_model_dir, swe_model_on_vllm):
+    installed_preset("mini-swe-agent")
+    _start_pool(worker_pool, mini_swe_swe_model_dir, sandbox_root, tmp_path, 1)
+    [result] = await run_jobs(settings, swe_model_on_vllm.url,
+                              [swe_job(str(tmp_path / "swe-mirror"), _agent("mini-swe-agent", 384))])
+    assert result.status == "completed", result.error
+    traj = result.trajectory
+    context = (traj.extra["harness_run"], traj.response_text[-1500:], swe_model_on_vllm.log_tail(1500))
+    assert {call["backend"] for call in traj.extra["calls"]} == {swe_model_on_vllm.url}, context
+    # Every model turn is vLLM's own ids, the very ones the SWE episode taught: an edit, then submit.
+    generated = [[t for t, m in zip(s.response_ids, s.loss_mask) if m] for s in traj.segments]
+    assert sum(generated, []) == sum(replies(kept_examples(mini_swe_swe_model_dir)), []), context
+    assert_fixed_and_scored(result)  # the hidden tests pass on the diff mini-SWE-agent left

@@ -192,6 +192,7 @@ async def test_mini_swe_agent_on_vllm_fixes_a_shipped_swe_instance_in_bwrap_with
     [result] = await run_jobs(settings, swe_model_on_vllm.url,
                               [swe_job(str(tmp_path / "swe-mirror"), _agent("mini-swe-agent", 384))])
     assert result.status == "completed", result.error
+    print(f"mini-SWE-agent's SWE job on vLLM, per stage: {result.timings_s}")
     traj = result.trajectory
     context = (traj.extra["harness_run"], traj.response_text[-1500:], swe_model_on_vllm.log_tail(1500))
     assert {call["backend"] for call in traj.extra["calls"]} == {swe_model_on_vllm.url}, context

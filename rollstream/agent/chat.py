@@ -62,7 +62,7 @@ def _remember_attribute_checks(environment: Any) -> None:
                 verdicts[key] = safe
         return safe
 
-    environment.is_safe_attribute = is_safe_attribute
+    environment.is_safe_attribute = is_safe_attribute  # type: ignore[method-assign]  # this one instance's, on purpose
 
 
 @functools.lru_cache(maxsize=64)
@@ -213,7 +213,8 @@ class ChatRenderer:
 
     def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         def apply() -> Any:
-            if self._template is None or not messages or not all(type(m) is dict for m in messages):
+            if (self._template is None or self._render_jinja is None or not messages
+                    or not all(type(m) is dict for m in messages)):
                 return self.tokenizer.apply_chat_template(
                     messages,
                     tools=self.tools,

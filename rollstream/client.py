@@ -7,10 +7,11 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from typing import Any
 
 import redis
+from redis.typing import KeyT, StreamIdT
 
 from rollstream import eventloop
 from rollstream.config import Settings, load_settings
@@ -144,7 +145,7 @@ class AsyncClient:
         ``RedisRefusesWrites`` (safe to retry later) while Redis takes no writes."""
         return (await self.submit_many([job]))[0]
 
-    async def submit_many(self, jobs: list[Job | dict]) -> list[SubmittedId]:
+    async def submit_many(self, jobs: Sequence[Job | dict]) -> list[SubmittedId]:
         prepared = [self._prepare(j) for j in jobs]
         await self._ensure_results_group()
         # Acknowledgements still owed ride with the submission (one write, replies at once)
@@ -173,7 +174,8 @@ class AsyncClient:
             return []
         return [("XACK", self._results_stream, RESULTS_GROUP, *ids), ("XDEL", self._results_stream, *ids)]
 
-    async def submit_group(self, job: Job | dict, n: int, *, group_id: str | None = None) -> tuple[str, list[str]]:
+    async def submit_group(self, job: Job | dict, n: int, *,
+                           group_id: str | None = None) -> tuple[str, list[SubmittedId]]:
         """Queue ``n`` rollouts of the same instance as one group (GRPO/DAPO); returns
         the group id and the job ids."""
         if n < 1:
@@ -204,7 +206,7 @@ class AsyncClient:
     async def _read(self, last_id: str, count: int, block_ms: int | None):
         """XREADGROUP on the results stream; acknowledgements still owed ride in the same
         round trip, so reading a result costs one round trip, not two."""
-        streams = {self._results_stream: last_id}
+        streams: dict[KeyT, StreamIdT] = {self._results_stream: last_id}
         if self._fast_results is not None:
             read = ["XREADGROUP", "GROUP", RESULTS_GROUP, self._consumer, "COUNT", count]
             read += (["BLOCK", block_ms] if block_ms is not None else []) + ["STREAMS", self._results_stream, last_id]
@@ -231,7 +233,7 @@ class AsyncClient:
                 raise
 
     async def results(self, timeout_s: float | None = None, *, max_results: int | None = None,
-                      batch: int = 256) -> AsyncIterator[Result]:
+                      batch: int = 256) -> AsyncGenerator[Result, None]:
         """Yield results as they arrive. Stops after ``timeout_s`` without a new result
         (None waits forever) or after ``max_results``. A result is acknowledged once the loop
         comes back for the next one (or the iterator ends): one whose loop body raised, or
@@ -271,7 +273,7 @@ class AsyncClient:
                 entries = [(m, f) for m, f in entries if f]  # deleted after delivery: acknowledged already
             if not entries:
                 continue  # this slice was quiet; the deadline decides when to stop
-            if deadline is not None:
+            if deadline is not None and timeout_s is not None:  # one is None where the other is
                 deadline = time.monotonic() + timeout_s  # timeout_s counts from the last result
             for msg_id, fields in entries:
                 try:
@@ -351,10 +353,10 @@ class Client:
     def submit(self, job: Job | dict) -> str:
         return self._run(self._client.submit(job))
 
-    def submit_many(self, jobs: list[Job | dict]) -> list[str]:
+    def submit_many(self, jobs: Sequence[Job | dict]) -> list[SubmittedId]:
         return self._run(self._client.submit_many(jobs))
 
-    def submit_group(self, job: Job | dict, n: int, **kw) -> tuple[str, list[str]]:
+    def submit_group(self, job: Job | dict, n: int, **kw) -> tuple[str, list[SubmittedId]]:
         return self._run(self._client.submit_group(job, n, **kw))
 
     def results(self, timeout_s: float | None = None, *, max_results: int | None = None) -> Iterator[Result]:

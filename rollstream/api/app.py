@@ -42,6 +42,7 @@ async def _redis_failed(_request: Request, exc: redis.RedisError) -> JSONRespons
 def create_app(settings: Settings, *, token: str | None = None) -> FastAPI:
     app = FastAPI(title="rollstream", version="0.1.0", lifespan=lifespan,
                   openapi_url=None, docs_url=None, redoc_url=None,  # served below, behind the token
+                  exception_handlers={RequestValidationError: _invalid_request, redis.RedisError: _redis_failed},
                   description="Rollout-as-a-service for RL of multi-turn LLM agents. "
                               "Every route but /health needs 'Authorization: Bearer <token>'.")
     app.state.api = ApiState(settings, Keys(settings.namespace))
@@ -56,8 +57,6 @@ def create_app(settings: Settings, *, token: str | None = None) -> FastAPI:
     async def docs() -> Response:
         return get_swagger_ui_html(openapi_url="/openapi.json", title="rollstream API")
 
-    app.add_exception_handler(RequestValidationError, _invalid_request)
-    app.add_exception_handler(redis.RedisError, _redis_failed)
     app.include_router(ops.health_router)  # no token: load balancers and probes ask it
     for router in (jobs.router, results.router(settings.api_max_wait_s), ops.router, backends.router, nodes.router):
         app.include_router(router, dependencies=guarded)

@@ -3,6 +3,8 @@ live workers and their in-flight jobs, stage counters, dead letters, backend in-
 
 from __future__ import annotations
 
+from typing import cast
+
 import redis.asyncio as aioredis
 
 from rollstream.llm.balancer import list_backends
@@ -49,7 +51,7 @@ async def render_metrics(r: aioredis.Redis, keys: Keys) -> str:
         out.extend(histograms.prometheus_lines("rollstream_stage_duration_seconds", f'stage="{stage}",', raw))
     out.append("# HELP rollstream_tool_call_seconds Latency of the agents' tool calls, by tool.")
     out.append("# TYPE rollstream_tool_call_seconds histogram")
-    for key in sorted(k.decode() for k in await r.keys(keys.tool_histogram("*"))):
+    for key in sorted(k.decode() for k in cast(list[bytes], await r.keys(keys.tool_histogram("*")))):
         tool = key.rsplit(":", 1)[-1]
         out.extend(histograms.prometheus_lines("rollstream_tool_call_seconds", f'tool="{tool}",',
                                                await histograms.read(r, key)))

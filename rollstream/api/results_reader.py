@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from typing import cast
 
 import redis.asyncio as aioredis
 from pydantic_core import PydanticSerializationError
@@ -16,6 +17,7 @@ from rollstream.pipeline.connection import MAX_BLOCK_MS
 from rollstream.pipeline.groups import ensure_group
 from rollstream.pipeline.keys import RESULTS_GROUP, Keys
 from rollstream.pipeline.poison import UNREADABLE, dead_letter_result, read_result
+from rollstream.pipeline.wire import StreamReply
 
 HTTP_CONSUMER = "http"
 
@@ -52,13 +54,14 @@ class ResultsReader:
         if ack:
             await self._ack_through(stream, ack)
         # Unacknowledged deliveries first (a client that lost a response), then new ones.
-        resp = await self.r.xreadgroup(RESULTS_GROUP, HTTP_CONSUMER, {stream: "0"}, count=count)
+        resp = cast(StreamReply, await self.r.xreadgroup(RESULTS_GROUP, HTTP_CONSUMER, {stream: "0"}, count=count))
         entries = resp[0][1] if resp and resp[0][1] else []
         deadline = time.monotonic() + wait_s
         while not entries:
             left_ms = int((deadline - time.monotonic()) * 1000)
             block = min(MAX_BLOCK_MS, left_ms) if left_ms >= 1 else None
-            resp = await self.r.xreadgroup(RESULTS_GROUP, HTTP_CONSUMER, {stream: ">"}, count=count, block=block)
+            resp = cast(StreamReply, await self.r.xreadgroup(RESULTS_GROUP, HTTP_CONSUMER, {stream: ">"}, count=count,
+                                                             block=block))
             entries = resp[0][1] if resp else []
             if block is None:
                 break

@@ -70,7 +70,7 @@ def remove(url: str = typer.Argument(..., help="Base URL as registered."),
     """Remove a backend; run workers stop sending it new turns."""
     _check(url)
     if not _run(lambda r, ns: remove_backend(r, url, ns), redis, namespace):
-        raise typer.Exit(f"no backend {url}")
+        raise SystemExit(f"no backend {url}")  # on stderr, exit status 1
     console.print(f"removed: {url}")
 
 

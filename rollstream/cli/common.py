@@ -63,16 +63,22 @@ def settings_from(redis: str | None = None, namespace: str | None = None, data_d
     return load_settings(redis_url=redis, namespace=namespace, data_dir=data_dir, node=node)
 
 
-def require_redis(settings: Settings, command: str) -> Settings:
-    """Settings whose ``redis_url`` is set: the configured one, else the running embedded
-    Redis of this data folder; a command that has neither ends with one line saying what to do."""
+def require_redis_url(settings: Settings, command: str) -> str:
+    """The configured Redis URL, else the running embedded Redis's of this data folder; a command
+    that has neither ends with one line saying what to do."""
     if settings.redis_url:
-        return settings
+        return settings.redis_url
     url = running_url(settings.data_dir)
     if url is None:
         fail(f"{command} needs a Redis: pass --redis URL, set REDIS_URL, or start 'rollstream up' "
              f"(no embedded Redis answers in {embedded_dir(settings.data_dir)})")
-    return settings.model_copy(update={"redis_url": url})
+    return url
+
+
+def require_redis(settings: Settings, command: str) -> Settings:
+    """Settings whose ``redis_url`` is set (see ``require_redis_url``)."""
+    url = require_redis_url(settings, command)
+    return settings if url == settings.redis_url else settings.model_copy(update={"redis_url": url})
 
 
 @contextlib.contextmanager

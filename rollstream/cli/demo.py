@@ -45,7 +45,7 @@ def demo(backend: str | None = typer.Option(None, "--backend", help="Use this Op
                            timeout_s=timeout_s)
     print_closing(outcome, console, time.monotonic() - started)
     if len(outcome.results) < outcome.total:
-        raise typer.Exit(f"only {len(outcome.results)} of {outcome.total} rollouts came back; see the worker logs")
+        raise SystemExit(f"only {len(outcome.results)} of {outcome.total} rollouts came back; see the worker logs")
 
 
 def register(app: typer.Typer) -> None:

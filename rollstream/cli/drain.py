@@ -10,7 +10,7 @@ import time
 
 import typer
 
-from rollstream.cli.common import console, fail, namespace_option, redis_option, require_redis, settings_from
+from rollstream.cli.common import console, fail, namespace_option, redis_option, require_redis_url, settings_from
 from rollstream.pipeline.connection import async_redis
 from rollstream.pipeline.drain import DrainStarted, node_workers, request_drain
 from rollstream.pipeline.keys import Keys
@@ -44,10 +44,11 @@ def drain(node: str = typer.Argument(..., help="The node's name (its workers' RO
           as_json: bool = typer.Option(False, "--json", help="Print the outcome as JSON.")):
     """Drain NODE: it takes no new init work, finishes or hands back what it holds within the
     grace time, and leaves the live list ('rollstream status' shows its workers as draining)."""
-    settings = require_redis(settings_from(redis, namespace), "drain")
+    settings = settings_from(redis, namespace)
+    url = require_redis_url(settings, "drain")
     grace = settings.drain_grace_s if grace_s is None else grace_s
     try:
-        started, left = asyncio.run(_drain(settings.redis_url, settings.namespace, node, grace,
+        started, left = asyncio.run(_drain(url, settings.namespace, node, grace,
                                            settings.worker_ttl_s, wait))
     except LookupError as exc:
         fail(str(exc))

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rollstream.agent import harness_images
-from rollstream.cli.common import fail, redis_option, redis_url_alias, require_redis, settings_from
+from rollstream.cli.common import fail, redis_option, redis_url_alias, require_redis_url, settings_from
 from rollstream.config import load_settings
 from rollstream.errors import InvalidJob
 from rollstream.sandboxes import image_jobs, images
@@ -30,7 +30,7 @@ REDIS_HELP = ("Redis URL of the image requests; default $REDIS_URL, else the emb
 
 
 def _redis_url(redis: str | None, redis_url: str | None) -> str:
-    return require_redis(settings_from(redis or redis_url), "queueing an image request (or pass --now)").redis_url
+    return require_redis_url(settings_from(redis or redis_url), "queueing an image request (or pass --now)")
 
 
 WORKER_OWNS = ("a queued request runs with the worker's own folders: pass {flag} to 'rollstream images worker', "
@@ -66,7 +66,7 @@ def pull(
         return
     if images_dir is not None:
         raise typer.BadParameter(WORKER_OWNS.format(flag="--images-dir"))
-    request = image_jobs.PullRequest(source=source, backend=backend)  # type: ignore[arg-type]
+    request = image_jobs.PullRequest(source=source, backend=backend)
     _queued(image_jobs.enqueue(_redis_url(redis, redis_url), request), f"pull {source} for {backend}")
 
 
@@ -202,7 +202,7 @@ def worker(
     import logging
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    url = require_redis(settings_from(redis or redis_url), "running an image worker").redis_url
+    url = require_redis_url(settings_from(redis or redis_url), "running an image worker")
     answered = image_jobs.ImageWorker(url, images_dir, mirror, list(source_dir)).work(burst=burst)
     console.print(f"answered {answered} image request(s)")
 

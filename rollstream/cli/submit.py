@@ -9,11 +9,20 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from rollstream.cli.common import console, fail, namespace_option, redis_option, require_redis, settings_from
+from rollstream.cli.common import (
+    console,
+    fail,
+    namespace_option,
+    redis_option,
+    require_redis,
+    require_redis_url,
+    settings_from,
+)
 from rollstream.client import AsyncClient
 from rollstream.errors import InvalidJob, JobFailed, RedisUnavailable
 from rollstream.messages import Result
@@ -181,15 +190,16 @@ def cancel(
     """Cancel jobs; each cancelled job still yields one result, with status 'cancelled'."""
     if not (job or group or submitter or everything):
         fail("say what to cancel: --job ID, --group ID, --submitter NAME or --all")
-    settings = require_redis(settings_from(redis, namespace), "cancel")
+    settings = settings_from(redis, namespace)
+    url = require_redis_url(settings, "cancel")
     keys = Keys(settings.namespace)
 
     async def go() -> list[str]:
-        r = async_redis(settings.redis_url)
+        r = async_redis(url)
         try:
             submitters = [submitter] if submitter else []
             if everything:  # raw XADD jobs belong to 'default'
-                found = [s.decode() if isinstance(s, bytes) else s for s in await r.zrange(keys.submitters, 0, -1)]
+                found = [s.decode() for s in cast(list[bytes], await r.zrange(keys.submitters, 0, -1))]
                 submitters = sorted({*found, "default"})
             if job or group:
                 await cancel_flags.cancel(r, keys, job_id=job, group_id=group, ttl_s=settings.job_state_ttl_s)

@@ -5,6 +5,7 @@ consumers, live workers, dead letters and per-stage counters. ``rollstream statu
 from __future__ import annotations
 
 import time
+from typing import cast
 
 import redis
 import redis.asyncio as aioredis
@@ -89,27 +90,29 @@ async def snapshot(r: aioredis.Redis, keys: Keys, *, worker_ttl_s: float = DEFAU
     status = PipelineStatus(redis_problem=await redis_problem(r, keys))
     status.streams.append(await _stream_status(r, keys.init_stream, INIT_STAGE, None))
     status.streams[0].waiting = await r.zcard(keys.init_waiting)
-    nodes = sorted(n.decode() for n in await r.zrange(keys.nodes, 0, -1))
+    nodes = sorted(n.decode() for n in cast(list[bytes], await r.zrange(keys.nodes, 0, -1)))
     for node in nodes:
         for stage in NODE_STAGES:
             status.streams.append(await _stream_status(r, keys.stage_stream(stage, node), stage, node))
     now = time.time()
     if status.redis_problem is None:  # workers dead for worker_ttl_s leave the list
         await r.zremrangebyscore(keys.workers, "-inf", now - worker_ttl_s)
-    for worker, beat in await r.zrangebyscore(keys.workers, now - worker_ttl_s, "+inf", withscores=True):
+    live = cast(list[tuple[bytes, float]],
+                await r.zrangebyscore(keys.workers, now - worker_ttl_s, "+inf", withscores=True))
+    for worker, beat in live:
         name = worker.decode()
-        rec = WorkerRecord.parse(await r.hgetall(keys.worker(name)))
+        rec = WorkerRecord.parse(cast(dict[bytes, bytes], await r.hgetall(keys.worker(name))))
         age_s = round(now - beat, 1)
         status.workers.append(WorkerStatus(worker=name, heartbeat_age_s=age_s) if rec is None else WorkerStatus(
             worker=name, stage=rec.stage, node=rec.node, inflight=rec.inflight, processed=rec.processed,
             concurrency=rec.concurrency, heartbeat_age_s=age_s, draining=rec.draining))
     status.dead_letters = await r.xlen(keys.dead)
-    for submitter in await r.zrange(keys.submitters, 0, -1):
+    for submitter in cast(list[bytes], await r.zrange(keys.submitters, 0, -1)):
         status.results_waiting += await r.xlen(keys.results(submitter.decode()))
-    for stage in (*STAGES, "client"):
-        raw = await r.hgetall(keys.stats(stage))
+    for counted in (*STAGES, "client"):
+        raw = cast(dict[bytes, bytes], await r.hgetall(keys.stats(counted)))
         if raw:
-            status.counters[stage] = {k.decode(): int(v) for k, v in raw.items()}
+            status.counters[counted] = {k.decode(): int(v) for k, v in raw.items()}
     status.policy_version = int(await r.get(keys.policy_version) or 0)
     return status
 

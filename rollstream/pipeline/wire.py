@@ -28,7 +28,7 @@ class _Replies(asyncio.Protocol):
     caller that waits for it, in order, right in ``data_received`` (no reader task, no
     StreamReader: one event-loop callback per arriving batch of replies)."""
 
-    def __init__(self, on_lost):
+    def __init__(self, on_lost: Callable[[_Replies, Exception], None]) -> None:
         self.parser = hiredis.Reader(replyError=redis.ResponseError)
         # (caller's future, loop time by which its reply is due), oldest first.
         self.waiting: collections.deque[tuple[asyncio.Future, float]] = collections.deque()
@@ -125,7 +125,7 @@ class FastRedis:
                 raise redis.ConnectionError(f"cannot connect to Redis at {self.path or f'{self.host}:{self.port}'}: "
                                             f"{exc}") from exc
             self._proto = proto
-            setup = []
+            setup: list[tuple[object, ...]] = []
             if self.password:
                 setup.append(("AUTH", self.username, self.password) if self.username else ("AUTH", self.password))
             if self.db:
@@ -165,6 +165,8 @@ class FastRedis:
         """Queue a reply future per command and write them all with one system call: each
         write wakes Redis, and a wake-up costs more than the commands themselves."""
         proto = self._proto
+        # Callers connect first; _connect sets _proto once its transport is made, _drop unsets it.
+        assert proto is not None and proto.transport is not None
         loop = asyncio.get_running_loop()
         futs = []
         for _ in commands:

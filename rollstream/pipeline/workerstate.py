@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from redis.typing import EncodableT, FieldT
+
 from rollstream.messages import StageName
 
 
@@ -21,9 +23,9 @@ class WorkerRecord:
     draining: bool = False
     event_loop: str = ""  # asyncio or uvloop
 
-    def hash_fields(self) -> dict[str, str | int | float]:
+    def hash_fields(self) -> dict[FieldT, EncodableT]:
         """The hash's fields, as HSET writes them: numbers as numbers, ``draining`` as 0 or 1."""
-        fields: dict[str, str | int | float] = {}
+        fields: dict[FieldT, EncodableT] = {}
         for name, value in asdict(self).items():
             fields[name] = int(value) if isinstance(value, bool) else value
         return fields

@@ -57,13 +57,20 @@ class SifBuildRequest(BaseModel):
     name: _Text
 
 
+EnvironmentBackend = Literal["docker", "bwrap", "singularity"]
+
+
+def _docker_only() -> list[EnvironmentBackend]:
+    return ["docker"]
+
+
 class EnvironmentsRequest(BaseModel):
     """Environment images of SWE records (tasks/swe_env.py), from the worker's own mirror."""
 
     model_config = ConfigDict(extra="forbid")
     kind: Literal["environments"] = "environments"
     instances: list[dict[str, Any]] = Field(min_length=1, max_length=1000)
-    backends: list[Literal["docker", "bwrap", "singularity"]] = Field(default_factory=lambda: ["docker"])
+    backends: list[EnvironmentBackend] = Field(default_factory=_docker_only)
     force: bool = False
 
 

@@ -87,9 +87,9 @@ def pull_image(
     shutil.rmtree(target, ignore_errors=True)
     if os.path.isfile(source) and tarfile.is_tarfile(source):
         _unpack_tarball(source, target)
-    elif singularity_binary() is not None:
+    elif (singularity := singularity_binary()) is not None:
         # apptainer unpacks docker:// URIs and SIFs into a plain folder without a daemon.
-        subprocess.run([singularity_binary(), "build", "--sandbox", target, source], check=True, capture_output=True)
+        subprocess.run([singularity, "build", "--sandbox", target, source], check=True, capture_output=True)
     elif shutil.which("docker") is not None:
         return export_rootfs(source.removeprefix("docker://"), images_dir, force=True)
     else:

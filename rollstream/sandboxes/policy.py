@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,7 +65,7 @@ class OverridePolicy:
         return cls(tuple(settings.sandbox_job_overrides), bool(settings.sandbox_job_may_raise_limits),
                    tuple(settings.sandbox_images), tuple(str(f) for f in settings.sandbox_image_folders))
 
-    def check_fields(self, overrides: dict) -> None:
+    def check_fields(self, overrides: object) -> None:
         """Refuse fields the policy never lets a job set (usable at submit, without the task's spec)."""
         if not isinstance(overrides, dict):
             raise SandboxOverrideRefused(f"job.sandbox must be a mapping of SandboxSpec fields, not "
@@ -86,7 +87,7 @@ class OverridePolicy:
                 "job.sandbox.backend='local' runs tools on the host without isolation and is never "
                 "selectable by a job; the operator picks it with the setting sandbox_backend")
 
-    def apply(self, spec: SandboxSpec, overrides: dict | None) -> SandboxSpec:
+    def apply(self, spec: SandboxSpec, overrides: Mapping[str, object] | None) -> SandboxSpec:
         """`spec` with the job's `overrides` merged in, validated, or SandboxOverrideRefused; its
         image (the task's, often taken from the instance, or the job's) checked by `check_image`."""
         result = self._merged(spec, overrides) if overrides else spec
@@ -95,7 +96,7 @@ class OverridePolicy:
             self.check_image(service.image, f"services.{service.name}.image")
         return result
 
-    def _merged(self, spec: SandboxSpec, overrides: dict) -> SandboxSpec:
+    def _merged(self, spec: SandboxSpec, overrides: Mapping[str, object]) -> SandboxSpec:
         self.check_fields(overrides)
         merged = spec.model_dump()
         for name, value in overrides.items():

@@ -11,8 +11,10 @@ import asyncio
 import logging
 import os
 import time
+from typing import cast
 
 import redis
+from redis.typing import StreamIdT
 
 from rollstream.messages import STAGES, StageName
 from rollstream.pipeline.connection import Outage
@@ -55,7 +57,8 @@ class Membership:
         keys = self.keys
         async with self.r.pipeline(transaction=False) as pipe:
             if inflight_ids:  # resetting idle time tells reclaimers these are alive
-                pipe.xclaim(self.stream, self.group, self.consumer, 0, inflight_ids, justid=True)
+                # redis-py types message_ids as an invariant list of its id union: a list[str] is one
+                pipe.xclaim(self.stream, self.group, self.consumer, 0, cast(list[StreamIdT], inflight_ids), justid=True)
             pipe.zadd(keys.workers, {self.consumer: now})
             # Workers that stopped heart-beating (killed, their machine gone) leave the list.
             pipe.zremrangebyscore(keys.workers, "-inf", now - self.settings.worker_ttl_s)

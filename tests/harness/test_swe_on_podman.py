@@ -41,7 +41,7 @@ def instance():
 def built(presets_dir, tmp_path_factory):
     """The environment image and the CLI's layer on it (scripts/install-harnesses built them: cached)."""
     if not DockerBackend().available():
-        pytest.skip("no container engine answers at DOCKER_HOST (scripts/install-podman sets up podman's)")
+        pytest.fail("no container engine answers at DOCKER_HOST (scripts/install-podman sets up podman's)")
     return swe_podman_image.build(tmp_path_factory.mktemp("instances"), CODEX.lean, [presets_dir])
 
 

@@ -6,6 +6,8 @@ the job fails saying so."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from rollstream.errors import InvalidJob, JobFailed
@@ -54,11 +56,15 @@ def test_the_singularity_instance_of_a_harbor_task_runs_its_sif_in_its_workdir_o
                                                                     "oci-archive:///tmp/x.oci.tar"]
 
 
-async def test_on_a_singularity_node_init_makes_the_sif_or_says_what_is_missing(harbor_environment, tmp_path):
+async def test_on_a_singularity_node_init_makes_the_sif_or_says_what_is_missing(harbor_environment, tmp_path,
+                                                                                 monkeypatch):
+    # A node without apptainer: PATH keeps every folder but one holding apptainer or singularity.
+    folders = os.environ.get("PATH", "").split(os.pathsep)
+    monkeypatch.setenv("PATH", os.pathsep.join(
+        f for f in folders if not any(os.path.exists(os.path.join(f, n)) for n in ("apptainer", "singularity"))))
+    assert singularity_binary() is None
     env = Envelope(job=Job(task="harbor", instance={"path": str(harbor_environment / "hello-file")},
                            sandbox={"backend": "singularity"}))
-    if singularity_binary() is not None:
-        pytest.skip("apptainer is installed: this checks the failure where it is not")  # never here
     with pytest.raises(JobFailed, match="making a SIF needs apptainer or singularity on PATH"):
         await HarborTask().prepare_environment(env, TaskContext(node="n", work_dir=tmp_path))
 

@@ -252,14 +252,18 @@ class TaskFolder:
             os.close(top)
         return cls(real, os.path.basename(real), config, instruction)
 
+    def _open(self, folder: str) -> int:
+        """A descriptor of the task's ``folder``, opened beneath the task folder (never through a symlink)."""
+        top = _open_folder(None, self.path, f"folder {self.path}")
+        try:
+            return _open_folder(top, folder, f"{folder}/ folder")
+        finally:
+            os.close(top)
+
     def file(self, folder: str, names: tuple[str, ...]) -> tuple[str, bytes] | None:
         """The first of ``names`` that ``folder`` holds, and its content (read beneath the task
         folder, never through a symlink), or None: one file, without reading the whole folder."""
-        top = _open_folder(None, self.path, f"folder {self.path}")
-        try:
-            sub = _open_folder(top, folder, f"{folder}/ folder")
-        finally:
-            os.close(top)
+        sub = self._open(folder)
         try:
             present = set(os.listdir(sub))
             for name in names:
@@ -271,11 +275,7 @@ class TaskFolder:
 
     def files(self, folder: str) -> FolderFiles:
         """The regular files of ``environment``, ``tests`` or ``solution``."""
-        top = _open_folder(None, self.path, f"folder {self.path}")
-        try:
-            sub = _open_folder(top, folder, f"{folder}/ folder")
-        finally:
-            os.close(top)
+        sub = self._open(folder)
         try:
             return read_folder(sub, folder)
         finally:

@@ -153,4 +153,6 @@ def test_grpo_trainer_trains_on_rollstream_rollouts_with_tool_tokens_masked_and_
     assert first["step"] == 0
     loss_mask = (first["completion_mask"] * first["tool_mask"]).bool()
     diff = (first["per_token_logps"] - first["sampling_per_token_logps"]).abs()[loss_mask]
-    assert diff.numel() > 0 and diff.max().item() < 1e-4, diff.max().item()
+    # 1e-3: a padded float32 batch and the server's incremental decode differ by up to ~4e-4 on an
+    # unlikely token; a wrong token id or a shifted mask differs by O(1).
+    assert diff.numel() > 0 and diff.max().item() < 1e-3, diff.max().item()

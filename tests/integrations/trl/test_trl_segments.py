@@ -110,7 +110,9 @@ def test_every_segment_of_a_compacting_harness_job_is_a_trained_row_with_its_job
     for row in segment_rows:
         mask = loss_mask[row]
         diff = (record["per_token_logps"][row] - record["sampling_per_token_logps"][row]).abs()[mask]
-        assert diff.numel() > 0 and diff.max().item() < 1e-4, diff.max().item()
+        # 1e-3: a padded float32 batch and the server's incremental decode differ by up to ~4e-4 on an
+        # unlikely token (seen in CI); a wrong token id or a shifted mask differs by O(1).
+        assert diff.numel() > 0 and diff.max().item() < 1e-3, diff.max().item()
         grad = record["logps_grad"][row]
         assert torch.all(grad[~mask] == 0)
         if advantages[row].item() != 0:

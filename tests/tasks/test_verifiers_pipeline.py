@@ -4,11 +4,14 @@ env_response), a tool environment (tool-test) and a SandboxEnv whose commands ru
 sandbox (sandbox-secret), after verifiers' own examples
 (tests/tasks/verifiers_envs). A model that gives the dataset's answer scores 1 by each
 environment's rubric, a model that writes garbage 0; every model token in the trajectory is the
-backend's own; an environment that raises fails its job (failure 'task'), naming the error."""
+backend's own; sandbox-secret scores the same on podman (a job that picks the docker backend) as on
+bwrap; an environment that raises fails its job (failure 'task'), naming the error."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import time
 from pathlib import Path
 
 import model_cache
@@ -20,6 +23,9 @@ from rollstream.client import AsyncClient
 from rollstream.errors import InvalidJob
 from rollstream.llm.balancer import add_backend
 from rollstream.llm.inference_client import SamplingParams, VLLMClient
+from rollstream.sandboxes.backends.docker import client_env, container_name
+from rollstream.sandboxes.paths import sandbox_id_for
+from rollstream.sandboxes.policy import DEFAULT_JOB_OVERRIDES
 
 from .verifiers_scripted import ENVS_DIR
 
@@ -27,6 +33,9 @@ ENVIRONMENTS = ["vf-reverse-text", "vf-alphabet-sort", "vf-tool-test", "vf-sandb
 ALLOWED = [*ENVIRONMENTS, "vf-broken"]
 GREEDY = {"temperature": 0.0}
 AGENT = {"max_turns": 4, "max_tokens_per_turn": 64, "max_context_tokens": 4096}
+# A job's own sandbox on podman: the operator lets jobs pick the backend and an image of its own list.
+PODMAN = {"backend": "docker", "image": "localhost/rollstream/python:bookworm"}
+ON_PODMAN = "vf-sandbox-secret@podman"
 
 
 @pytest.fixture(scope="session")
@@ -68,6 +77,7 @@ def allowed(monkeypatch):
 def start_pool(worker_pool, model_dir, sandbox_root):
     pool = worker_pool(model_dir=model_dir, sandbox_root=sandbox_root)
     pool.env["PYTHONPATH"] = str(ENVS_DIR)  # the environments' packages, installed on the workers
+    pool.env["ROLLSTREAM_SANDBOX_JOB_OVERRIDES"] = json.dumps([*DEFAULT_JOB_OVERRIDES, *PODMAN])
     pool.start_all(concurrency=4)
     return pool
 
@@ -77,20 +87,48 @@ def job(environment: str, index: int = 0, **instance) -> dict:
             "sampling": GREEDY, "agent": AGENT}
 
 
+def on_podman(environment: str) -> dict:
+    """The job in a podman container of its own (the docker backend on podman), named for the results."""
+    return {**job(environment), "sandbox": PODMAN, "metadata": {"label": f"{environment}@podman"}}
+
+
 async def run_jobs(settings, server: str, jobs: list[dict]) -> dict[str, object]:
     async with AsyncClient(settings=settings) as client:
         await add_backend(client.r, server, settings.namespace)
         for j in jobs:
             await client.submit(j)
         results = await client.collect(len(jobs), timeout_s=240)
-    return {r.trajectory.extra["verifiers"]["environment"] if r.ok else r.error: r for r in results}
+    return {r.metadata.get("label") or (r.trajectory.extra["verifiers"]["environment"] if r.ok else r.error): r
+            for r in results}
+
+
+def engine_events(job_id: str, since: int) -> list[str]:
+    """What the container engine did with the job's container (its first attempt's) since then."""
+    name = container_name(sandbox_id_for(job_id, 0))
+    out = subprocess.run(["docker", "events", "--since", str(since), "--until", str(int(time.time()) + 1),
+                          "--filter", f"container={name}", "--format", "{{.Status}}"],
+                         capture_output=True, text=True, env=client_env(), timeout=60, check=True).stdout
+    return out.split()
 
 
 async def test_each_environment_scores_the_datasets_answer_one_and_the_ids_are_the_models_own(
         settings, worker_pool, answering_model_dir, answering_server, sandbox_root, allowed):
     start_pool(worker_pool, answering_model_dir, sandbox_root)
-    results = await run_jobs(settings, answering_server, [job(name) for name in ENVIRONMENTS])
-    assert sorted(results) == sorted(ENVIRONMENTS), [r.error for r in results.values()]
+    since = int(time.time()) - 1
+    results = await run_jobs(settings, answering_server,
+                             [job(name) for name in ENVIRONMENTS] + [on_podman("vf-sandbox-secret")])
+    assert sorted(results) == sorted([*ENVIRONMENTS, ON_PODMAN]), [r.error for r in results.values()]
+    # On podman, the same episode: the set-up's and the model's commands ran in the job's container
+    # (created, started, removed by the engine), the model saw the same prompt and wrote the same ids.
+    podman, bwrap = results.pop(ON_PODMAN), results["vf-sandbox-secret"]
+    assert podman.status == "completed" and podman.reward == 1.0, (podman.error, podman.trajectory.extra)
+    assert podman.trajectory.extra["eval"]["metrics"]["secret_found"] == 1.0
+    assert [(c.name, c.ok, c.arguments["command"]) for c in podman.trajectory.tool_calls] == \
+        [(c.name, c.ok, c.arguments["command"]) for c in bwrap.trajectory.tool_calls]
+    assert [(s.prompt_ids, s.response_ids) for s in podman.trajectory.segments] == \
+        [(s.prompt_ids, s.response_ids) for s in bwrap.trajectory.segments]
+    events = engine_events(podman.job_id, since)
+    assert {"create", "start"} <= set(events) and events[-1] in ("remove", "destroy"), events
     backend = VLLMClient()
     try:
         for name, result in results.items():

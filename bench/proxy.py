@@ -164,7 +164,7 @@ async def episode(client, tools: list[dict], turns: int, timings: list[float]) -
     messages = arith.prompt({"a": 2, "op": "+", "b": 3})
     for _ in range(turns):
         t0 = time.perf_counter()
-        reply = (await client.chat.completions.create(model="stub", messages=messages, tools=tools)).choices[0]
+        reply = (await client.chat.completions.create(model="rollstream", messages=messages, tools=tools)).choices[0]
         timings.append(time.perf_counter() - t0)
         messages.append(reply.message.model_dump(exclude_none=True))
         messages += [{"role": "tool", "tool_call_id": c.id, "content": "5\n"} for c in reply.message.tool_calls or []]
@@ -192,14 +192,14 @@ async def api_episode(api: str, client, tools: list[dict], turns: int, timings: 
     for _ in range(turns):
         t0 = time.perf_counter()
         if api == "responses":
-            reply = await client.responses.create(model="stub", instructions=system["content"], input=history,
+            reply = await client.responses.create(model="rollstream", instructions=system["content"], input=history,
                                                   tools=api_tools, store=False)
             timings.append(time.perf_counter() - t0)
             history += [item.model_dump(exclude_none=True) for item in reply.output]
             history += [{"type": "function_call_output", "call_id": item.call_id, "output": "5\n"}
                         for item in reply.output if item.type == "function_call"]
         else:
-            reply = await client.messages.create(model="stub", max_tokens=64, system=system["content"],
+            reply = await client.messages.create(model="rollstream", max_tokens=64, system=system["content"],
                                                  messages=history, tools=api_tools)
             timings.append(time.perf_counter() - t0)
             history.append({"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in reply.content]})
@@ -213,20 +213,20 @@ async def first_text(api: str, client, turns: int, timings: list[float]) -> None
     for _ in range(turns):
         t0, first, text = time.perf_counter(), None, []
         if api == "chat":
-            stream = await client.chat.completions.create(model="stub", messages=history, stream=True)
+            stream = await client.chat.completions.create(model="rollstream", messages=history, stream=True)
             async for chunk in stream:
                 piece = chunk.choices[0].delta.content if chunk.choices else None
                 if piece:
                     first = first or time.perf_counter()
                     text.append(piece)
         elif api == "responses":
-            async with client.responses.stream(model="stub", input=history, store=False) as stream:
+            async with client.responses.stream(model="rollstream", input=history, store=False) as stream:
                 async for event in stream:
                     if event.type == "response.output_text.delta":
                         first = first or time.perf_counter()
                         text.append(event.delta)
         else:
-            async with client.messages.stream(model="stub", max_tokens=64, messages=history) as stream:
+            async with client.messages.stream(model="rollstream", max_tokens=64, messages=history) as stream:
                 async for event in stream:
                     if event.type == "content_block_delta" and event.delta.type == "text_delta":
                         first = first or time.perf_counter()

@@ -25,8 +25,11 @@ from typing import Any
 
 from rollstream.agent.door_models import AnthropicRequest
 from rollstream.agent.door_request import (
+    ANTHROPIC_SERVICE_TIERS,
+    MODEL_NAME,
     CallOptions,
     DoorError,
+    check_bookkeeping,
     check_job_sampling,
     flag,
     function_tools,
@@ -36,7 +39,6 @@ from rollstream.agent.door_request import (
 )
 from rollstream.agent.door_stream import Completed, held_prefix
 
-MODEL_NAME = "rollstream"
 _ACCEPTED = frozenset({"model", "messages", "system", "max_tokens", "stop_sequences", "stream", "tools", "tool_choice",
                        "temperature", "top_p", "top_k", "metadata", "thinking", "service_tier", "cache_control",
                        "context_management", "output_config"})
@@ -143,8 +145,9 @@ def parse(request: dict, count_only: bool = False) -> CallOptions:
     if unknown:
         raise refuse(unknown[0], f"parameter {unknown[0]!r} is not supported by this door; it serves "
                      f"{', '.join(sorted(_ACCEPTED))}")
+    check_bookkeeping(request, ANTHROPIC_SERVICE_TIERS, string_metadata=False)
     max_tokens = request.get("max_tokens")
-    if not count_only and (not is_int(max_tokens) or max_tokens < 1):
+    if (max_tokens is not None or not count_only) and (not is_int(max_tokens) or max_tokens < 1):
         raise refuse("max_tokens", "max_tokens is required: a positive integer", "invalid_value")
     check_job_sampling(request, ("temperature", "top_p", "top_k"))
     thinking = request.get("thinking")
@@ -195,7 +198,7 @@ class AnthropicApi:
 
     def parse(self, request: dict, count_only: bool = False) -> tuple[AnthropicRequest, CallOptions]:
         options = parse(request, count_only)
-        if count_only and "max_tokens" in request:  # counting generates nothing: not read, so not typed
+        if count_only and "max_tokens" in request:  # counting generates nothing: checked, not read
             request = {k: v for k, v in request.items() if k != "max_tokens"}
         return AnthropicRequest.accepted(request), options
 

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollstream.agent.door_request import CallOptions, DoorError, cut_at_stop
+from rollstream.agent.door_request import MODEL_NAME, CallOptions, DoorError, cut_at_stop
 from rollstream.agent.door_stream import Completed, Emitter, ReplyText
 from rollstream.agent.parsing import reply_calls
 from rollstream.agent.recorder import CallRecorder
@@ -33,6 +33,9 @@ class JobDoor:
     tokenizer: Any
     settings: AgentSettings
     key: str = field(default_factory=lambda: "rs-" + secrets.token_urlsafe(32))
+    # The model names the door serves (GET /v1/models lists them): the name presets render as {model}.
+    # A call naming another is refused as the APIs refuse a model they do not serve (404).
+    models: tuple[str, ...] = (MODEL_NAME,)
     recorder: CallRecorder = field(init=False)
     # Why the episode ended, where the door refused the last call: "context", "max_turns", or
     # "error" (the backends failed it: the service's failure, not the agent's). Cleared by a

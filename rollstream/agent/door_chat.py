@@ -13,11 +13,9 @@ import uuid
 from typing import Any
 
 from rollstream.agent.door_models import ChatRequest
-from rollstream.agent.door_request import CallOptions, DoorError, parse_request
+from rollstream.agent.door_request import MODEL_NAME, CallOptions, DoorError, parse_request
 from rollstream.agent.door_stream import Completed
 from rollstream.agent.parsing import ToolCall
-
-MODEL_NAME = "rollstream"
 
 
 def call_id() -> str:

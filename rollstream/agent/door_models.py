@@ -3,7 +3,8 @@ Completions, OpenAI Responses, Anthropic Messages). Each API's module checks the
 field by field, and refuses what it cannot honour with a 400 in that API's words (#29's rule);
 what passed is then parsed into its model here, and everything after the edge (the answer's
 body, the streamed events) reads the model, not the dict. Fields the door reads are declared;
-the client's bookkeeping (user, metadata, service_tier, ...) is kept as sent, as extra fields."""
+the client's bookkeeping (user, metadata, service_tier, ...) is typed too (a field the door accepts
+is checked even where it changes nothing) and kept as sent."""
 
 from __future__ import annotations
 
@@ -23,14 +24,14 @@ Items = Annotated[list[dict[str, Any]], SkipValidation]
 
 
 class DoorRequest(BaseModel):
-    """What every API's request shares: the model it names, echoed back as sent (the door serves
-    one model whatever the name), streaming, and extra fields for the client's bookkeeping."""
+    """What every API's request shares: the model it names (one the job's door serves: the gateway
+    answers any other with that API's 404), echoed back, and streaming."""
 
     model_config = ConfigDict(extra="allow")
     # Fields the checks take as unset when falsy (``"store": 0``, ``"tools": []``): unset here too.
     FALSY_IS_UNSET: ClassVar[tuple[str, ...]] = ("tools", "store")
 
-    model: Any = None
+    model: str | None = None
     stream: bool | None = None
 
     @model_validator(mode="before")
@@ -53,7 +54,19 @@ class DoorRequest(BaseModel):
             raise DoorError(400, f"{param}: {error['msg']}", "invalid_value", param=param) from None
 
 
-class ChatRequest(DoorRequest):
+class OpenAIBookkeeping(DoorRequest):
+    """The client's bookkeeping for OpenAI's own service, in both OpenAI APIs: nothing here asks
+    anything of the generation, but each is checked as OpenAI types it."""
+
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+
+
+class ChatRequest(OpenAIBookkeeping):
     """POST /v1/chat/completions (door_request.parse_request checks it)."""
 
     FALSY_IS_UNSET = ("tools", "store", "logit_bias")
@@ -83,17 +96,7 @@ class ChatRequest(DoorRequest):
     min_p: Number | None = None
 
 
-    @model_validator(mode="before")
-    @classmethod
-    def _one_max_tokens(cls, data: Any) -> Any:
-        """max_completion_tokens, when sent, is the limit and max_tokens is not read (as
-        door_request._max_tokens reads them): not typed either."""
-        if isinstance(data, dict) and data.get("max_completion_tokens") is not None and "max_tokens" in data:
-            return {k: v for k, v in data.items() if k != "max_tokens"}
-        return data
-
-
-class ResponsesRequest(DoorRequest):
+class ResponsesRequest(OpenAIBookkeeping):
     """POST /v1/responses (door_responses.parse checks it). The answer echoes instructions, tools,
     tool_choice, sampling and max_output_tokens back, as the Responses API does."""
 
@@ -108,7 +111,8 @@ class ResponsesRequest(DoorRequest):
     store: bool | None = None
     temperature: Number | None = None
     top_p: Number | None = None
-    metadata: Any = None  # the client's, echoed back as sent
+    client_metadata: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
     previous_response_id: None = None
     background: bool | None = None
     truncation: Literal["disabled"] | None = None
@@ -133,3 +137,7 @@ class AnthropicRequest(DoorRequest):
     thinking: dict[str, Any] | None = None
     context_management: dict[str, Any] | None = None
     output_config: dict[str, Any] | None = None
+    # The client's bookkeeping for Anthropic's service (as Anthropic types it).
+    metadata: dict[str, Any] | None = None
+    service_tier: Literal["auto", "standard_only"] | None = None
+    cache_control: dict[str, Any] | None = None

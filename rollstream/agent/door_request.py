@@ -30,6 +30,49 @@ def refuse(param: str, message: str, code: str = "unsupported_parameter") -> Doo
     return DoorError(400, message, code, param=param)
 
 
+# The name the door serves its job's model by (GET /v1/models lists it; presets render it as {model}).
+MODEL_NAME = "rollstream"
+
+
+def check_model(request: dict, served: tuple[str, ...]) -> None:
+    """The request's ``model`` is one the door serves, or a 404 as each API answers a model it does
+    not serve (OpenAI: code model_not_found; Anthropic: not_found_error), which clients take as
+    final. A request without one gets the served model, as vLLM serves it."""
+    model = request.get("model")
+    if model is None:
+        return
+    if not isinstance(model, str):
+        raise refuse("model", "model must be a string", "invalid_value")
+    if model not in served:
+        raise DoorError(404, f"The model `{model}` does not exist or is not served here; this door serves "
+                        f"{', '.join(served)} (GET /v1/models lists it)", "model_not_found", param="model")
+
+
+# The client's bookkeeping for its provider's service (nothing asked of the generation), checked as
+# each API types it: a junk value is refused, never carried silently. agent/door_models.py types the same.
+_STRING_FIELDS = ("model", "user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention")
+_OBJECT_FIELDS = ("metadata", "client_metadata", "reasoning", "cache_control")
+OPENAI_SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority")
+ANTHROPIC_SERVICE_TIERS = ("auto", "standard_only")
+
+
+def check_bookkeeping(request: dict, service_tiers: tuple[str, ...], string_metadata: bool = True) -> None:
+    """Strings and objects where the API has them, a known service tier, and (OpenAI) metadata
+    whose values are strings."""
+    for name in _STRING_FIELDS:
+        if request.get(name) is not None and not isinstance(request[name], str):
+            raise refuse(name, f"{name} must be a string", "invalid_value")
+    for name in _OBJECT_FIELDS:
+        if request.get(name) is not None and not isinstance(request[name], dict):
+            raise refuse(name, f"{name} must be an object", "invalid_value")
+    metadata = request.get("metadata")
+    if string_metadata and metadata and not all(isinstance(v, str) for v in metadata.values()):
+        raise refuse("metadata", "metadata values must be strings", "invalid_value")
+    tier = request.get("service_tier")
+    if tier is not None and tier not in service_tiers:
+        raise refuse("service_tier", f"service_tier must be one of {', '.join(service_tiers)}", "invalid_value")
+
+
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 1024
 # Fields that ask nothing of the generation (bookkeeping for the client's own provider).
@@ -64,6 +107,7 @@ def parse_request(request: dict) -> CallOptions:
     if unknown:
         raise refuse(unknown[0], f"parameter {unknown[0]!r} is not supported by this door; it serves "
                       f"{', '.join(sorted(_ACCEPTED))}")
+    check_bookkeeping(request, OPENAI_SERVICE_TIERS)
     messages = request.get("messages")
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
         raise DoorError(400, "messages must be a non-empty list of message objects", "invalid_messages",
@@ -255,15 +299,17 @@ def stop_strings(raw: Any, param: str = "stop") -> list[str]:
 
 
 def _max_tokens(request: dict) -> int | None:
-    """max_completion_tokens, else max_tokens (the older name), as vLLM reads them."""
+    """max_completion_tokens, else max_tokens (the older name), as vLLM reads them; each one sent
+    is checked, the one not read too (a junk value is the client's mistake, not silence)."""
+    found = None
     for name in ("max_completion_tokens", "max_tokens"):
         value = request.get(name)
         if value is None:
             continue
         if not is_int(value) or value < 1:
             raise refuse(name, f"{name} must be a positive integer", "invalid_value")
-        return value
-    return None
+        found = value if found is None else found
+    return found
 
 
 def cut_at_stop(text: str, stops: list[str], include_stop: bool, start: int = 0) -> str | None:

@@ -19,8 +19,11 @@ from typing import Any
 
 from rollstream.agent.door_models import ResponsesRequest
 from rollstream.agent.door_request import (
+    MODEL_NAME,
+    OPENAI_SERVICE_TIERS,
     CallOptions,
     DoorError,
+    check_bookkeeping,
     check_job_sampling,
     flag,
     function_tools,
@@ -30,7 +33,6 @@ from rollstream.agent.door_request import (
 )
 from rollstream.agent.door_stream import Completed
 
-MODEL_NAME = "rollstream"
 _BOOKKEEPING = ("metadata", "client_metadata", "user", "service_tier", "safety_identifier", "prompt_cache_key",
                 "prompt_cache_retention",
                 "reasoning", "include", "text", "truncation", "background", "previous_response_id", "top_logprobs",
@@ -133,6 +135,7 @@ def parse(request: dict) -> CallOptions:
     if unknown:
         raise refuse(unknown[0], f"parameter {unknown[0]!r} is not supported by this door; it serves "
                      f"{', '.join(sorted(_ACCEPTED))}")
+    check_bookkeeping(request, OPENAI_SERVICE_TIERS)
     if request.get("previous_response_id") is not None:
         raise refuse("previous_response_id", "this door stores no responses (the job's trajectory is the record): "
                      "send the whole conversation as input, with store false")

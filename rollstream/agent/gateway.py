@@ -23,9 +23,9 @@ from typing import Any
 
 from rollstream.agent.door_anthropic import AnthropicApi
 from rollstream.agent.door_call import JobDoor
-from rollstream.agent.door_chat import MODEL_NAME, ChatApi
+from rollstream.agent.door_chat import ChatApi
 from rollstream.agent.door_models import DoorRequest
-from rollstream.agent.door_request import CallOptions, DoorError
+from rollstream.agent.door_request import MODEL_NAME, CallOptions, DoorError, check_model
 from rollstream.agent.door_responses import ResponsesApi
 from rollstream.agent.door_stream import EventStream
 from rollstream.episode_settings import AgentSettings
@@ -45,7 +45,7 @@ _CHAT, _ANTHROPIC = ChatApi(), AnthropicApi()
 # The model-call endpoints, each API's own (agent/door_chat.py, door_responses.py, door_anthropic.py).
 _APIS: dict[str, Any] = {"/v1/chat/completions": _CHAT, "/v1/responses": ResponsesApi(), "/v1/messages": _ANTHROPIC}
 _SERVED = ("POST /v1/chat/completions, POST /v1/responses, POST /v1/messages (and /v1/messages/count_tokens), "
-           "GET /v1/models")
+           "GET /v1/models (and /v1/models/NAME)")
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
             408: "Request Timeout", 411: "Length Required", 413: "Payload Too Large",
             431: "Request Header Fields Too Large", 502: "Bad Gateway", 503: "Service Unavailable"}
@@ -311,9 +311,8 @@ class Gateway:
         return headers.get("connection", "").lower() != "close"
 
     async def _handle(self, writer, method: str, path: str, door: JobDoor, body: bytes) -> None:
-        if path == "/v1/models" and method == "GET":
-            await self._send(writer, 200, {"object": "list", "data": [
-                {"id": MODEL_NAME, "object": "model", "created": 0, "owned_by": "rollstream"}]})
+        if path == "/v1/models" or path.startswith("/v1/models/"):
+            await self._models(writer, method, path, door)
             return
         count_only = path == "/v1/messages/count_tokens"
         api = _ANTHROPIC if count_only else _APIS.get(path)
@@ -331,6 +330,7 @@ class Gateway:
                 raise DoorError(400, f"the body is not JSON: {exc}", "invalid_json") from None
             if not isinstance(request, dict):
                 raise DoorError(400, "the body is not a JSON object", "invalid_json")
+            check_model(request, door.models)
             typed, options = api.parse(request, count_only=True) if count_only else api.parse(request)
             if count_only:
                 await self._send(writer, 200, {"input_tokens": await door.count_tokens(options)})
@@ -344,6 +344,31 @@ class Gateway:
             await self._answer(writer, api, door, typed, options)
         finally:
             await door.settle()  # the call's backend slot, given back once its answer is on its way
+
+    async def _models(self, writer, method: str, path: str, door: JobDoor) -> None:
+        """The served models, in a form both OpenAI's and Anthropic's clients read (list and
+        retrieve); another name is a 404 in each API's words."""
+        if method != "GET":
+            await self._send(writer, 405, DoorError(405, "use GET", "method_not_allowed").body())
+            return
+
+        def entry(name: str) -> dict:
+            return {"id": name, "object": "model", "created": 0, "owned_by": "rollstream", "type": "model",
+                    "display_name": name, "created_at": "1970-01-01T00:00:00Z"}
+
+        if path == "/v1/models":
+            await self._send(writer, 200, {"object": "list", "data": [entry(name) for name in door.models],
+                                           "has_more": False, "first_id": door.models[0], "last_id": door.models[-1]})
+            return
+        name = path.removeprefix("/v1/models/")
+        try:
+            check_model({"model": name}, door.models)
+        except DoorError as exc:
+            # In both APIs' words: OpenAI's error object (code model_not_found), Anthropic's type.
+            await self._send(writer, exc.status, {"type": "error", "error": {
+                **exc.body()["error"], **_ANTHROPIC.error(exc)["error"]}})
+            return
+        await self._send(writer, 200, entry(name))
 
     async def _answer(self, writer, api: Any, door: JobDoor, request: DoorRequest, options: CallOptions) -> None:
         if not options.stream:

@@ -42,14 +42,14 @@ async def test_every_door_call_gives_its_backend_slot_back_once_answered(
         return set((await balancer.in_flight()).values()) == {0}
 
     try:
-        await client.chat.completions.create(model="m", messages=messages)
+        await client.chat.completions.create(model="rollstream", messages=messages)
         await wait_until(all_given_back, what="the whole call's slot given back")
-        stream = await client.chat.completions.create(model="m", messages=messages, stream=True)
+        stream = await client.chat.completions.create(model="rollstream", messages=messages, stream=True)
         assert [chunk async for chunk in stream]
         await wait_until(all_given_back, what="the streamed call's slot given back")
-        await client.chat.completions.create(model="m", messages=messages)
+        await client.chat.completions.create(model="rollstream", messages=messages)
         with pytest.raises(BadRequestError, match="max_turns_exceeded|budget"):  # refused: nothing generated
-            await client.chat.completions.create(model="m", messages=messages)
+            await client.chat.completions.create(model="rollstream", messages=messages)
         await wait_until(all_given_back, what="every slot given back")
         assert len(door.recorder.calls) == 3 and not session._finished
     finally:

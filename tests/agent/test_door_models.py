@@ -1,6 +1,7 @@
 """The door's requests as typed models (rollstream/agent/door_models.py): whatever an API's checks
 accept is parsed into that API's model (never a 500, never a second refusal in other words), the
-client's bookkeeping is kept as sent, and the fields a Responses answer echoes come back as sent."""
+client's bookkeeping is typed and kept as sent (junk in it refused), and the fields a Responses
+answer echoes come back as sent."""
 
 from __future__ import annotations
 
@@ -53,18 +54,35 @@ def test_every_request_the_checks_accept_is_typed_by_its_model_and_every_other_r
         accepted += 1
         typed, _options = parse(request)  # a DoorError here would be a refusal the checks did not word
         assert typed.model == request.get("model"), request
-    assert accepted > 500  # the draw reaches the accepting side, not only refusals
+    assert accepted > 200  # the draw reaches the accepting side, not only refusals (seeded: the same draw)
 
 
-def test_bookkeeping_is_kept_as_sent_and_sampling_numbers_keep_their_json_type():
-    typed, _ = ChatApi().parse({"messages": USER, "user": "u-1", "metadata": {"run": 7}, "temperature": 1,
-                                "top_p": 0.5, "model": "gpt-x", "stop": "END"})
+def test_bookkeeping_is_typed_and_kept_as_sent_and_sampling_numbers_keep_their_json_type():
+    typed, _ = ChatApi().parse({"messages": USER, "user": "u-1", "metadata": {"run": "7"}, "temperature": 1,
+                                "top_p": 0.5, "model": "gpt-x", "stop": "END", "service_tier": "flex"})
     assert isinstance(typed, ChatRequest)
-    assert typed.model_extra == {"user": "u-1", "metadata": {"run": 7}}
+    assert (typed.user, typed.metadata, typed.service_tier) == ("u-1", {"run": "7"}, "flex")
     assert (typed.temperature, typed.top_p, typed.model, typed.stop) == (1, 0.5, "gpt-x", "END")
     assert isinstance(typed.temperature, int)
     typed, _ = AnthropicApi().parse({"messages": USER, "max_tokens": 8, "cache_control": {"type": "ephemeral"}})
-    assert isinstance(typed, AnthropicRequest) and typed.model_extra == {"cache_control": {"type": "ephemeral"}}
+    assert isinstance(typed, AnthropicRequest) and typed.cache_control == {"type": "ephemeral"}
+
+
+@pytest.mark.parametrize(("parse", "base", "junk"), [
+    (ChatApi().parse, {"messages": USER}, {"user": 7}),
+    (ChatApi().parse, {"messages": USER}, {"metadata": {"run": 7}}),
+    (ChatApi().parse, {"messages": USER}, {"service_tier": "gold"}),
+    (ChatApi().parse, {"messages": USER}, {"model": ["a"]}),
+    (ResponsesApi().parse, {"input": "hi"}, {"prompt_cache_key": 1}),
+    (ResponsesApi().parse, {"input": "hi"}, {"reasoning": "high"}),
+    (AnthropicApi().parse, {"messages": USER, "max_tokens": 8}, {"metadata": "u"}),
+    (AnthropicApi().parse, {"messages": USER, "max_tokens": 8}, {"service_tier": "flex"}),
+    (lambda r: AnthropicApi().parse(r, count_only=True), {"messages": USER}, {"max_tokens": "lots"}),
+], ids=["user", "metadata", "tier", "model", "cache-key", "reasoning", "a-metadata", "a-tier", "count-max-tokens"])
+def test_bookkeeping_that_changes_nothing_is_still_refused_when_it_is_junk(parse, base, junk):
+    with pytest.raises(DoorError) as refused:
+        parse({**base, **junk})
+    assert refused.value.status == 400 and refused.value.param == next(iter(junk))
 
 
 @pytest.mark.parametrize(("sent", "echoed"), [({}, True), ({"parallel_tool_calls": None}, None),

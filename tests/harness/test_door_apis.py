@@ -59,7 +59,8 @@ async def test_responses_round_trip_a_function_call_and_the_streamed_follow_up_e
     # as Codex 0.169 sends them: some functions grouped in a namespace, and its client_metadata
     tools = [{"type": "namespace", "name": "shell", "description": "Shell tools.", "tools": RESPONSES_TOOLS[:1]},
              *RESPONSES_TOOLS[1:]]
-    first = await door.client.responses.create(model="m", instructions=system, input=user, tools=tools, store=False,
+    first = await door.client.responses.create(model="rollstream", instructions=system, input=user, tools=tools,
+                                               store=False,
                                                extra_body={"client_metadata": {"turn_id": "1"}})
     calls = [item for item in first.output if item.type == "function_call"]
     assert calls and calls[0].name == "bash" and "command" in json.loads(calls[0].arguments)
@@ -68,7 +69,7 @@ async def test_responses_round_trip_a_function_call_and_the_streamed_follow_up_e
     # Codex's loop: the whole input again, the response's items, each call's output; streamed.
     follow_up = [{"role": "user", "content": user}, *[item.model_dump(exclude_none=True) for item in first.output],
                  *[{"type": "function_call_output", "call_id": c.call_id, "output": "42\n"} for c in calls]]
-    async with door.client.responses.stream(model="m", instructions=system, input=follow_up, tools=tools,
+    async with door.client.responses.stream(model="rollstream", instructions=system, input=follow_up, tools=tools,
                                             store=False) as stream:
         kinds = [event.type async for event in stream]
         final = await stream.get_final_response()
@@ -83,11 +84,12 @@ async def test_anthropic_round_trips_tool_use_and_the_streamed_follow_up_extends
     system, user = _system_and_user()
     # as Claude Code sends it: context editing it cannot switch off (the door renders the history whole)
     editing = {"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}}
-    first = await door.anthropic.messages.create(model="m", max_tokens=40, system=system, tools=ANTHROPIC_TOOLS,
+    first = await door.anthropic.messages.create(model="rollstream", max_tokens=40, system=system,
+                                                 tools=ANTHROPIC_TOOLS,
                                                  messages=[{"role": "user", "content": user}], extra_body=editing)
     uses = [block for block in first.content if block.type == "tool_use"]
     assert first.stop_reason == "tool_use" and uses[0].name == "bash" and "command" in uses[0].input
-    counted = await door.anthropic.messages.count_tokens(model="m", system=system, tools=ANTHROPIC_TOOLS,
+    counted = await door.anthropic.messages.count_tokens(model="rollstream", system=system, tools=ANTHROPIC_TOOLS,
                                                          messages=[{"role": "user", "content": user}])
     assert counted.input_tokens == len(door.backend.calls[0][0])
     # Claude Code's loop: the assistant's blocks back, then a user turn of tool_result blocks.
@@ -97,7 +99,7 @@ async def test_anthropic_round_trips_tool_use_and_the_streamed_follow_up_extends
                                             for u in uses]},
                # as Claude Code 2.1 sends its environment: a system message amid the turns
                {"role": "system", "content": [{"type": "text", "text": "The working directory is /work."}]}]
-    async with door.anthropic.messages.stream(model="m", max_tokens=40, system=system, tools=ANTHROPIC_TOOLS,
+    async with door.anthropic.messages.stream(model="rollstream", max_tokens=40, system=system, tools=ANTHROPIC_TOOLS,
                                               messages=history) as stream:
         kinds = [event.type async for event in stream]
         final = await stream.get_final_message()
@@ -130,19 +132,20 @@ async def _first_text(api: str, client, system: str, user: str):
     """The streamed call of ``api`` (no tool calls parsed: all its text is text); yields each text
     delta as the harness's SDK delivers it."""
     if api == "chat":
-        stream = await client.chat.completions.create(model="m", stream=True, tool_choice="none", messages=[
+        stream = await client.chat.completions.create(model="rollstream", stream=True, tool_choice="none", messages=[
             {"role": "system", "content": system}, {"role": "user", "content": user}])
         async for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
                 yield chunk.choices[0].delta.content
     elif api == "responses":
-        async with client.responses.stream(model="m", instructions=system, input=user, store=False,
+        async with client.responses.stream(model="rollstream", instructions=system, input=user, store=False,
                                            tool_choice="none") as stream:
             async for event in stream:
                 if event.type == "response.output_text.delta":
                     yield event.delta
     else:
-        async with client.messages.stream(model="m", max_tokens=40, system=system, tool_choice={"type": "none"},
+        async with client.messages.stream(model="rollstream", max_tokens=40, system=system,
+                                          tool_choice={"type": "none"},
                                           messages=[{"role": "user", "content": user}]) as stream:
             async for event in stream:
                 if event.type == "content_block_delta" and event.delta.type == "text_delta":
@@ -184,7 +187,7 @@ async def test_the_first_text_reaches_the_harness_while_the_backend_is_still_gen
 async def test_a_streamed_reply_never_shows_text_past_a_stop_string(door, tokenizer):
     system, user = _system_and_user()
     # The greedy reply is '<tool_call>\n{"name": "bash", ...': "as" ends inside the token "bash".
-    stream = await door.client.chat.completions.create(model="m", stream=True, stop=["as"], tools=CHAT_TOOLS,
+    stream = await door.client.chat.completions.create(model="rollstream", stream=True, stop=["as"], tools=CHAT_TOOLS,
                                                        messages=[{"role": "system", "content": system},
                                                                  {"role": "user", "content": user}])
     text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
@@ -229,9 +232,9 @@ def test_streamed_text_never_splits_a_character_whose_bytes_span_tokens(tokenize
 async def test_a_bad_request_is_a_400_in_the_apis_own_error_format(door, api, body, param):
     with pytest.raises((openai.BadRequestError, anthropic.BadRequestError)) as refused:
         if api == "responses":
-            await door.client.responses.create(model="m", **body)
+            await door.client.responses.create(model="rollstream", **body)
         else:
-            await door.anthropic.messages.create(model="m", max_tokens=8, **body)
+            await door.anthropic.messages.create(model="rollstream", max_tokens=8, **body)
     error = refused.value.body
     if api == "responses":
         assert error["param"] == param and error["type"] == "invalid_request_error"
@@ -277,12 +280,12 @@ async def test_the_models_thinking_is_a_thinking_block_and_sent_back_it_extends_
     client = anthropic.AsyncAnthropic(base_url=gateway.base_url.removesuffix("/v1"), api_key=door.key, max_retries=0)
     system, user = _system_and_user()
     try:
-        whole = await client.messages.create(model="m", max_tokens=64, system=system,
+        whole = await client.messages.create(model="rollstream", max_tokens=64, system=system,
                                              messages=[{"role": "user", "content": user}])
         history = [{"role": "user", "content": user},
                    {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in whole.content]},
                    {"role": "user", "content": "Are you sure?"}]
-        async with client.messages.stream(model="m", max_tokens=64, system=system, messages=history) as stream:
+        async with client.messages.stream(model="rollstream", max_tokens=64, system=system, messages=history) as stream:
             deltas = [event.delta.type async for event in stream if event.type == "content_block_delta"]
             streamed = await stream.get_final_message()
     finally:
@@ -306,7 +309,8 @@ async def test_a_backend_lost_once_a_stream_began_ends_it_with_an_error_in_the_a
     system, user = _system_and_user()
     try:
         if api == "responses":  # Responses reports a failed response as its own event
-            async with client.responses.stream(model="m", instructions=system, input=user, store=False) as stream:
+            async with client.responses.stream(model="rollstream", instructions=system, input=user,
+                                               store=False) as stream:
                 kinds = [event.type async for event in stream]
             assert kinds[0] == "response.created" and kinds[-1] == "response.failed"
         else:
@@ -355,7 +359,7 @@ async def test_a_prompt_past_the_jobs_context_is_refused_in_the_words_claude_cod
     system, user = _system_and_user()
     try:
         with pytest.raises(anthropic.BadRequestError, match=r"prompt is too long: \d+ tokens > 16 maximum") as refused:
-            await client.messages.create(model="m", max_tokens=8, system=system,
+            await client.messages.create(model="rollstream", max_tokens=8, system=system,
                                          messages=[{"role": "user", "content": user}])
     finally:
         await client.close()

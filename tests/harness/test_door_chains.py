@@ -52,10 +52,12 @@ async def test_concurrent_sub_agents_build_a_chain_each_and_a_side_call_a_segmen
 
     async def ask(messages: list[dict], stream: bool = False) -> list[dict]:
         if stream:
-            chunks = [c async for c in await client.chat.completions.create(model="m", messages=messages, stream=True)]
+            chunks = [c async for c in await client.chat.completions.create(model="rollstream", messages=messages,
+                                                                            stream=True)]
             content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         else:
-            content = (await client.chat.completions.create(model="m", messages=messages)).choices[0].message.content
+            reply = await client.chat.completions.create(model="rollstream", messages=messages)
+            content = reply.choices[0].message.content
         return [*messages, {"role": "assistant", "content": content}]
 
     system = {"role": "system", "content": "You are a careful assistant."}

@@ -53,22 +53,22 @@ async def test_recorded_ids_are_the_backends_own_and_extend_or_segment_exactly(a
     tools = [arith.BASH_SCHEMA, SUBMIT]
     messages = arith.prompt({"a": 12, "op": "+", "b": 30})
     try:
-        first = (await client.chat.completions.create(model="any", messages=messages, tools=tools)).choices[0]
+        first = (await client.chat.completions.create(model="rollstream", messages=messages, tools=tools)).choices[0]
         messages.append(first.message.model_dump(exclude_none=True))
         if first.message.tool_calls:  # answer each call as a harness would
             messages += [{"role": "tool", "tool_call_id": c.id, "content": "42\n"} for c in first.message.tool_calls]
         else:
             messages.append({"role": "user", "content": "Use the tools."})
         # The second call extends the first, streamed: the SDK reassembles the same message.
-        stream = await client.chat.completions.create(model="any", messages=messages, tools=tools, stream=True)
+        stream = await client.chat.completions.create(model="rollstream", messages=messages, tools=tools, stream=True)
         chunks = [chunk async for chunk in stream]
         assert chunks[-1].choices[0].finish_reason in ("stop", "tool_calls", "length")
         # A harness that summarises: its history is rewritten, so a new segment starts.
         rewritten = [messages[0], {"role": "user", "content": "Summary so far: nothing. What is 12 + 30?"}]
-        await client.chat.completions.create(model="any", messages=rewritten, tools=tools)
+        await client.chat.completions.create(model="rollstream", messages=rewritten, tools=tools)
         with pytest.raises(openai.AuthenticationError):
             await AsyncOpenAI(base_url=gateway.base_url, api_key="rs-not-a-job", max_retries=0).chat.completions.create(
-                model="any", messages=rewritten)
+                model="rollstream", messages=rewritten)
     finally:
         await client.close()
         await backend.aclose()
@@ -124,16 +124,16 @@ async def test_the_doors_limits_end_the_episode_as_the_agents_and_a_dead_backend
     def client(door, retries=0):
         return AsyncOpenAI(base_url=gateway.base_url, api_key=door.key, max_retries=retries)
 
-    await client(one_call).chat.completions.create(model="m", messages=messages)
+    await client(one_call).chat.completions.create(model="rollstream", messages=messages)
     # A spent budget is permanent: a client that retries what may pass later (the SDK's
     # default, 2 retries) gets one answer and gives up at once.
     with pytest.raises(openai.BadRequestError, match="budget of 1 model calls") as refused:
-        await client(one_call, retries=2).chat.completions.create(model="m", messages=messages)
+        await client(one_call, retries=2).chat.completions.create(model="rollstream", messages=messages)
     assert refused.value.code == "max_turns_exceeded"
     assert (one_call.requests, one_call.refused) == (2, 1)
     with pytest.raises(openai.BadRequestError, match="context"):
-        await client(tiny_context).chat.completions.create(model="m", messages=messages)
+        await client(tiny_context).chat.completions.create(model="rollstream", messages=messages)
     with pytest.raises(openai.APIStatusError, match="no backend could serve"):
-        await client(dead).chat.completions.create(model="m", messages=messages)
+        await client(dead).chat.completions.create(model="rollstream", messages=messages)
     assert (one_call.ended, tiny_context.ended, dead.ended) == ("max_turns", "context", "error")
     assert len(one_call.recorder.calls) == 1 and not tiny_context.recorder.calls and not dead.recorder.calls

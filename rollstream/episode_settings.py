@@ -5,7 +5,7 @@ per job, built by the run stage from the job's overrides (``Job.agent``, an
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, with_config
 from typing_extensions import TypedDict
 
 from rollstream.sampling import SamplingParams
@@ -52,14 +52,13 @@ class AgentSettings(BaseModel):
     )
 
 
+@with_config(ConfigDict(extra="forbid"))  # a misspelt knob is refused
 class AgentOverrides(TypedDict, total=False):
     """What a job may set of its agent (``Job.agent``): any ``AgentSettings`` field but
     ``sampling`` (the job's own ``sampling`` is used), and ``harness``, the name of an agent
     harness that runs the episode instead of the built-in loop (rollstream/agent/harness.py).
     A mapping, not a model: it travels as the submitter wrote it, and each field's bounds are
     checked where the run stage builds the ``AgentSettings``."""
-
-    __pydantic_config__ = ConfigDict(extra="forbid")  # type: ignore[misc]  (a misspelt knob is refused)
 
     harness: str
     max_turns: int

@@ -31,6 +31,7 @@ from rollstream.episode_settings import AgentSettings
 from rollstream.integrations.trl_bridge import RollstreamConnection
 from rollstream.messages import Job, Result
 from rollstream.sampling import SamplingParams
+from rollstream.tasks.agent_task import AgentTask
 from rollstream.tasks.registry import get_task
 from rollstream.trajectory import Trajectory
 
@@ -157,6 +158,9 @@ class RolloutFunc:
     # -- prompts <-> instances -------------------------------------------------------------
     def prompt(self, instance: dict[str, Any]) -> list[dict]:
         """The prompt the task renders for ``instance`` (what the model will see)."""
+        if not isinstance(self.task, AgentTask):
+            raise TypeError(f"task {self.config.task!r} renders no prompt (it is no agent task): "
+                            "give add_instance each instance's prompt")
         return self.task.prompt_messages(instance)
 
     def add_instance(self, instance: dict[str, Any], prompt: Any = None) -> None:
@@ -268,12 +272,12 @@ class RolloutFunc:
         eos = _eos_token_id(trainer)
         finish = set(AgentSettings.model_validate(self.config.agent).finish_tool_names)  # not tool work
         for rows, group_results in zip(groups, by_group):
-            prompt_ids = next((r.trajectory.prompt_ids for r in group_results if _usable(r)), None)
+            prompt_ids = next((t.prompt_ids for r in group_results if (t := _usable(r)) is not None), None)
             if prompt_ids is None:
                 prompt_ids = _tokenize_prompt(trainer, prompts[rows[0]], eos)
             for row, result in zip(rows, group_results):
-                if _usable(result):
-                    traj = result.trajectory
+                traj = _usable(result)
+                if traj is not None and result.reward is not None:  # scored, where usable
                     row_out = {"prompt_ids": traj.prompt_ids, "completion_ids": traj.response_ids,
                                "logprobs": traj.logprobs, "env_mask": traj.loss_mask,
                                REWARD_KEY: float(result.reward), "rollstream_policy_version": traj.policy_version,
@@ -333,9 +337,11 @@ def earlier_segments(traj: Trajectory) -> list[dict[str, list]]:
 
 
 # -- small helpers on the trainer (all optional: the function also runs without one) -------------
-def _usable(result: Result) -> bool:
-    return result.ok and result.trajectory is not None and result.reward is not None \
-        and len(result.trajectory.response_ids) > 0
+def _usable(result: Result) -> Trajectory | None:
+    """The result's trajectory where it can train (completed, scored, with a response), else None."""
+    traj = result.trajectory
+    usable = result.ok and traj is not None and result.reward is not None and len(traj.response_ids) > 0
+    return traj if usable else None
 
 
 def _num_generations(trainer: Any) -> int | None:

@@ -100,7 +100,9 @@ class RollstreamAgentLoop(AgentLoopBase):
             defaults["max_turns"] = int(max_assistant_turns)
         return defaults
 
-    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput | list[AgentLoopOutput]:
+    # verl's v1 worker takes a list per rollout; its AgentLoopBase still declares one output.
+    async def run(  # type: ignore[override]
+            self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput | list[AgentLoopOutput]:
         """The sample's rollout. Under verl's v1 trainer (its worker passes ``session_id`` and takes
         several outputs per rollout) a job of several segments gives one output per segment, the
         top-level one last; under the legacy worker, which takes one, the top-level sequence."""

@@ -163,7 +163,9 @@ def _cut(seq: Trajectory | Segment, result: Result, *, response_length: int, num
     cut = min(len(seq.response_ids), response_length)
     mask = list(seq.loss_mask[:cut])
     logprobs = [lp if m else 0.0 for lp, m in zip(seq.logprobs[:cut], mask)]
-    reward = result.reward if result.reward is not None else result.trajectory.reward
+    traj = result.trajectory
+    assert traj is not None  # only a result with a trajectory is cut into samples
+    reward = result.reward if result.reward is not None else traj.reward
     return VerlSample(
         prompt_ids=list(seq.prompt_ids), response_ids=list(seq.response_ids[:cut]), response_mask=mask,
         response_logprobs=logprobs, reward_score=float(reward or 0.0), num_turns=num_turns, metrics=metrics,

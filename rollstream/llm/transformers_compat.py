@@ -6,19 +6,20 @@ reached the demo's terminal. Code that passes or reads a cache goes through thes
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
 
 @cache
-def _cache_argument(model_class: type) -> str:
-    parameters = inspect.signature(model_class.forward).parameters
+def _cache_argument(forward: Callable[..., object]) -> str:
+    parameters = inspect.signature(forward).parameters
     return "cache" if "cache" in parameters else "past_key_values"
 
 
 def cache_kwargs(model: Any, cache: Any) -> dict[str, Any]:
     """``{name: cache}`` under the argument name this model's ``forward`` takes."""
-    return {_cache_argument(type(model)): cache}
+    return {_cache_argument(type(model).forward): cache}
 
 
 def output_cache(output: Any) -> Any:

@@ -20,6 +20,7 @@ import signal
 import sys
 import traceback
 import types
+from collections.abc import Callable
 
 ERROR_CHARS = 1500
 _TEST_DEF = re.compile(r"^def (test_\w*)\s*\(", re.MULTILINE)
@@ -107,7 +108,7 @@ def _load_solution(job: dict) -> tuple[types.ModuleType, str | None]:
     return module, error
 
 
-def _cases(job: dict, module: types.ModuleType) -> tuple[list[tuple[str, object]], str | None]:
+def _cases(job: dict, module: types.ModuleType) -> tuple[list[tuple[str, Callable[[], object]]], str | None]:
     """(name, callable) per test case, and an error that fails them all (if the test file
     itself fails). Each string of a list is a case; a single string is one case per
     ``test_*`` function (and ``check(candidate)``) it defines, else one case."""
@@ -126,8 +127,11 @@ def _cases(job: dict, module: types.ModuleType) -> tuple[list[tuple[str, object]
 
     tests = job["tests"]
     if isinstance(tests, list):
-        return [(f"case {i}", lambda s=s, i=i: run_snippet(s, f"case {i}", dict(base)))
-                for i, s in enumerate(tests)], None
+
+        def snippet(source: str, name: str) -> Callable[[], object]:
+            return lambda: run_snippet(source, name, dict(base))
+
+        return [(f"case {i}", snippet(s, f"case {i}")) for i, s in enumerate(tests)], None
     names = _TEST_DEF.findall(tests)
     if entry and _CHECK_DEF.search(tests):
         names.append("check")
@@ -136,8 +140,13 @@ def _cases(job: dict, module: types.ModuleType) -> tuple[list[tuple[str, object]
         return [("tests", lambda: run_snippet(tests, "tests", ns))], None
     error = _guarded(lambda: exec(_compile(tests, "<test file>"), ns), job["per_test_timeout_s"],
                      job["max_output_bytes"])
-    cases = [(n, (lambda: ns["check"](base["candidate"])) if n == "check" else (lambda n=n: ns[n]()))
-             for n in names]
+
+    def case(name: str) -> Callable[[], object]:
+        if name == "check":
+            return lambda: ns["check"](base["candidate"])
+        return lambda: ns[name]()
+
+    cases = [(name, case(name)) for name in names]
     return cases, (f"the tests failed to load: {error}" if error else None)
 
 

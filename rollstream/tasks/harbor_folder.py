@@ -306,9 +306,10 @@ def task_folders(spec: Path) -> list[Path] | None:
         if any(name.startswith("{") for name in names):
             return None  # a file of JSON jobs
     else:
-        names = _registry_paths(text)
-        if names is None:
+        listed = _registry_paths(text)
+        if listed is None:
             return None
+        names = listed
     folders = [(spec.parent / name).absolute() for name in names]
     missing = [str(folder) for folder in folders if not is_task_folder(folder)]
     if missing:

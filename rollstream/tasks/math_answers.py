@@ -143,7 +143,9 @@ def _strip_decorations(text: str) -> str:
 
 
 def _split_top_level(text: str) -> list[str]:
-    parts, depth, current = [], 0, []
+    parts: list[str] = []
+    depth = 0
+    current: list[str] = []
     for ch in text:
         if ch in "([{":
             depth += 1

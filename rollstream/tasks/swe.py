@@ -113,6 +113,7 @@ class SweTask(AgentTask):
                                          inst.get("repo_path"), roots)
         inner = f"/tmp/.rs-swe-{inst['base_commit'][:12]}.bundle"
         await sandbox.write_file(inner, await asyncio.to_thread(swe_repos.read_bundle, bundle, roots))
+        assert env.sandbox is not None  # init made the job's sandbox before it prepares it
         repo = self.repo_dir(inst, env.sandbox.workdir)
         q = shlex.quote
         result = await sandbox.bash(

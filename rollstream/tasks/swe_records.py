@@ -71,10 +71,11 @@ def test_list(value: object, field: str) -> list[str]:
     if value is None:
         return []
     if isinstance(value, str):
+        text = value
         try:
-            value = json.loads(value) if value.strip() else []
+            value = json.loads(text) if text.strip() else []
         except json.JSONDecodeError:
-            raise InvalidJob(f"swe: {field} is a string but not a JSON list of test ids: {value[:80]!r}") from None
+            raise InvalidJob(f"swe: {field} is a string but not a JSON list of test ids: {text[:80]!r}") from None
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise InvalidJob(f"swe: {field} must be a list of test ids such as 'tests/test_x.py::test_y'")
     return value

@@ -10,7 +10,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from rollstream.trajectory import Trajectory
+from rollstream.trajectory import Segment, Trajectory
 
 
 @dataclass
@@ -79,13 +79,14 @@ def build_batch(
         raise ValueError(f"need one advantage per trajectory: {len(trajectories)} vs {tuple(advantages.shape)}")
 
     rows: list[tuple[list[int], list[int], list[float]]] = []
-    sequences = [
-        (seq, adv) for traj, adv in zip(trajectories, advantages.tolist()) for seq in (traj.segments or [traj])
-    ]
+    sequences: list[tuple[Segment | Trajectory, float]] = []
+    for traj, adv in zip(trajectories, advantages.tolist()):
+        chains: Sequence[Segment | Trajectory] = traj.segments or [traj]  # a segmented episode trains per segment
+        sequences += [(seq, adv) for seq in chains]
     advantages = torch.tensor([adv for _seq, adv in sequences], dtype=torch.float32)
-    for traj, _adv in sequences:
-        prompt, response = list(traj.prompt_ids), list(traj.response_ids)
-        mask, logprobs = list(traj.loss_mask), list(traj.logprobs)
+    for seq, _adv in sequences:
+        prompt, response = list(seq.prompt_ids), list(seq.response_ids)
+        mask, logprobs = list(seq.loss_mask), list(seq.logprobs)
         if max_seq_len is not None and len(prompt) + len(response) > max_seq_len:
             keep = max(max_seq_len - len(prompt), 0)
             if keep == 0:

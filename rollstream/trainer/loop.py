@@ -91,7 +91,7 @@ def stage_timings(results: list[Any]) -> dict[str, float]:
         timings.update({k: v for k, v in (getattr(trajectory, "timings_s", None) or {}).items() if k != "total_s"})
         for key, value in timings.items():
             sums.setdefault(key, []).append(float(value))
-    return {f"time_{key}": _mean(values) for key, values in sorted(sums.items())}
+    return {f"time_{key}": sum(values) / len(values) for key, values in sorted(sums.items())}  # none empty
 
 
 class Trainer:
@@ -111,7 +111,7 @@ class Trainer:
         self.source = source
         self.publisher = publisher
         self.prompts = prompts
-        self._client = None
+        self._client: AsyncClient | None = None
         self.output_dir = Path(config.output_dir)
         self.checkpoint_root = self.output_dir / "checkpoints"
         self.metrics = MetricsLog(self.output_dir / "metrics.jsonl")
@@ -128,9 +128,9 @@ class Trainer:
     async def _default_source(self) -> RolloutSource:
         settings = load_settings(namespace=self.config.namespace,
                                  **({"redis_url": self.config.redis_url} if self.config.redis_url else {}))
-        self._client = AsyncClient(self.config.redis_url, submitter=self.config.submitter, settings=settings)
-        await self._client.__aenter__()
-        return ClientRolloutSource(self._client, self.config.task, self.config.sampling, self.config.agent,
+        self._client = client = AsyncClient(self.config.redis_url, submitter=self.config.submitter, settings=settings)
+        await client.__aenter__()
+        return ClientRolloutSource(client, self.config.task, self.config.sampling, self.config.agent,
                                    self.config.job_timeout_s)
 
     async def _default_publisher(self) -> WeightPublisher:
@@ -146,6 +146,7 @@ class Trainer:
                                namespace=self.config.namespace, transfer=self.config.weights_transfer)
 
     async def _publish(self, policy_version: int) -> float:
+        assert self.publisher is not None  # set up by run(): the given one, else _default_publisher's
         report = await self.publisher.publish(self.model, self.tokenizer, policy_version)
         set_version = getattr(self.source, "set_policy_version", None)
         if set_version is not None:

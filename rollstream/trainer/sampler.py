@@ -18,25 +18,33 @@ from pydantic import BaseModel, Field
 log = logging.getLogger(__name__)
 
 P = TypeVar("P")
+P_contra = TypeVar("P_contra", contravariant=True)  # a source only takes prompts
 
 
 class RolloutResultLike(Protocol):
     """What the sampler reads from one finished job (rollstream.messages.Result fits)."""
 
-    job_id: str
-    group_id: str
-    status: str  # "completed" | "failed" | "cancelled"
+    @property
+    def job_id(self) -> str: ...
+    @property
+    def group_id(self) -> str | None: ...  # None: a job submitted alone, of no group of ours
+    @property
+    def status(self) -> str: ...  # "completed" | "failed" | "cancelled"
     # Whose fault a shortfall is (messages.FailureKind); sources without it may leave it out.
-    failure: str | None
-    reward: float | None
-    policy_version: int
-    trajectory: Any
+    @property
+    def failure(self) -> str | None: ...
+    @property
+    def reward(self) -> float | None: ...
+    @property
+    def policy_version(self) -> int: ...
+    @property
+    def trajectory(self) -> Any: ...
 
 
-class RolloutSource(Protocol[P]):
+class RolloutSource(Protocol[P_contra]):
     """Where groups are run: the Redis client in production, a simulator in tests."""
 
-    async def submit_group(self, prompt: P, n: int) -> str:
+    async def submit_group(self, prompt: P_contra, n: int) -> str:
         """Start n rollouts of `prompt`; return the group id their results will carry."""
 
     def results(self) -> AsyncIterator[RolloutResultLike]:
@@ -300,9 +308,9 @@ class DynamicSampler(Generic[P]):
             self.state.requeued.append(orphan.prompt_index)
             stats.cancelled += 1
         self._orphans = []
-        for group in list(self._in_flight.values()):
-            if policy_version - group.submitted_version > self.config.max_staleness:
-                await self._cancel(group)
+        for stale in list(self._in_flight.values()):
+            if policy_version - stale.submitted_version > self.config.max_staleness:
+                await self._cancel(stale)
                 stats.cancelled += 1
 
         batch: list[SampledGroup] = []
@@ -311,7 +319,7 @@ class DynamicSampler(Generic[P]):
         while len(batch) < need:
             result = await self._next_result()
             stats.results += 1
-            group = self._in_flight.get(result.group_id)
+            group = self._in_flight.get(result.group_id) if result.group_id is not None else None
             if group is None:
                 continue  # a late result of a cancelled group
             if any(r.job_id == result.job_id for r in group.results):

@@ -6,9 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from agents import Tool, TResponseInputItem
+
+    from rollstream.agent.harness import HarnessContext
 
 
-async def run(ctx) -> str | None:
+async def run(ctx: HarnessContext) -> str | None:
     os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")  # tracing would export over the network
     from agents import Agent, FunctionTool, OpenAIChatCompletionsModel, RunConfig, Runner, set_tracing_disabled
     from agents.agent import StopAtTools
@@ -31,7 +37,7 @@ async def run(ctx) -> str | None:
         answer["answer"] = json.loads(arguments or "{}").get("answer")
         return "submitted"
 
-    tools = [sandbox_tool(s) for s in ctx.tools]
+    tools: list[Tool] = [sandbox_tool(s) for s in ctx.tools]
     tools.append(FunctionTool(name="submit", description="Submit the final answer and end the task.",
                               params_json_schema={"type": "object", "properties": {
                                   "answer": {"type": "string", "description": "final answer"}},
@@ -42,7 +48,9 @@ async def run(ctx) -> str | None:
                   model=OpenAIChatCompletionsModel(model=ctx.model, openai_client=client),
                   tool_use_behavior=StopAtTools(stop_at_tool_names=["submit"]))
     try:
-        result = await Runner.run(agent, ctx.user_messages, max_turns=ctx.settings.max_turns,
+        # The task's messages are Chat's, which the Responses input items take as they are.
+        messages = cast("list[TResponseInputItem]", ctx.user_messages)
+        result = await Runner.run(agent, messages, max_turns=ctx.settings.max_turns,
                                   run_config=RunConfig(tracing_disabled=True))
     finally:
         await client.close()

@@ -169,9 +169,9 @@ class PrefixCache:
         nbytes = kv_bytes(kv)
         if nbytes > self.max_bytes:
             return
-        ids = tuple(int(i) for i in ids)
+        key_ids = tuple(int(i) for i in ids)
         with self._lock:
-            covering = self._covering(ids)
+            covering = self._covering(key_ids)
             if covering is not None:  # a longer entry holds these already: keep that one fresh
                 self._entries.move_to_end(covering)
                 return
@@ -180,12 +180,12 @@ class PrefixCache:
             node, depth = self._root, 0
             while True:
                 # Entries that are a prefix of the new one can serve no lookup it cannot.
-                rest = ids[depth:depth + BLOCK]
+                rest = key_ids[depth:depth + BLOCK]
                 for n in range(min(len(rest), BLOCK - 1) + 1) if node.tails else ():
                     old = node.tails.get(rest[:n])
                     if old is not None:
                         self._drop(old)
-                if depth + BLOCK > len(ids):
+                if depth + BLOCK > len(key_ids):
                     break
                 child = node.children.get(rest)
                 if child is None:
@@ -193,11 +193,11 @@ class PrefixCache:
                     node.add_next(rest)
                 child.through.add(key)
                 node, depth = child, depth + BLOCK
-            tail = ids[depth:]
+            tail = key_ids[depth:]
             node.tails[tail] = key
             if tail:
                 node.add_next(tail)
-            self._entries[key] = _Entry(ids=ids, kv=kv, nbytes=nbytes, node=node, tail=tail)
+            self._entries[key] = _Entry(ids=key_ids, kv=kv, nbytes=nbytes, node=node, tail=tail)
             self._bytes += nbytes
             while self._bytes > self.max_bytes and self._entries:
                 self._drop(next(iter(self._entries)))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from rollstream.llm.detokenizer import IncrementalText
@@ -272,8 +272,12 @@ async def stream_chunks(
     for number, s in enumerate(samples):
         s.request.on_token = lambda *token, number=number: events.put_nowait((number, token))
     tasks = [asyncio.ensure_future(engine.generate(s.request)) for s in samples]
+
+    def finished(number: int) -> Callable[[asyncio.Task], None]:
+        return lambda done: events.put_nowait((number, done))
+
     for number, task in enumerate(tasks):
-        task.add_done_callback(lambda done, number=number: events.put_nowait((number, done)))
+        task.add_done_callback(finished(number))
 
     def event(chunk_choices: list[dict], **extra) -> str:
         chunk = {
@@ -304,10 +308,11 @@ async def stream_chunks(
         for task in tasks:
             task.cancel()  # a client that went away frees its batch slots
     if (body.stream_options or {}).get("include_usage"):
+        generated = [r for r in results if r is not None]  # every one, once the loop ended
         # As the whole body's: the weights version that produced every token (not in vLLM).
         yield event(
             [],
-            usage=usage_of(body, samples, results).model_dump(),
-            policy_version=min(r.policy_version for r in results if r is not None),
+            usage=usage_of(body, samples, generated).model_dump(),
+            policy_version=min(r.policy_version for r in generated),
         )
     yield "data: [DONE]\n\n"

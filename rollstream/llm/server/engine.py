@@ -330,15 +330,19 @@ class Engine:
         self._active = seqs
         if not seqs:
             return
-        lengths = [kv_length(s.kv) for s in seqs]
+        caches: list[KV] = []
+        for s in seqs:
+            assert s.kv is not None  # prefilled before it joined the active set
+            caches.append(s.kv)
+        lengths = [kv_length(c) for c in caches]
         longest = max(lengths)
-        num_layers = len(seqs[0].kv)
+        num_layers = len(caches[0])
         # Left-pad every cache to the longest; the attention mask hides the padding and
         # explicit position ids keep each sequence's rotary positions its own.
         kv: KV = []
         for layer in range(num_layers):
-            keys = [F.pad(s.kv[layer][0], (0, 0, longest - n, 0)) for s, n in zip(seqs, lengths)]
-            values = [F.pad(s.kv[layer][1], (0, 0, longest - n, 0)) for s, n in zip(seqs, lengths)]
+            keys = [F.pad(c[layer][0], (0, 0, longest - n, 0)) for c, n in zip(caches, lengths)]
+            values = [F.pad(c[layer][1], (0, 0, longest - n, 0)) for c, n in zip(caches, lengths)]
             kv.append((torch.cat(keys, 0), torch.cat(values, 0)))
         mask = torch.zeros(len(seqs), longest + 1, dtype=torch.long, device=self.device)
         for row, n in enumerate(lengths):
@@ -387,7 +391,9 @@ class Engine:
         if seq.future.done():
             return True
         last = seq.output_ids[-1]
-        finish, stop_reason, text = None, None, None
+        finish: str | None = None
+        stop_reason: int | str | None = None
+        text: str | None = None
         if last in req.stop_token_ids:
             finish, stop_reason = "stop", last
         elif not req.ignore_eos and last in self.eos_ids:

@@ -26,7 +26,8 @@ import signal
 import termios
 import threading
 import time
-from typing import Protocol
+from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 import ptyprocess
 
@@ -46,6 +47,7 @@ _STARTUP_TIMEOUT_S = 15.0
 # While a command that may `exec` or start `bash` runs quiet: how often to look whether a
 # new bash, which prints no marker, has replaced the shell or runs inside it.
 _EXEC_POLL_S = 0.2
+T = TypeVar("T")
 
 
 class Caller(Protocol):
@@ -73,7 +75,7 @@ class BashSession:
         rlimits: dict[str, int],
         output_bytes: int,
         interrupt_grace_s: float = 2.0,
-        spawner: Callable[[Callable[[], T]], T] | None = None,  # noqa: F821 (typing not imported: startup time)
+        spawner: Callable[[Callable[[], T]], T] | None = None,
         cgroup_procs: list[str] | None = None,
         inside_namespace: str | None = None,
     ) -> None:
@@ -517,6 +519,13 @@ class BashSession:
             pass
         return self.process.exitstatus
 
+    def _signal_job(self, terminal: Terminal | None, signum: int) -> bool:
+        """`signum` to the foreground job: from a shell beside it behind a pty we do not own, else through ours."""
+        if self.foreign:
+            return self._signal_inside(signum)
+        assert terminal is not None  # known once the shell answered its setup, before any command
+        return terminal.signal_foreground(signum)
+
     def _interrupt(self, collector: OutputCollector, number: int, notes: list[str]) -> int | None:
         """SIGINT to the foreground job, then SIGKILL, then a new shell; returns the exit code.
 
@@ -527,15 +536,14 @@ class BashSession:
         assert self.process is not None
         fd = self.process.fd
         terminal = self.terminal
-        foreign = self.foreign
-        if not (self._signal_inside(signal.SIGINT) if foreign else terminal.signal_foreground(signal.SIGINT)):
+        if not self._signal_job(terminal, signal.SIGINT):
             os.write(fd, b"\x03")
         grace = time.monotonic() + self.interrupt_grace_s
         status, exit_code = self._read_until_marker(collector, number, grace, None)
         if status in ("done", "outer"):
             return exit_code
         if status != "eof":
-            if self._signal_inside(signal.SIGKILL) if foreign else terminal.signal_foreground(signal.SIGKILL):
+            if self._signal_job(terminal, signal.SIGKILL):
                 notes.append("Ctrl-C was ignored, the foreground job was killed")
             grace = time.monotonic() + self.interrupt_grace_s
             status, exit_code = self._read_until_marker(collector, number, grace, None)

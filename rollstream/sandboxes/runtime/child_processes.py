@@ -10,7 +10,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -81,6 +81,29 @@ def join_cgroups(procs_files: list[str]) -> None:
             os.close(fd)
 
 
+class _Call(Generic[T]):
+    """One call handed to the spawner's thread: its value or its error, once done."""
+
+    def __init__(self, function: Callable[[], T]) -> None:
+        self.function = function
+        self.finished = threading.Event()
+        self.value: list[T] = []
+        self.error: list[BaseException] = []
+
+    def run(self) -> None:
+        try:
+            self.value.append(self.function())
+        except BaseException as error:  # handed back to the calling thread
+            self.error.append(error)
+        self.finished.set()
+
+    def outcome(self) -> T:
+        self.finished.wait()
+        if self.error:
+            raise self.error[0]
+        return self.value[0]
+
+
 class Spawner:
     """Starts child processes from one long-lived thread.
 
@@ -91,23 +114,14 @@ class Spawner:
     def __init__(self) -> None:
         import queue
 
-        self.requests: queue.Queue = queue.Queue()
+        self.requests: queue.Queue[Callable[[], None]] = queue.Queue()
         threading.Thread(target=self._loop, daemon=True, name="spawner").start()
 
     def _loop(self) -> None:
         while True:
-            function, done, box = self.requests.get()
-            try:
-                box.append((True, function()))
-            except BaseException as error:  # handed back to the calling thread
-                box.append((False, error))
-            done.set()
+            self.requests.get()()
 
     def __call__(self, function: Callable[[], T]) -> T:
-        done, box = threading.Event(), []
-        self.requests.put((function, done, box))
-        done.wait()
-        ok, value = box[0]
-        if not ok:
-            raise value
-        return value
+        call = _Call(function)
+        self.requests.put(call.run)
+        return call.outcome()

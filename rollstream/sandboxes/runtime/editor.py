@@ -14,6 +14,7 @@ import errno
 import os
 import stat
 import time
+from collections.abc import Callable
 
 
 class EditorError(Exception):
@@ -181,7 +182,7 @@ class PathMap:
             os.close(fd)
             raise EditorError(f"{relative} is {_KINDS.get(kind, 'not a regular file')}, not a regular file; "
                               "the editor and file calls only handle regular files")
-        if created:
+        if created and self.owner is not None:  # created: only where there is an owner
             os.fchown(fd, self.owner, self.owner)
         return fd
 
@@ -280,14 +281,15 @@ class Editor:
             + data[-half:].decode("utf-8", "ignore")
         )
 
-    def run(self, command: str, path: str, **args) -> str:
-        handler = {
+    def run(self, command: str, path: str, **args: object) -> str:
+        handlers: dict[str, Callable[..., str]] = {
             "view": self.view,
             "create": self.create,
             "str_replace": self.str_replace,
             "insert": self.insert,
             "undo_edit": self.undo_edit,
-        }.get(command)
+        }
+        handler = handlers.get(command)
         if handler is None:
             raise EditorError(
                 f"unknown editor command {command!r}; use one of view, create, str_replace, "

@@ -125,7 +125,8 @@ class ForkServer:
             # The first request is answered before the preload (below), which follows at once.
             timeout = 0.05 if preload_pending else 1.0
             try:
-                readable, _, _ = select.select([self.listener, self.wake_read], [], [], timeout)
+                watched: list[socket.socket | int] = [self.listener, self.wake_read]  # _bind may replace it
+                readable, _, _ = select.select(watched, [], [], timeout)
             except InterruptedError:
                 continue
             if self.wake_read in readable:

@@ -20,6 +20,10 @@ import stat
 import subprocess
 import threading
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import zmq
 
 from_package = bool(__package__)
 if from_package:
@@ -172,7 +176,7 @@ class Kernel:
         self._slot_until = 0.0
         self.lock = threading.Lock()
         self.process: subprocess.Popen | None = None
-        self.context = None
+        self.context: zmq.Context | None = None
         self.folder: ConnectionFolder | None = None
         self._cached_poller = None
 
@@ -298,8 +302,8 @@ class Kernel:
                 pending.add(message["header"]["msg_id"])
                 next_send = now + 0.5
             for sock, _ in poller.poll(100):
-                message = self.session.recv(sock, mode=zmq.NOBLOCK)[1]
-                if sock is self.iopub and message and message["parent_header"].get("msg_id") in pending:
+                reply = self.session.recv(sock, mode=zmq.NOBLOCK)[1]
+                if sock is self.iopub and reply and reply["parent_header"].get("msg_id") in pending:
                     self._drain(0.05)
                     return
 
@@ -320,10 +324,11 @@ class Kernel:
 
     def close(self, kill_session: bool = True) -> None:
         """Stop the kernel; kill_session=False when the caller already killed its session."""
-        if getattr(self, "context", None) is not None:
+        context = getattr(self, "context", None)
+        if context is not None:
             for sock in (self.shell, self.iopub, self.control):
                 sock.close(linger=0)
-            self.context.term()
+            context.term()
             self.context = None
             self._cached_poller = None
         if self.folder is not None:

@@ -57,7 +57,7 @@ lazy_package("jupyter_client", ["connect", "blocking"])
 # speaks: ~110 modules and 8 MB of a kernel's 35 MB. Hidden while ipykernel decides that it
 # has no debugger, then given back: a cell that imports debugpy still gets it.
 if "debugpy" not in sys.modules:
-    sys.modules["debugpy"] = None
+    sys.modules["debugpy"] = None  # type: ignore[assignment]  # None in sys.modules blocks an import (importlib)
     try:
         import ipykernel.debugger  # noqa: F401
     except ImportError:  # an ipykernel before 6 has no debugger to skip
@@ -133,8 +133,8 @@ try:
             _flush(self)
 
     if hasattr(OutStream, "_watch_pipe_fd"):
-        OutStream._watch_pipe_fd = _watch_pipe_fd
-    OutStream.flush = flush
+        OutStream._watch_pipe_fd = _watch_pipe_fd  # type: ignore[method-assign]  # the patch is the point
+    OutStream.flush = flush  # type: ignore[method-assign]  # the patch is the point
 except Exception:  # noqa: BLE001, S110 - another ipykernel: its own flush stays
     pass
 

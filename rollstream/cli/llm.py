@@ -1,6 +1,7 @@
 """CLI commands of the LLM side: `serve-model` (the built-in server), `tiny-model` (build the
 small local model) and `arith-model` (the same model warmed up on the arith task's tool-call
-format). The main CLI calls `register`; `python -m rollstream.llm.server` runs `serve-model`."""
+format). The main CLI calls `register`; `python -m rollstream.cli.llm` runs `serve-model` alone, without
+the other commands' imports (the server process that `llm.server.start_server_process` starts)."""
 
 from __future__ import annotations
 
@@ -94,3 +95,7 @@ def register(parent: typer.Typer) -> None:
     parent.command("serve-model")(serve_model_command)
     parent.command("tiny-model")(tiny_model_command)
     parent.command("arith-model")(arith_model_command)
+
+
+if __name__ == "__main__":
+    typer.run(serve_model_command)

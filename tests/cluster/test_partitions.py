@@ -1,5 +1,5 @@
 """Rollout nodes on hosts of their own, joined to a Redis host by a real network (namespaces,
-veth, a bridge: chaos/netns.py): a node cut off from Redis mid-load has its jobs rescued by the
+veth, a bridge: chaos/net_cluster.py): a node cut off from Redis mid-load has its jobs rescued by the
 others exactly once, and when its cable is back its late work is dropped; a trainer cut off
 finds its results waiting when it returns. An inference host cut off mid-turn:
 tests/real_vllm/test_vllm_on_cluster.py (the session's vLLM on this cluster's network). Nothing
@@ -8,80 +8,18 @@ here is addressed but these hosts."""
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
-import sys
 import tempfile
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from chaos.cluster import FAST_TIMEOUTS
-from chaos.netns import Network
+from chaos.net_cluster import NODES, REDIS_PORT, NetCluster, collect_all
 from rollstream.client import AsyncClient
-from rollstream.config import Settings
 from rollstream.pipeline.keys import Keys
-from rollstream.workers.pool import WorkerPool
-
-NODES = ("n1", "n2", "n3")
-REDIS_PORT = 6379
-
-
-class NetCluster:
-    """A Redis host and rollout nodes (init, run and eval pools each), the driver (this test)
-    on the machine's own namespace."""
-
-    def __init__(self, folder: Path, nodes=NODES):
-        self.folder = folder
-        os.chmod(folder, 0o711)  # sandboxes run under uids of their own, which must reach their workdirs
-        self.net = Network()
-        self.net.add_host("driver", driver=True)
-        self.redis_host = self.net.add_host("redis")
-        self.namespace = f"net{uuid.uuid4().hex[:6]}"
-        self.redis_proc: subprocess.Popen | None = None
-        self.pools: dict[str, WorkerPool] = {}
-        self.nodes = nodes
-
-    @property
-    def redis_url(self) -> str:
-        return f"redis://{self.redis_host.address}:{REDIS_PORT}/0"
-
-    def settings(self) -> Settings:
-        return Settings(redis_url=self.redis_url, namespace=self.namespace, data_dir=self.folder / "driver",
-                        **{k: v for k, v in FAST_TIMEOUTS.items()})
-
-    async def start(self, extra_env: dict[str, str] | None = None) -> "NetCluster":
-        log = (self.folder / "redis.log").open("ab")
-        self.redis_proc = subprocess.Popen(
-            self.redis_host.command(["redis-server", "--bind", self.redis_host.address, "--port", str(REDIS_PORT),
-                                     "--protected-mode", "no", "--save", "", "--appendonly", "no",
-                                     "--dir", str(self.folder)]),
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        for name in self.nodes:
-            host = self.net.add_host(name)
-            env = {f"ROLLSTREAM_{k.upper()}": str(v) for k, v in FAST_TIMEOUTS.items()}
-            env["ROLLSTREAM_SANDBOX_ROOT"] = str(self.folder / "sandboxes" / name)
-            env.update(extra_env or {})
-            pool = WorkerPool(redis_url=self.redis_url, namespace=self.namespace, node=name,
-                              data_dir=self.folder / "workers" / name, env=env, log_dir=self.folder / "logs" / name,
-                              program=host.command([sys.executable, "-m", "rollstream", "worker"]))
-            pool.start_all(concurrency=32)
-            self.pools[name] = pool
-        async with AsyncClient(settings=self.settings(), submitter="driver") as client:
-            for pool in self.pools.values():
-                await pool.wait_registered(client.r, client.keys.workers, 3 * len(self.pools), timeout_s=120)
-        return self
-
-    def stop(self) -> None:
-        for pool in self.pools.values():
-            pool.stop(timeout_s=20)
-        if self.redis_proc and self.redis_proc.poll() is None:
-            self.redis_proc.terminate()
-            self.redis_proc.wait(10)
-        self.net.close()
 
 
 @pytest.fixture(scope="module")
@@ -105,17 +43,6 @@ def net_cluster(shared_net_cluster):
     for name in shared_net_cluster.net.hosts:
         shared_net_cluster.net.heal(name)
         shared_net_cluster.net.shape(name)
-
-
-async def _collect_all(client: AsyncClient, job_ids: list[str], timeout_s: float) -> list:
-    results: list = []
-    deadline = time.monotonic() + timeout_s
-    wanted = set(job_ids)
-    while not wanted.issubset({r.job_id for r in results}):
-        assert time.monotonic() < deadline, f"{len(results)} of {len(job_ids)} results after {timeout_s} s"
-        async for result in client.results(timeout_s=2.0):
-            results.append(result)
-    return results
 
 
 async def _running_on(client: AsyncClient, job_ids: list[str], node: str) -> list[str]:
@@ -152,7 +79,7 @@ async def test_a_node_cut_off_from_redis_mid_load_has_its_jobs_rescued_once_and_
             await asyncio.sleep(0.2)
         assert rescued_states is not None, f"{cut}'s jobs were not rescued while it was cut off"
         cluster.net.heal(cut)
-        results = await _collect_all(client, job_ids, timeout_s=240)
+        results = await collect_all(client, job_ids, timeout_s=240)
         # The cut node finishes what it held (3 s of run each) and tries to hand it on: give its late
         # copies time to arrive, if anything let them through.
         await asyncio.sleep(FAST_TIMEOUTS["visibility_timeout_s"] + 6)
@@ -167,7 +94,7 @@ async def test_a_node_cut_off_from_redis_mid_load_has_its_jobs_rescued_once_and_
     async with AsyncClient(settings=cluster.settings(), submitter="trainer") as client:
         more = [str(s) for s in await client.submit_many(
             [{"task": "echo", "instance": {"prompt": f"after{i}"}} for i in range(12)])]
-        after = await _collect_all(client, more, timeout_s=120)
+        after = await collect_all(client, more, timeout_s=120)
     assert {r.status for r in after} == {"completed"} and len(after) == 12
 
 
@@ -191,13 +118,7 @@ async def test_a_trainer_cut_off_over_a_slow_lossy_network_finds_every_result_wa
         await asyncio.sleep(0.2)
     cluster.net.heal("driver")
     async with AsyncClient(settings=cluster.settings(), submitter="away-trainer") as client:
-        results = await _collect_all(client, job_ids, timeout_s=120)
+        results = await collect_all(client, job_ids, timeout_s=120)
     assert sorted(r.job_id for r in results) == sorted(job_ids)
     assert {r.status for r in results} == {"completed"}
 
-
-def _backends(result) -> list[str]:
-    """The backends a job's turns went to, in order (a trajectory names more than its last
-    one only when it changed)."""
-    traj = result.trajectory
-    return list(traj.extra.get("backends") or [traj.backend]) if traj else []

@@ -13,8 +13,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from cluster.test_partitions import NetCluster, _backends, _collect_all
-
+from chaos.net_cluster import NetCluster, backends_of, collect_all
 from chaos.netns import Forwarder
 from rollstream.client import AsyncClient
 from rollstream.llm.balancer import add_backend
@@ -47,9 +46,9 @@ async def test_a_node_on_the_network_runs_every_turn_on_the_sessions_vllm_and_mo
         async with AsyncClient(settings=cluster.settings(), submitter="trainer") as client:
             await add_backend(client.r, on_vllm, cluster.namespace)
             ids = [str(s) for s in await client.submit_many([arith.job(i) for i in arith.make_instances(3, seed=7)])]
-            results = await _collect_all(client, ids, timeout_s=180)
+            results = await collect_all(client, ids, timeout_s=180)
             assert {r.status for r in results} == {"completed"}, [(r.failure, r.error) for r in results]
-            assert [_backends(r) for r in results] == [[on_vllm]] * len(ids)  # every turn on vLLM, over the network
+            assert [backends_of(r) for r in results] == [[on_vllm]] * len(ids)  # every turn on vLLM, over the network
 
             # Both hosts serve; once a turn is on vLLM, its host's cable is cut mid-turn. A cut is not
             # a crash: the request already sent is neither refused nor answered.
@@ -60,10 +59,10 @@ async def test_a_node_on_the_network_runs_every_turn_on_the_sessions_vllm_and_mo
                 assert time.monotonic() < deadline, "no turn went to vLLM"
                 await asyncio.sleep(0.01)
             cluster.net.cut("vllm")
-            results = await _collect_all(client, ids, timeout_s=180)
+            results = await collect_all(client, ids, timeout_s=180)
         failed = [(r.failure, r.error) for r in results if r.status != "completed"]
         assert not failed, failed
-        turns = [_backends(r) for r in results]
+        turns = [backends_of(r) for r in results]
         assert [on_vllm, on_builtin] in turns, turns  # the job cut off mid-turn finished on the built-in host
         assert all(t in ([on_vllm], [on_builtin], [on_vllm, on_builtin]) for t in turns), turns
     finally:

@@ -47,3 +47,48 @@ async def door(gateway, arith_server, tokenizer):
     await door.client.close()
     await door.anthropic.close()
     await backend.aclose()
+
+
+class PresetServer:
+    """One built-in server for the presets' pipeline tests, serving one model at a time: a test's
+    model is swapped in as a trainer's weight sync loads a policy (/v1/load_weights), instead of a
+    server start (torch and a model load, seconds of CPU) per model. Every model the presets'
+    tests serve is the tiny base trained on an episode: same architecture, tokenizer and template."""
+
+    def __init__(self) -> None:
+        self.url: str | None = None
+        self.model_dir = None
+        self._server = None
+
+    def serving(self, model_dir) -> str:
+        """The server's base URL, serving ``model_dir``'s weights from now on."""
+        import httpx
+
+        from rollstream.llm.server import served_model
+
+        from .node_clis import CLIS
+
+        if self._server is None:
+            # The longest context a preset's SWE episode is served (as on vLLM: the presets module's);
+            # the arith episodes fit well within it, and no test asks for more.
+            longest = max(cli.swe_context_tokens for cli in CLIS.values())
+            self._server = served_model(model_dir, device="cpu", extra_args=["--max-model-len", str(longest)])
+            self.url = self._server.__enter__()
+        elif model_dir != self.model_dir:
+            loaded = httpx.post(f"{self.url}/v1/load_weights", json={"path": str(model_dir)}, timeout=300)
+            assert loaded.status_code == 200, loaded.text
+        self.model_dir = model_dir
+        return self.url
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="session")
+def preset_server():
+    """``preset_server.serving(model_dir)``: the URL of the presets' one built-in server, serving
+    that model (started on the first test's model; PresetServer)."""
+    server = PresetServer()
+    yield server
+    server.close()

@@ -51,12 +51,9 @@ def presets_dir(tmp_path_factory):
     return write_lean_presets(tmp_path_factory.mktemp("presets"))
 
 
-@pytest.fixture(scope="module")
-def cli_server(cli_model_dir):
-    from rollstream.llm.server import served_model
-
-    with served_model(cli_model_dir, device="cpu") as url:
-        yield url
+@pytest.fixture
+def cli_server(preset_server, cli_model_dir):
+    return preset_server.serving(cli_model_dir)
 
 
 def _pool(worker_pool, model_dir, sandbox_root, presets_dir):
@@ -112,15 +109,12 @@ async def test_the_cli_on_a_model_that_emits_garbage_is_the_agents_failure_score
 
 
 async def the_cli_fixes_a_shipped_swe_instance_in_bwrap_and_its_diff_is_scored(
-        settings, worker_pool, sandbox_root, cli, preset, presets_dir, cli_swe_model_dir, tmp_path):
+        settings, worker_pool, sandbox_root, cli, preset, presets_dir, cli_swe_model_dir, preset_server, tmp_path):
     """(Collected by the modules of the CLIs whose SWE model tests/model_cache.py builds.)"""
-    from rollstream.llm.server import served_model
-
     _pool(worker_pool, cli_swe_model_dir, sandbox_root, presets_dir)
     job = swe_job(str(tmp_path / "swe-mirror"), agent(cli, max_context_tokens=cli.swe_context_tokens))
-    with served_model(cli_swe_model_dir, device="cpu",
-                      extra_args=["--max-model-len", str(cli.swe_context_tokens)]) as server:
-        result = await run_job(settings, server, {**job, "sandbox": {"limits": cli.limits}})
+    server = preset_server.serving(cli_swe_model_dir)
+    result = await run_job(settings, server, {**job, "sandbox": {"limits": cli.limits}})
     assert_fixed_and_scored(result)
 
 

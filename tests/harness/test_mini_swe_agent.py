@@ -45,12 +45,9 @@ def mini_swe_swe_model_dir():
     return model_cache.load("mini_swe_swe_model_dir")
 
 
-@pytest.fixture(scope="module")
-def mini_server(mini_swe_arith_model_dir):
-    from rollstream.llm.server import served_model
-
-    with served_model(mini_swe_arith_model_dir, device="cpu") as url:
-        yield url
+@pytest.fixture
+def mini_server(preset_server, mini_swe_arith_model_dir):
+    return preset_server.serving(mini_swe_arith_model_dir)
 
 
 def _assert_submitted_and_scored(result) -> None:
@@ -91,10 +88,8 @@ async def test_mini_swe_agent_on_a_model_that_emits_garbage_is_the_agents_failur
 
 
 async def test_mini_swe_agent_fixes_a_shipped_swe_instance_in_bwrap_and_its_diff_is_scored(
-        settings, worker_pool, sandbox_root, mini_swe_swe_model_dir, tmp_path):
-    from rollstream.llm.server import served_model
-
+        settings, worker_pool, sandbox_root, mini_swe_swe_model_dir, preset_server, tmp_path):
     worker_pool(model_dir=mini_swe_swe_model_dir, sandbox_root=sandbox_root).start_all(concurrency=2)
-    with served_model(mini_swe_swe_model_dir, device="cpu") as server:
-        result = await _run(settings, server, swe_job(str(tmp_path / "swe-mirror"), AGENT))
+    result = await _run(settings, preset_server.serving(mini_swe_swe_model_dir),
+                        swe_job(str(tmp_path / "swe-mirror"), AGENT))
     assert_fixed_and_scored(result)

@@ -47,12 +47,9 @@ def openhands_swe_model_dir():
     return model_cache.load("openhands_swe_model_dir")
 
 
-@pytest.fixture(scope="module")
-def openhands_server(openhands_arith_model_dir):
-    from rollstream.llm.server import served_model
-
-    with served_model(openhands_arith_model_dir, device="cpu") as url:
-        yield url
+@pytest.fixture
+def openhands_server(preset_server, openhands_arith_model_dir):
+    return preset_server.serving(openhands_arith_model_dir)
 
 
 @pytest.fixture
@@ -125,10 +122,8 @@ async def test_openhands_on_a_model_that_emits_garbage_ends_once_scored_zero_as_
 
 
 async def test_openhands_fixes_a_shipped_swe_instance_in_bwrap_and_its_diff_is_scored(
-        settings, pool, openhands_swe_model_dir, tmp_path):
-    from rollstream.llm.server import served_model
-
+        settings, pool, openhands_swe_model_dir, preset_server, tmp_path):
     pool(openhands_swe_model_dir)
-    with served_model(openhands_swe_model_dir, device="cpu") as server:
-        result = await run_job(settings, server, swe_job(str(tmp_path / "swe-mirror"), AGENT))
+    result = await run_job(settings, preset_server.serving(openhands_swe_model_dir),
+                           swe_job(str(tmp_path / "swe-mirror"), AGENT))
     assert_fixed_and_scored(result)

@@ -191,7 +191,8 @@ def print_table(run: dict) -> None:
         c = checks.get(r["policy_version"])
         versions = (f"{r['rollout_version_min']}" if r["rollout_version_min"] == r["rollout_version_max"]
                     else f"{r['rollout_version_min']}-{r['rollout_version_max']}")
-        print(f"{r['step']:>4} {r['reward_mean_all']:>7.3f} {r['groups_kept']:>2}/{r['groups_kept'] + r['groups_dropped_equal']:<2} "
+        groups = r["groups_kept"] + r["groups_dropped_equal"]
+        print(f"{r['step']:>4} {r['reward_mean_all']:>7.3f} {r['groups_kept']:>2}/{groups:<2} "
               f"{r['keep_rate']:>5.2f} {versions:>6} {c.server_version if c else '-':>6} "
               f"{abs(c.server_logprob - c.trainer_logprob) if c else float('nan'):>7.1e} "
               f"{r['step_s']:>6.1f} {r['rollout_wait_s']:>7.1f} {r['update_s']:>6.1f} {r['sync_s'] or 0:>5.2f} "

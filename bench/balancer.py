@@ -102,7 +102,7 @@ class Sequence:
         self.blocks.extend(self.fresh_id() for _ in range(total // BLOCK))
         self.tail = total % BLOCK
 
-    def copy(self) -> "Sequence":
+    def copy(self) -> Sequence:
         return Sequence(self.blocks, self.tail)
 
     def __len__(self) -> int:

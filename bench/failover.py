@@ -130,7 +130,8 @@ class Topology:
         while time.monotonic() - killed < 60:
             named = {int(_client(p).execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)[1])
                      for p in self.sentinels}
-            if len(named) == 1 and old not in named and _client(next(iter(named))).info("replication")["role"] == "master":
+            if (len(named) == 1 and old not in named
+                    and _client(next(iter(named))).info("replication")["role"] == "master"):
                 return old, time.monotonic() - killed
             await asyncio.sleep(0.1)
         raise RuntimeError(f"no failover within 60 s; see {self.folder}")

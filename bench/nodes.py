@@ -42,6 +42,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 import scaling  # noqa: E402  (bench/scaling.py: the simulated server and task)
+
 from chaos.netns import Network  # noqa: E402
 from rollstream.client import AsyncClient  # noqa: E402
 from rollstream.config import Settings  # noqa: E402

@@ -35,7 +35,6 @@ from rollstream.config import Settings
 from rollstream.pipeline.embedded import EmbeddedRedis
 from rollstream.workers.pool import WorkerPool
 
-
 # bench/README.md before this change (quiet machine): 2 round trips + a wake-up per hop.
 BASELINE = {"overhead_p50_ms": 4.7, "overhead_p99_ms": 6.9, "jobs_per_s_1proc": 1062, "jobs_per_s_2proc": 906}
 
@@ -90,7 +89,7 @@ async def measure_overhead(settings: Settings, n: int, pids: dict[str, int]) -> 
         for i in range(n):
             t0 = time.perf_counter()
             await client.submit({"task": "echo", "instance": {"prompt": f"p{i}"}})
-            async for res in client.results(timeout_s=30, max_results=1):
+            async for res in client.results(timeout_s=30, max_results=1):  # noqa: B007 - read after the loop
                 got = time.time()
             lat.append((time.perf_counter() - t0) * 1000)
             for key in ("init_s", "run_s", "eval_s"):
@@ -112,7 +111,7 @@ async def measure_throughput(settings: Settings, n: int, procs: int) -> float:
             await client.submit_many([{"task": "echo", "instance": {"prompt": f"p{i}"}}
                                       for i in range(start, min(n, start + chunk))])
         got = 0
-        async for res in client.results(timeout_s=60):
+        async for _result in client.results(timeout_s=60):
             got += 1
             if got == n:
                 break

@@ -28,8 +28,8 @@ import uuid
 from pathlib import Path
 
 import psutil
-
 from pipeline import speed_probe_ms  # bench/pipeline.py, beside this file
+
 from rollstream.pipeline.embedded import EmbeddedRedis
 
 REPO = Path(__file__).resolve().parent.parent
@@ -151,7 +151,8 @@ def main() -> None:
            "cpu_ms_per_job_base": round(statistics.median(cpu["base"]), 3),
            "cpu_ms_per_job_new": round(statistics.median(cpu["new"]), 3)}
     print(f"{'':42} {'base':>8} {'new':>8} {'new − base':>11}")
-    print(f"{'p50 of window p50s, ms':42} {out['p50_ms_base']:8.3f} {out['p50_ms_new']:8.3f} {out['median_diff_ms']:+11.3f}"
+    print(f"{'p50 of window p50s, ms':42} {out['p50_ms_base']:8.3f} {out['p50_ms_new']:8.3f} "
+          f"{out['median_diff_ms']:+11.3f}"
           f"   (new faster in {out['new_faster_pairs']} of {len(rows)} pairs)")
     print(f"{'CPU per job, ms (workers, client, Redis)':42} {out['cpu_ms_per_job_base']:8.3f} "
           f"{out['cpu_ms_per_job_new']:8.3f}")

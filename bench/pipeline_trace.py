@@ -73,7 +73,8 @@ def arm(out_dir: str) -> None:
     import atexit
 
     from rollstream.pipeline import handoff, wire
-    from rollstream.workers import consumer, eval as eval_stage, init, run
+    from rollstream.workers import consumer, init, run
+    from rollstream.workers import eval as eval_stage
 
     def dump() -> None:
         with open(os.path.join(out_dir, f"{os.getpid()}.json"), "w") as f:

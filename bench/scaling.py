@@ -179,7 +179,8 @@ async def run_config(url: str, data_dir: Path, workers: int, args, server_url: s
     done = sorted(r.finished_at for r in results)
     lo, hi = int(0.1 * len(done)), int(0.9 * len(done))
     return {"workers": workers, "jobs": n_jobs, "jobs_per_s": (hi - lo) / (done[hi] - done[lo]),
-            "cpu_percent": cpu, "own_cpu_percent": own, "ideal_jobs_per_s": ideal * workers, "redis_cmds_per_job": calls / n_jobs}
+            "cpu_percent": cpu, "own_cpu_percent": own, "ideal_jobs_per_s": ideal * workers,
+            "redis_cmds_per_job": calls / n_jobs}
 
 
 def saturated(rows: list[dict], base: float) -> bool:
@@ -257,8 +258,9 @@ async def main(args) -> None:
     else:
         counts = [int(x) for x in args.workers.split(",")]
     port = args.port
-    server = subprocess.Popen([sys.executable, __file__, "--serve-http", str(port), "--latency-ms", str(args.latency_ms)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    server = subprocess.Popen(
+        [sys.executable, __file__, "--serve-http", str(port), "--latency-ms", str(args.latency_ms)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     data_dir = Path(tempfile.mkdtemp(prefix="rs-bench-scaling-"))
     say(f"bench/scaling.py on {describe()}; run workers {counts}; work folder {data_dir}")
     rows = []
@@ -271,7 +273,7 @@ async def main(args) -> None:
             break
         except OSError:
             if server.poll() is not None:
-                raise SystemExit(f"the simulated inference server exited with {server.returncode} at start")
+                raise SystemExit(f"the simulated inference server exited with {server.returncode} at start") from None
             time.sleep(0.05)
     try:
         with EmbeddedRedis(data_dir / "redis") as redis_server:
@@ -283,7 +285,8 @@ async def main(args) -> None:
                                              f"http://127.0.0.1:{port}/v1/completions",
                                              [server.pid, redis_server.proc.pid if redis_server.proc else 0]))
                 print(f"  {workers} run worker(s): {rows[-1]['jobs_per_s']:.1f} jobs/s, "
-                      f"cpu {rows[-1]['own_cpu_percent']:.0f}% ours, {rows[-1]['cpu_percent']:.0f}% machine", file=sys.stderr, flush=True)
+                      f"cpu {rows[-1]['own_cpu_percent']:.0f}% ours, {rows[-1]['cpu_percent']:.0f}% machine",
+                      file=sys.stderr, flush=True)
             say("  Redis stream throughput")
             streams = redis_stream_throughput(redis_server.url, n=args.stream_messages)
         failed = False
@@ -317,8 +320,9 @@ async def main(args) -> None:
         print(f"{row['workers']:>9} {row['jobs']:>6} {row['jobs_per_s']:>9.1f} {row['ideal_jobs_per_s']:>9.1f} "
               f"{row['efficiency']:>10.2f} {row['own_cpu_percent']:>9.0f} {row['cpu_percent']:>13.0f} "
               f"{row['redis_cmds_per_job']:>13.1f}")
+    efficiency = next((r["efficiency"] for r in rows if r["workers"] == saturation), None)
     print(f"\nCPU saturation point: {saturation or 'not reached'} run processes"
-          + (f" (efficiency {next(r['efficiency'] for r in rows if r['workers'] == saturation):.2f})" if saturation else ""))
+          + (f" (efficiency {efficiency:.2f})" if saturation else ""))
     print(f"\nRedis streams, one client pipelined: XADD {streams['xadd_per_s']:,.0f}/s, "
           f"XREADGROUP+XACK {streams['xread_ack_per_s']:,.0f} msgs/s"
           + (f"; redis-benchmark XADD (50 clients, -P 16): {streams['redis_benchmark_xadd_per_s']:,.0f}/s"

@@ -42,7 +42,8 @@ def table(report: SoakReport) -> Table:
     for p in report.phases:
         v, lk = p.verdict, p.leaks
         leak_text = "none" if lk.ok else (f"{lk.supervisors} sup, {lk.bwrap_processes} bwrap, "
-                                          f"{lk.node_sandbox_entries} set, {lk.mounts} mounts, in-flight {sum(lk.backend_in_flight.values())}")
+                                          f"{lk.node_sandbox_entries} set, {lk.mounts} mounts, "
+                                          f"in-flight {sum(lk.backend_in_flight.values())}")
         t.add_row(p.fault, p.action, f"{p.echo_jobs}+{p.llm_jobs}", str(v.received), str(len(v.lost)),
                   str(len(v.doubled)), str(v.failed), str(v.dead_letters), str(p.workers_lost), leak_text,
                   f"{p.elapsed_s:.0f}",

@@ -152,8 +152,8 @@ async def main() -> None:
         chosen = instances[: args.instances]
         before = {t: os.stat(images.rootfs_path(t)).st_mtime for t in tags.values()}
         started = time.perf_counter()
-        outcomes = await asyncio.gather(*(cached_init(chosen[n % len(chosen)], sandboxes) for n in range(args.concurrent)),
-                                        return_exceptions=True)
+        outcomes = await asyncio.gather(
+            *(cached_init(chosen[n % len(chosen)], sandboxes) for n in range(args.concurrent)), return_exceptions=True)
         wall = time.perf_counter() - started
         failures = [o for o in outcomes if isinstance(o, BaseException)]
         inits = [o[0] for o in outcomes if not isinstance(o, BaseException)]

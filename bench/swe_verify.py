@@ -28,8 +28,8 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Awaitable, Callable
 
 from rollstream.messages import Envelope, Job
 from rollstream.sandboxes.supervisor_spawn import stop_fork_server

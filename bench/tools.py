@@ -83,7 +83,8 @@ def bench_tmux(command: str, calls: int) -> list[float]:
             started = time.perf_counter()
             subprocess.run(["tmux", "send-keys", "-t", session, f"{command}; echo {marker}", "Enter"], check=True)
             while True:
-                pane = subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
+                pane = subprocess.run(["tmux", "capture-pane", "-p", "-t", session],
+                                      capture_output=True, text=True).stdout
                 if any(line.strip() == marker for line in pane.splitlines()):
                     break
                 time.sleep(0.01)
@@ -259,7 +260,8 @@ AB_SIDE_IN_PROCESS = r"""
 import statistics, sys, time
 from rollstream.sandboxes.runtime.bash_session import BashSession
 
-session = BashSession(["bash", "--noediting", "--noprofile", "--norc", "-i"], {"PATH": "/usr/bin:/bin", "HOME": "/tmp"}, "/tmp", {}, 1 << 20)
+session = BashSession(["bash", "--noediting", "--noprofile", "--norc", "-i"],
+                      {"PATH": "/usr/bin:/bin", "HOME": "/tmp"}, "/tmp", {}, 1 << 20)
 session.start()
 for _ in range(50):
     session.run(b"echo hi", 30, None)
@@ -343,7 +345,8 @@ def bash_ab(base: str, new: str, pairs: int, window: int, in_process: bool = Fal
         for name, rev in (("base", base), ("new", new)):
             tree = checkout(rev, worktrees)
             process = subprocess.Popen(
-                [sys.executable, "-c", AB_SIDE_IN_PROCESS if in_process else AB_SIDE], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
+                [sys.executable, "-c", AB_SIDE_IN_PROCESS if in_process else AB_SIDE], cwd=tree,
+                env={**os.environ, "PYTHONPATH": str(tree)},
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             )
             assert process.stdout.readline().strip() == "ready", f"the {name} side did not start"
@@ -367,11 +370,13 @@ def bash_ab(base: str, new: str, pairs: int, window: int, in_process: bool = Fal
     diffs = [new_ms - base_ms for base_ms, new_ms in zip(medians["base"], medians["new"])]
     load = os.getloadavg()
     where = "in-process session (no sandbox)" if in_process else "round trip into a bwrap sandbox"
-    print(f"bash `echo hi` {where}, {pairs} pairs of {window}-call windows; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(f"bash `echo hi` {where}, {pairs} pairs of {window}-call windows; "
+          f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     print(f"{'side':6} {'revision':40} {'p50 of window medians ms':>26}")
     for name, rev in (("base", base), ("new", new)):
         print(f"{name:6} {rev:40} {statistics.median(medians[name]):26.3f}")
-    print(f"median per-pair difference (new - base): {statistics.median(diffs):+.3f} ms; new faster in {sum(d < 0 for d in diffs)} of {pairs} pairs")
+    print(f"median per-pair difference (new - base): {statistics.median(diffs):+.3f} ms; "
+          f"new faster in {sum(d < 0 for d in diffs)} of {pairs} pairs")
     print("RESULT " + json.dumps({
         "bash_echo_p50_ms_base": round(statistics.median(medians["base"]), 3),
         "bash_echo_p50_ms_new": round(statistics.median(medians["new"]), 3),
@@ -386,8 +391,10 @@ def bash_ab(base: str, new: str, pairs: int, window: int, in_process: bool = Fal
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ab", metavar="BASE_REV", help="compare bash echo with this commit (or folder) instead")
-    parser.add_argument("--new", default=".", help="with --ab: the other side, a commit or folder (default: this checkout)")
-    parser.add_argument("--in-process", action="store_true", help="with --ab: drive the bash session in this process, no sandbox")
+    parser.add_argument("--new", default=".",
+                        help="with --ab: the other side, a commit or folder (default: this checkout)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="with --ab: drive the bash session in this process, no sandbox")
     parser.add_argument("--instructions", action="store_true",
                         help="with --ab: count bash's instructions and system calls a call (valgrind, strace)")
     parser.add_argument("--pairs", type=int, default=30)
@@ -412,7 +419,8 @@ async def main() -> None:
         try:
             async with SandboxClient(handle.socket_path) as sb:
                 for command in ("true", "echo hi", "ls /"):
-                    rows.append((f"sandbox bash `{command}` (socket -> bwrap pty)", await bench_sandbox_bash(sb, command, args.calls)))
+                    rows.append((f"sandbox bash `{command}` (socket -> bwrap pty)",
+                                 await bench_sandbox_bash(sb, command, args.calls)))
                 await sb.ipython("1+1")  # starts the kernel
                 ipython = []
                 for _ in range(args.ipython_calls):
@@ -423,7 +431,8 @@ async def main() -> None:
         finally:
             await destroy_sandbox(handle)
         stock = ["-m", "ipykernel_launcher", "-f", "{connection_file}"]
-        rows.append(("raw stock kernel `1+1` (jupyter_client, no sandbox)", bench_raw_kernel(args.ipython_calls, stock)))
+        rows.append(("raw stock kernel `1+1` (jupyter_client, no sandbox)",
+                     bench_raw_kernel(args.ipython_calls, stock)))
         rows.append(("raw kernel, sandbox KERNEL_ARGS `1+1`", bench_raw_kernel(args.ipython_calls, KERNEL_ARGS)))
         rows.append(("tmux send-keys + capture-pane/10 ms `echo hi`", bench_tmux("echo hi", args.baseline_calls)))
         rows.append(("subprocess.run bash -c `echo hi`", bench_subprocess("echo hi", args.baseline_calls)))
@@ -437,7 +446,8 @@ async def main() -> None:
     print(f"{'measurement':55} {'n':>5} {'p50 ms':>9} {'p99 ms':>9} {'mean ms':>9}")
     for name, values in rows:
         if values:
-            print(f"{name:55} {len(values):5d} {percentile(values, .5):9.3f} {percentile(values, .99):9.3f} {statistics.mean(values):9.3f}")
+            print(f"{name:55} {len(values):5d} {percentile(values, .5):9.3f} {percentile(values, .99):9.3f} "
+                  f"{statistics.mean(values):9.3f}")
         else:
             print(f"{name:55} {'-':>5} (not available)")
     print(f"live sandboxes answering at once: {live} of {args.live}")
@@ -452,7 +462,8 @@ async def main() -> None:
         "tmux_echo_p50_ms": round(percentile(tmux, .5), 3) if tmux else None,
         "subprocess_echo_p50_ms": round(percentile(by_name["subprocess.run bash -c `echo hi`"], .5), 3),
         "ipython_p50_ms": round(percentile(by_name["sandbox ipython `1+1`"], .5), 3),
-        "ipython_raw_kernel_p50_ms": round(percentile(by_name["raw stock kernel `1+1` (jupyter_client, no sandbox)"], .5), 3),
+        "ipython_raw_kernel_p50_ms": round(
+            percentile(by_name["raw stock kernel `1+1` (jupyter_client, no sandbox)"], .5), 3),
         "ipython_raw_tuned_kernel_p50_ms": round(percentile(by_name["raw kernel, sandbox KERNEL_ARGS `1+1`"], .5), 3),
         "sandbox_create_destroy_p50_ms": round(percentile(by_name["bwrap sandbox create + destroy"], .5), 3),
         "live_sandboxes": live,

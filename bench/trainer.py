@@ -52,6 +52,7 @@ if __name__ == "__main__" and "--variant" not in sys.argv:
     require("bench/trainer.py", MODULES, cpu_only="--cpu-only" in sys.argv)
 
 import torch
+from sync_measure import measure_sync, sync_device, sync_rows  # noqa: E402  (bench/, after the checks)
 
 from rollstream.llm.server import start_server_process
 from rollstream.llm.tiny_model import build_tiny_model
@@ -65,7 +66,6 @@ from rollstream.trainer.sampler import SamplerConfig
 from rollstream.trainer.update import PolicyUpdater, token_logprobs
 from rollstream.trainer.weight_sync import BuiltinServerBackend, WeightPublisher
 from rollstream.trajectory import Trajectory
-from sync_measure import measure_sync, sync_device, sync_rows  # noqa: E402  (bench/, after the checks)
 
 OUT = Path(__file__).parent / "out"
 
@@ -194,7 +194,8 @@ def accelerator_section(device, model_dir: Path, tokenizer, batch: PaddedBatch, 
 
     result["gpu_name"] = torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu (dry run)"
     tiny = measure_update(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), batch, device, 8, reps)
-    result.update(gpu_tokens_per_s=tiny["tokens_per_s"], gpu_baseline_sft_tokens_per_s=tiny["baseline_sft_tokens_per_s"])
+    result.update(gpu_tokens_per_s=tiny["tokens_per_s"],
+                  gpu_baseline_sft_tokens_per_s=tiny["baseline_sft_tokens_per_s"])
     rows.append((f"update, tiny model, {device.type}", f"{tiny['tokens_per_s']:.0f} tok/s",
                  f"SFT baseline {tiny['baseline_sft_tokens_per_s']:.0f} tok/s"))
     big, vocab = larger_model(small)
@@ -295,11 +296,15 @@ def run_variant(variant: str, preset: str, device_name: str, reps: int) -> dict:
             batch.behaviour_logprobs[row, : logprobs.shape[0]] = logprobs
         batch.behaviour_logprobs *= batch.response_mask
         updater = PolicyUpdater(model, LossConfig(), OptimConfig(lr=1e-6, micro_batch_size=micro_batch_size))
-        step = lambda: updater.step(batch)
+
+        def step():
+            return updater.step(batch)
     else:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
         model.train()
-        step = lambda: plain_step(model, optimizer, batch, groups, device)
+
+        def step():
+            return plain_step(model, optimizer, batch, groups, device)
     rss_before_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -319,7 +324,8 @@ def run_variant(variant: str, preset: str, device_name: str, reps: int) -> dict:
         "variant": variant, "preset": preset, "device": device.type, "dtype": str(dtype).removeprefix("torch."),
         "params": sum(p.numel() for p in model.parameters()), "vocab": vocab, "sequences": len(batch),
         "micro_batch_size": micro_batch_size, "tokens": batch.num_tokens, "padded_tokens": padded,
-        "response_tokens": batch.num_response_tokens, "step_s": statistics.median(times), "steps_s": times, "cpu_s": cpu_times,
+        "response_tokens": batch.num_response_tokens, "step_s": statistics.median(times), "steps_s": times,
+        "cpu_s": cpu_times,
         "tok_s": batch.num_tokens / statistics.median(times), "peak_mb": peak_mb, "rss_before_steps_mb": rss_before_mb,
     }
 
@@ -405,7 +411,8 @@ def sync_row(preset: str, device: torch.device, tokenizer, reps: int, rows: list
             torch.set_num_threads(threads)
             proc.terminate()
             proc.wait(30)
-    result.update({f"{prefix}sync_params": params, f"{prefix}sync_load_1m": load, f"{prefix}sync_threads": sync_threads})
+    result.update({f"{prefix}sync_params": params, f"{prefix}sync_load_1m": load,
+                   f"{prefix}sync_threads": sync_threads})
     served = "fp32 CPU server" if device.type == "cpu" else f"{device.type} server"
     sync_rows(f"Qwen3 {params / 1e6:.0f}M bf16 -> {served}", sync, prefix, rows, result, f"load avg {load:.1f}")
 
@@ -431,7 +438,8 @@ def main() -> None:
                              "server); the tiny model's is tiny_sync_s either way")
     parser.add_argument("--only-sync", action="store_true", help="the weight-sync section alone")
     parser.add_argument("--sync-threads", type=int, default=None,
-                        help="threads of the weight-sync server and copy floor (default 1: steadier, and faster on 2 cores)")
+                        help="threads of the weight-sync server and copy floor "
+                             "(default 1: steadier, and faster on 2 cores)")
     parser.add_argument("--cpu-only", action="store_true",
                         help="CPU sections only, even where CUDA is (or the driver sees GPUs torch cannot use)")
     parser.add_argument("--variant", choices=("dapo", "plain"), help=argparse.SUPPRESS)  # one child process

@@ -141,7 +141,8 @@ def load_model(model_dir: Path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return model, AutoTokenizer.from_pretrained(model_dir)
 
 
 def zero_reward(completions, **kwargs) -> list[float]:
@@ -273,7 +274,8 @@ def crossover_ms(points: list[dict]) -> float | None | str:
     a number, "never" (in-process faster at every point) or "always" (rollstream faster)."""
     for a, b in zip(points, points[1:]):
         if (a["speedup"] - 1) * (b["speedup"] - 1) <= 0 and a["speedup"] != b["speedup"]:
-            return round(a["tool_ms"] + (1 - a["speedup"]) * (b["tool_ms"] - a["tool_ms"]) / (b["speedup"] - a["speedup"]))
+            slope = (b["tool_ms"] - a["tool_ms"]) / (b["speedup"] - a["speedup"])
+            return round(a["tool_ms"] + (1 - a["speedup"]) * slope)
     if all(p["speedup"] > 1 for p in points):
         return "always"
     return "never"
@@ -331,7 +333,8 @@ def main() -> None:
         with EmbeddedRedis(work / f"redis-{prompts}", appendonly=False) as redis_server:
             door = run_rollstream(args, prompts, model_dir, redis_server.url, work / f"rs-{prompts}", instances)
         inproc = run_inprocess(args, prompts, model_dir, work / f"inproc-{prompts}", instances)
-        notes[prompts * args.group] = {"rollout_wait_s": round(door["wait_s"], 3), "weight_sync_s": round(door["sync_s"], 3),
+        notes[prompts * args.group] = {"rollout_wait_s": round(door["wait_s"], 3),
+                                       "weight_sync_s": round(door["sync_s"], 3),
                                        "failed_rollouts": door["failed"], "policy_versions_per_step": door["versions"],
                                        "bash_calls_per_rollout_inprocess": round(inproc["call_frequency"], 2)}
         for t in args.tool_ms:
@@ -340,12 +343,14 @@ def main() -> None:
                            "step_s_inprocess": round(ip_s, 3), "speedup": round(ip_s / rs_s, 3)})
 
     print(f"TRL GRPO, arith model on CPU, 2 model turns per rollout (bash, then submit), {args.steps} steps per "
-          f"point after {args.warmup} warm-up, {args.threads} trainer thread(s); load average before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f}")
+          f"point after {args.warmup} warm-up, {args.threads} trainer thread(s); "
+          f"load average before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f}")
     print(f"{'rollouts/step':>13} {'tool ms':>8} {'rollstream s/step':>18} {'in-process s/step':>18} "
           f"{'in-process/rollstream':>22}")
     for p in points:
         verdict = "rollstream faster" if p["speedup"] > 1 else "in-process faster"
-        print(f"{p['rollouts']:>13} {p['tool_ms']:>8.0f} {p['step_s_rollstream']:>18.2f} {p['step_s_inprocess']:>18.2f} "
+        print(f"{p['rollouts']:>13} {p['tool_ms']:>8.0f} {p['step_s_rollstream']:>18.2f} "
+              f"{p['step_s_inprocess']:>18.2f} "
               f"{p['speedup']:>21.2f}x  {verdict}")
     crossovers = {}
     for rollouts, note in notes.items():
@@ -359,13 +364,15 @@ def main() -> None:
             where = f"in-process TRL is faster below ~{cross} ms per tool call, rollstream from there up"
         else:
             where = f"rollstream is faster below ~{cross} ms per tool call, in-process TRL above"
-        print(f"{rollouts} rollouts/step: {where} (rollstream: rollout wait {note['rollout_wait_s']:.2f} s/step, weight "
+        print(f"{rollouts} rollouts/step: {where} "
+              f"(rollstream: rollout wait {note['rollout_wait_s']:.2f} s/step, weight "
               f"sync {note['weight_sync_s']:.2f} s/step, {note['failed_rollouts']} failed; in-process: "
               f"{note['bash_calls_per_rollout_inprocess']:.2f} bash calls/rollout, run one after another)")
     print("RESULT " + json.dumps({
         "points": points, "crossover_tool_ms": crossovers, "notes": notes, "group": args.group,
         "steps_per_point": args.steps, "threads": args.threads, "seconds": round(time.monotonic() - started, 1),
-        "load_avg_before": [round(x, 2) for x in load_before], "load_avg_after": [round(x, 2) for x in os.getloadavg()]}))
+        "load_avg_before": [round(x, 2) for x in load_before],
+        "load_avg_after": [round(x, 2) for x in os.getloadavg()]}))
 
 
 if __name__ == "__main__":

@@ -59,9 +59,9 @@ def model_server(scripted_model_dir):
 @pytest.fixture
 def two_servers(scripted_model_dir):
     """Two private servers (processes) for tests that kill one; yields [(proc, url), ...]."""
-    from rollstream.llm.server import start_server_process
-
     from concurrent.futures import ThreadPoolExecutor
+
+    from rollstream.llm.server import start_server_process
 
     with ThreadPoolExecutor(2) as pool:  # start both at once: each takes seconds to load
         servers = list(pool.map(lambda _: start_server_process(scripted_model_dir), range(2)))

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, given, settings as hsettings
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
 
 
 @pytest.fixture
@@ -25,6 +26,7 @@ def test_no_request_makes_the_api_fail(api_server, auth):
         @hsettings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None)
         def no_5xx(case):
             response = case.call(headers=auth, timeout=15)
-            assert response.status_code < 500, f"{case.method} {case.path}: {response.status_code} {response.text[:500]}"
+            assert response.status_code < 500, (
+                f"{case.method} {case.path}: {response.status_code} {response.text[:500]}")
 
         no_5xx()

@@ -17,7 +17,8 @@ async def test_hostile_bodies_get_clear_errors_and_good_jobs_still_complete(api_
         invalid_utf8 = await http.post("/v1/jobs", content=b'{"task": "echo", "instance": {"prompt": "\xff\xfe"}}',
                                        headers={"Content-Type": "application/json"})
         assert invalid_utf8.status_code in (400, 422), invalid_utf8.text
-        broken = await http.post("/v1/jobs", content=b'{"task": "echo", "inst', headers={"Content-Type": "application/json"})
+        broken = await http.post("/v1/jobs", content=b'{"task": "echo", "inst',
+                                 headers={"Content-Type": "application/json"})
         assert broken.status_code == 422 and "json" in broken.text.lower()
         nested = '{"task": "echo", "instance": {"prompt": "x", "deep": ' + "[" * 5000 + "]" * 5000 + "}}"
         deep = await http.post("/v1/jobs", content=nested.encode(), headers={"Content-Type": "application/json"})

@@ -97,7 +97,8 @@ async def test_primary_killed_mid_load_loses_no_acknowledged_job_and_doubles_non
         doubled = {job_id: n for job_id, n in seen.items() if n > 1}
         assert not doubled, f"jobs with more than one result: {doubled}"
         assert set(seen) == set(acknowledged), (
-            f"lost: {sorted(set(acknowledged) - set(seen))[:10]}, unknown: {sorted(set(seen) - set(acknowledged))[:10]}")
+            f"lost: {sorted(set(acknowledged) - set(seen))[:10]}, "
+            f"unknown: {sorted(set(seen) - set(acknowledged))[:10]}")
     finally:
         await watcher.aclose()
 

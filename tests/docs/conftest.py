@@ -39,7 +39,7 @@ class Deployment:
 
     def start(self, kind: str, line: str) -> None:
         command = strip_comment(line).rstrip("& ").strip()
-        log = open(self.home / f"{kind}.log", "wb")
+        log = open(self.home / f"{kind}.log", "wb")  # noqa: SIM115 - the process writes it for its whole life
         self.procs.append(subprocess.Popen([*self.netns, "bash", "-c", f"exec {command}"], cwd=self.work,
                                            env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                            stdin=subprocess.DEVNULL, start_new_session=True))

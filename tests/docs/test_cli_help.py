@@ -4,6 +4,8 @@ still taken, unshown)."""
 
 from __future__ import annotations
 
+import io
+
 import typer.main
 from typer.testing import CliRunner
 
@@ -74,9 +76,10 @@ def test_status_view_shows_whole_worker_names_at_80_columns():
     from rollstream.pipeline.status import PipelineStatus, StreamStatus, WorkerStatus
 
     name = "run-gpu-node-0042.cluster.example.org-123456-7f3a9c"
-    status = PipelineStatus(streams=[StreamStatus(stream="rs:jobs:run:gpu-node-0042", stage="run", node="gpu-node-0042")],
-                            workers=[WorkerStatus(worker=name, stage="run", node="gpu-node-0042.cluster.example.org")])
-    console = Console(width=80, record=True, file=open("/dev/null", "w"))
+    status = PipelineStatus(
+        streams=[StreamStatus(stream="rs:jobs:run:gpu-node-0042", stage="run", node="gpu-node-0042")],
+        workers=[WorkerStatus(worker=name, stage="run", node="gpu-node-0042.cluster.example.org")])
+    console = Console(width=80, record=True, file=io.StringIO())
     console.print(render(status, 1.0))
     text = console.export_text()
     assert "…" not in text  # rich's mark of a cut cell

@@ -57,8 +57,9 @@ def test_scripts_install_makes_a_venv_with_the_system_python_and_a_second_run_in
         assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-5000:]
         assert "creating the project virtual environment .venv (from /usr/bin/python3)" in first.stderr
         venv_python = repo / ".venv" / "bin" / "python"
-        where = subprocess.run([str(venv_python), "-c", "import sys, rollstream; print(sys.prefix, rollstream.__file__)"],
-                               cwd=base, capture_output=True, text=True, env=_system_env(), check=True).stdout.split()
+        where = subprocess.run(
+            [str(venv_python), "-c", "import sys, rollstream; print(sys.prefix, rollstream.__file__)"],
+            cwd=base, capture_output=True, text=True, env=_system_env(), check=True).stdout.split()
         assert where == [str(repo / ".venv"), str(repo / "rollstream" / "__init__.py")]  # editable, in the venv
         assert (repo / ".venv" / "bin" / "rollstream").exists()
         site = next((repo / ".venv" / "lib").glob("python3*/site-packages"))

@@ -28,7 +28,7 @@ def test_the_supported_pythons_are_the_ones_stated_and_installed_here():
     assert "Python 3.11, 3.12 and 3.13" in readme
     installer = (ROOT / "scripts" / "install-pythons").read_text()
     assert f"for version in {' '.join(SUPPORTED)}" in installer
-    assert "%d.%d" % sys.version_info[:2] in SUPPORTED
+    assert "{}.{}".format(*sys.version_info[:2]) in SUPPORTED
     for venv in OTHER_VENVS:
         assert venv.name.removeprefix(".venv-py") in SUPPORTED
 

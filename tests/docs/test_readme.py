@@ -10,7 +10,6 @@ import re
 import shlex
 
 import pytest
-
 from ops.cli_check import check_command_line
 
 from .blocks import NOT_RUN, SMALLER, Block, all_blocks, commands, not_run_reason, service_kind, strip_comment
@@ -48,7 +47,8 @@ def _smaller(text: str) -> str:
 def test_readme_block_runs_as_printed(block, deployment):
     if block.lang in ("", "text"):
         # A diagram: make sure no command hides in a block that is not run.
-        assert not any(line.lstrip().startswith(("rollstream ", "$ ", "python ")) for line in block.text.splitlines()), \
+        prompts = ("rollstream ", "$ ", "python ")
+        assert not any(line.lstrip().startswith(prompts) for line in block.text.splitlines()), \
             f"{block.id} looks like commands: give it a language (```bash) so it runs"
         return
     if block.lang in ("bash", "sh"):
@@ -59,7 +59,8 @@ def test_readme_block_runs_as_printed(block, deployment):
             if kind:
                 assert kind in deployment.services, f"{command!r}: no such service in the deployment"
         result = deployment.run(["bash", "-c", script])
-        assert result.returncode == 0, f"{block.id} ({block.heading}) failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+        assert result.returncode == 0, (
+            f"{block.id} ({block.heading}) failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
         return
     if block.lang == "python":
         env = dict(deployment.env)
@@ -67,7 +68,8 @@ def test_readme_block_runs_as_printed(block, deployment):
             env["REDIS_URL"] = f"unix://{deployment.home}/.local/share/rollstream/redis/redis.sock"
         source = _smaller(block.text)
         result = deployment.run(["python", "-"], env=env, input_text=source, timeout_s=170)
-        assert result.returncode == 0, f"{block.id} ({block.heading}) failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+        assert result.returncode == 0, (
+            f"{block.id} ({block.heading}) failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}")
         return
     if block.lang == "toml":
         # The training config is read by the trainer's own loader (training itself:

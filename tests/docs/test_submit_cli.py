@@ -25,7 +25,8 @@ def _one_line_error(result) -> str:
 
 
 def test_a_bad_path_or_an_unknown_task_is_one_line_without_a_traceback(cli_env, tmp_path):
-    assert "shipped: arith, code, echo, math, swe" in _one_line_error(_cli(cli_env, "submit", str(tmp_path / "no.jsonl")))
+    error = _one_line_error(_cli(cli_env, "submit", str(tmp_path / "no.jsonl")))
+    assert "shipped: arith, code, echo, math, swe" in error
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"task": "echo", "instance": {"prompt": "ok"}}\n{"task": "nope", "instance": {}}\n')
     line = _one_line_error(_cli(cli_env, "submit", str(bad)))

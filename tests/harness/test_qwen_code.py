@@ -3,7 +3,7 @@ through the whole pipeline: the cases every Node.js CLI preset passes (tests/har
 
 import pytest
 
-from .node_cli_cases import *  # the shared cases, collected here for this CLI
+from .node_cli_cases import *  # noqa: F403  (the shared cases, collected here for this CLI)
 from .node_cli_cases import cli_fixtures, the_cli_fixes_a_shipped_swe_instance_in_bwrap_and_its_diff_is_scored
 from .node_clis import QWEN_CODE
 

@@ -84,7 +84,7 @@ class SGLangShim:
         self.engine = engine
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
-    def __enter__(self) -> "SGLangShim":
+    def __enter__(self) -> SGLangShim:
         self.engine.start()
         self.thread.start()
         for _ in range(200):

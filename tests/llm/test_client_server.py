@@ -42,12 +42,14 @@ async def test_generated_ids_are_exactly_the_models_greedy_tokens(model_server, 
 
 async def test_sampled_logprobs_match_a_recomputation(model_server, client, tokenizer, reference_model):
     prompt = chat_prompt(tokenizer, "What is 12 + 30?")
-    gen = await client.generate(model_server, prompt, SamplingParams(temperature=1.0, max_tokens=40, seed=3, ignore_eos=True))
+    gen = await client.generate(model_server, prompt,
+                                SamplingParams(temperature=1.0, max_tokens=40, seed=3, ignore_eos=True))
     recomputed = recompute_logprobs(reference_model, prompt, gen.token_ids)
     assert max(abs(a - b) for a, b in zip(gen.logprobs, recomputed)) < 1e-4
 
 
-async def test_logprobs_are_raw_model_logprobs_whatever_the_temperature(model_server, client, tokenizer, reference_model):
+async def test_logprobs_are_raw_model_logprobs_whatever_the_temperature(model_server, client, tokenizer,
+                                                                         reference_model):
     """Like vLLM's default logprobs mode: log-softmax of the raw logits, before temperature
     and top-k/top-p."""
     prompt = chat_prompt(tokenizer, "Say something.")
@@ -111,10 +113,12 @@ async def test_same_seed_same_sample_other_seed_other_sample(model_server, clien
     assert a.token_ids != c.token_ids
 
 
-async def test_next_turn_reuses_the_prefix_cache_without_changing_results(model_server, client, tokenizer, reference_model):
+async def test_next_turn_reuses_the_prefix_cache_without_changing_results(model_server, client, tokenizer,
+                                                                           reference_model):
     prompt = chat_prompt(tokenizer, "Run the tests and tell me what failed.")
     first = await client.generate(model_server, prompt, GREEDY)
-    observation = tokenizer.encode("<|im_end|>\n<|im_start|>user\n<tool_response>\n2 passed\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    observation = tokenizer.encode("<|im_end|>\n<|im_start|>user\n<tool_response>\n2 passed\n</tool_response>"
+                                   "<|im_end|>\n<|im_start|>assistant\n")
     second_prompt = prompt + first.token_ids + observation
     body = {"prompt": second_prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True, "logprobs": 0,
             "return_token_ids": True}
@@ -122,7 +126,8 @@ async def test_next_turn_reuses_the_prefix_cache_without_changing_results(model_
     assert resp["usage"]["prompt_tokens_details"]["cached_tokens"] >= len(prompt)
     choice = resp["choices"][0]
     assert choice["token_ids"] == greedy_reference(reference_model, second_prompt, 12)
-    again = await client.generate(model_server, second_prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    again = await client.generate(model_server, second_prompt,
+                                  SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
     assert again.cached_tokens == len(second_prompt) - 1 and again.token_ids == choice["token_ids"]
     recomputed = recompute_logprobs(reference_model, second_prompt, choice["token_ids"])
     assert max(abs(a - b) for a, b in zip(choice["logprobs"]["token_logprobs"], recomputed)) < 1e-4
@@ -133,7 +138,8 @@ async def test_response_has_vllm_shape(model_server, tokenizer):
     body = {"prompt": prompt, "max_tokens": 4, "logprobs": 2, "return_tokens_as_token_ids": True, "temperature": 0}
     resp = httpx.post(f"{model_server}/v1/completions", json=body, timeout=60).json()
     choice = resp["choices"][0]
-    assert resp["object"] == "text_completion" and resp["usage"]["completion_tokens"] == len(choice["logprobs"]["tokens"])
+    assert resp["object"] == "text_completion"
+    assert resp["usage"]["completion_tokens"] == len(choice["logprobs"]["tokens"])
     assert all(t.startswith("token_id:") for t in choice["logprobs"]["tokens"])
     assert all(len(top) >= 2 for top in choice["logprobs"]["top_logprobs"])
     assert choice["token_ids"] is None  # only with return_token_ids, as in vLLM

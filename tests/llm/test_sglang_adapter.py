@@ -54,7 +54,8 @@ async def test_sglang_stop_token_maps_to_stop_with_the_matched_id(sglang, client
     free = greedy_reference(reference_model, prompt, 12)
     position = next(i for i, t in enumerate(free) if i >= 2 and t not in free[:i])
     gen = await client.generate(
-        sglang.base_url, prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop_token_ids=[free[position]])
+        sglang.base_url, prompt,
+        SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop_token_ids=[free[position]])
     )
     assert gen.token_ids == free[: position + 1]
     assert gen.finish_reason == "stop" and gen.stop_reason == free[position]

@@ -51,7 +51,8 @@ def test_same_seed_builds_identical_weights_and_tokenizer(tmp_path, tiny_model_d
 
 
 def test_text_round_trips_through_the_tokenizer(tokenizer):
-    for text in ["def f(x):\n    return x ** 2\n", json.dumps({"a": [1, 2.5, None]}), "naïve café 日本 🙂", "  spaces\t\n"]:
+    texts = ["def f(x):\n    return x ** 2\n", json.dumps({"a": [1, 2.5, None]}), "naïve café 日本 🙂", "  spaces\t\n"]
+    for text in texts:
         assert tokenizer.decode(tokenizer.encode(text)) == text
 
 
@@ -76,7 +77,8 @@ def test_chat_template_renders_tools_calls_and_responses(tokenizer):
     text = tokenizer.apply_chat_template(messages, tools=TOOLS, tokenize=False, add_generation_prompt=True)
     assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools")
     assert json.dumps(TOOLS[0]) in text
-    assert '<|im_start|>assistant\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call><|im_end|>\n' in text
+    assert ('<|im_start|>assistant\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n'
+            '</tool_call><|im_end|>\n') in text
     # Consecutive tool results share one user turn.
     assert ("<|im_start|>user\n<tool_response>\na.txt\n</tool_response>\n<tool_response>\nb.txt\n"
             "</tool_response><|im_end|>\n") in text
@@ -98,7 +100,8 @@ def test_chat_template_is_prefix_stable_when_a_turn_is_appended(tokenizer):
     """The agent loop appends only the new tokens of each observation: the rendering of a
     conversation must be a prefix of the rendering with one more message."""
     convo = [{"role": "user", "content": "Run ls."},
-             {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "bash", "arguments": {"command": "ls"}}}]},
+             {"role": "assistant", "content": "",
+              "tool_calls": [{"function": {"name": "bash", "arguments": {"command": "ls"}}}]},
              {"role": "tool", "content": "x.py"}]
     for k in range(1, len(convo)):
         shorter = tokenizer.apply_chat_template(convo[:k], tools=TOOLS, tokenize=False)

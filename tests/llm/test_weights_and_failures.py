@@ -35,7 +35,8 @@ def load(url: str, path, version: int | None = None) -> httpx.Response:
     return httpx.post(f"{url}/v1/load_weights", json=body, timeout=120)
 
 
-async def test_load_weights_changes_outputs_and_policy_version(weights_server, tiny_model_dir, tiny_model_seed1_dir, tokenizer):
+async def test_load_weights_changes_outputs_and_policy_version(weights_server, tiny_model_dir, tiny_model_seed1_dir,
+                                                               tokenizer):
     url = weights_server
     client = VLLMClient()
     prompt = tokenizer.encode("<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n")
@@ -67,7 +68,8 @@ async def test_load_weights_waits_for_generations_in_flight(weights_server, tiny
     client = VLLMClient()
     start_version = load(url, tiny_model_dir).json()["policy_version"]
     prompt = tokenizer.encode("<|im_start|>user\nWrite a long story.<|im_end|>\n<|im_start|>assistant\n")
-    long_turn = asyncio.create_task(client.generate(url, prompt, SamplingParams(temperature=0, max_tokens=300, ignore_eos=True)))
+    long_turn = asyncio.create_task(
+        client.generate(url, prompt, SamplingParams(temperature=0, max_tokens=300, ignore_eos=True)))
     await asyncio.sleep(0.3)
     async with httpx.AsyncClient() as http:
         resp = await http.post(f"{url}/v1/load_weights", json={"path": str(tiny_model_dir)}, timeout=120)

@@ -10,7 +10,6 @@ import typer.main
 
 from rollstream.cli.main import app
 
-
 # typer ships its own copy of click, so commands are matched by shape, not by class.
 Command = Any
 

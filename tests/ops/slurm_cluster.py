@@ -119,7 +119,7 @@ class SlurmCluster:
                 out.append(f"--- {name}\n" + "\n".join(path.read_text(errors="replace").splitlines()[-15:]))
         return "\n".join(out)
 
-    def start(self, timeout_s: float = 30.0) -> "SlurmCluster":
+    def start(self, timeout_s: float = 30.0) -> SlurmCluster:
         self._write_config()
         m = self.root / "munge"
         self._run("munged", "--force", f"--socket={m}/munge.sock", f"--key-file={m}/munge.key",
@@ -183,7 +183,7 @@ class SlurmCluster:
             if _alive(pid):  # a daemon that ignored its shutdown must not outlive the test
                 os.kill(pid, 9)
 
-    def __enter__(self) -> "SlurmCluster":
+    def __enter__(self) -> SlurmCluster:
         try:
             return self.start()
         except BaseException:

@@ -135,7 +135,8 @@ class Deployment:
                 raise AssertionError(f"not up within {UP_TIMEOUT_S} s: {json.dumps(listed, indent=1)}\n{self.logs()}")
             if ENGINE == "podman":
                 for c in checking:
-                    subprocess.run(["podman", "healthcheck", "run", c["ID"]], check=False, capture_output=True, timeout=60)
+                    subprocess.run(["podman", "healthcheck", "run", c["ID"]], check=False, capture_output=True,
+                                   timeout=60)
             time.sleep(2)
 
     def wait_for_workers(self, pools: dict[str, int]) -> list[dict]:

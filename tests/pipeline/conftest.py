@@ -11,7 +11,6 @@ from rollstream.pipeline.keys import Keys
 from rollstream.workers.process import serve_stage
 
 
-
 @pytest.fixture
 def stage_workers(worker_pool):
     """The three stages as real worker processes: ``async with stage_workers(settings):``."""

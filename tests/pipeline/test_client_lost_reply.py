@@ -31,7 +31,7 @@ class ReplyDroppingProxy:
         self.dropped = 0
         self._server: asyncio.AbstractServer | None = None
 
-    async def __aenter__(self) -> "ReplyDroppingProxy":
+    async def __aenter__(self) -> ReplyDroppingProxy:
         self._server = await asyncio.start_unix_server(self._serve, path=self.path)
         return self
 

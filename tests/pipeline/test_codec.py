@@ -17,8 +17,9 @@ from rollstream.trajectory import Message, ToolCallRecord, Trajectory
 
 def _trajectory() -> Trajectory:
     return Trajectory(prompt_ids=[1, 2, 3], response_ids=[4, 5, 70000], loss_mask=[1, 0, 1],
-                      logprobs=[-0.5, 0.0, -1e-9], messages=[Message(role="user", content="héllo ✓"),
-                                                            Message(role="assistant", content="", tool_calls=[{"id": "c"}])],
+                      logprobs=[-0.5, 0.0, -1e-9],
+                      messages=[Message(role="user", content="héllo ✓"),
+                                Message(role="assistant", content="", tool_calls=[{"id": "c"}])],
                       response_text="x" * 300, reward=1.0, finish_reason="max_turns", num_turns=2,
                       tool_calls=[ToolCallRecord(name="bash", arguments={"cmd": "ls"}, duration_ms=0.4)],
                       timings_s={"llm": 0.25}, extra={"nested": {"deep": [1, None, True, 2.5]}})
@@ -29,8 +30,9 @@ def _messages() -> list:
                                      "big": 2**64 - 1, "blob": b"\x00\xff", "empty": {}},
               group_id="g", submitter="alice", sampling=SamplingParams(max_tokens=7, stop=["\n"], vendor_knob=[1, 2]),
               agent={"max_turns": 3}, sandbox={"image": "python:3.12"}, metadata={"k": 1.5})
-    env = Envelope(job=job, attempt=1, node="n1", sandbox=SandboxHandle(id="sb1", backend="bwrap", socket_path="/s/sb1/sock",
-                                                                        supervisor_pid=7, workdir="/workspace"), state={"workdir": "/w"},
+    sandbox = SandboxHandle(id="sb1", backend="bwrap", socket_path="/s/sb1/sock", supervisor_pid=7,
+                            workdir="/workspace")
+    env = Envelope(job=job, attempt=1, node="n1", sandbox=sandbox, state={"workdir": "/w"},
                    trajectory=_trajectory(), reward=0.5, timings_s={"init_s": 0.001}, errors=["run: boom"])
     result = Result(job_id=job.job_id, group_id="g", submitter="alice", task="echo", status="completed",
                     reward=1.0, trajectory=_trajectory(), timings_s={"run_s": 0.2}, metadata={"k": [1]})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from llm.llm_refs import recompute_logprobs
+
 from rollstream.agent.tools import FunctionToolBox
 from rollstream.tasks import arith
 

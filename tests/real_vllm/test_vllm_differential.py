@@ -100,7 +100,8 @@ def test_stop_strings_and_stop_ids_end_turns_as_in_vllm(vllm_url, builtin_url, c
     ids, text = free["choices"][0]["token_ids"], free["choices"][0]["text"]
     word = next(w for w in ("bash", "command", "echo", "name") if w in text)
     for extra in ({"stop": [word]}, {"stop": word, "include_stop_str_in_output": True},
-                  {"stop": ["no such text", word]}, {"stop_token_ids": [ids[6]]}, {"stop_token_ids": [ids[6]], "stop": [word]}):
+                  {"stop": ["no such text", word]}, {"stop_token_ids": [ids[6]]},
+                  {"stop_token_ids": [ids[6]], "stop": [word]}):
         vllm, builtin = both(vllm_url, builtin_url, {"prompt": chat, **GREEDY_CASES["client_body"], **extra})
         assert vllm["choices"][0]["finish_reason"] == "stop"
         assert_same_completion(vllm, builtin)
@@ -122,7 +123,8 @@ def test_context_limits_answer_as_vllm(vllm_url, builtin_url):
 
 
 def sampled_logprob_error(reference_model, prompt: list[int], choice: dict) -> float:
-    return max_abs_diff(choice["logprobs"]["token_logprobs"], recompute_logprobs(reference_model, prompt, choice["token_ids"]))
+    return max_abs_diff(choice["logprobs"]["token_logprobs"],
+                        recompute_logprobs(reference_model, prompt, choice["token_ids"]))
 
 
 def test_n_samples_and_seeds_behave_as_in_vllm(vllm_url, builtin_url, chat, reference_model):

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from agent.conftest import RecordingClient
+from agent.test_agent_loop import generated_segments
 
 from rollstream.agent.chat import ChatRenderer
 from rollstream.agent.episode import run_agent
@@ -16,9 +18,6 @@ from rollstream.episode_settings import AgentSettings
 from rollstream.llm import ContextLengthError, SamplingParams, VLLMClient
 from rollstream.llm.session import LLMSession
 from rollstream.tasks import arith
-
-from agent.conftest import RecordingClient
-from agent.test_agent_loop import generated_segments
 
 from .refs import arith_tools, recompute_logprobs, trajectory_logprob_error
 from .vllm_process import MAX_MODEL_LEN
@@ -47,7 +46,8 @@ async def test_agent_episodes_on_vllm_call_tools_and_keep_vllms_ids_masks_and_lo
         assert traj.backend == vllm_url
         # Every masked-in token is vLLM's, in order; observations are masked out with logprob 0.
         assert generated_segments(traj) == [g.token_ids for g in client.generations]
-        assert [lp for lp, m in zip(traj.logprobs, traj.loss_mask) if m] == [lp for g in client.generations for lp in g.logprobs]
+        learnt = [lp for lp, m in zip(traj.logprobs, traj.loss_mask) if m]
+        assert learnt == [lp for g in client.generations for lp in g.logprobs]
         assert all(lp == 0.0 for lp, m in zip(traj.logprobs, traj.loss_mask) if not m)
         assert len(traj.response_ids) == len(traj.loss_mask) == len(traj.logprobs)
         # vLLM's logprobs are the model's own (fp32 transformers, one forward pass).
@@ -66,10 +66,12 @@ async def test_turns_end_with_vllms_finish_reasons(vllm_url, tokenizer, referenc
     prompt = renderer(tokenizer).prompt_ids(arith.prompt({"a": 3, "op": "+", "b": 4}))
     free = await client.generate(vllm_url, prompt, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
     assert free.finish_reason == "length" and len(free.token_ids) == 20
-    assert max(abs(a - b) for a, b in zip(free.logprobs, recompute_logprobs(reference_model, prompt, free.token_ids))) < 1e-3
+    recomputed = recompute_logprobs(reference_model, prompt, free.token_ids)
+    assert max(abs(a - b) for a, b in zip(free.logprobs, recomputed)) < 1e-3
 
     stop_id = free.token_ids[5]
-    stopped = await client.generate(vllm_url, prompt, SamplingParams(temperature=0, max_tokens=20, stop_token_ids=[stop_id]))
+    stopped = await client.generate(vllm_url, prompt,
+                                    SamplingParams(temperature=0, max_tokens=20, stop_token_ids=[stop_id]))
     cut = free.token_ids.index(stop_id) + 1
     assert stopped.token_ids == free.token_ids[:cut]  # the stop id itself is returned
     assert stopped.finish_reason == "stop" and stopped.stop_reason == stop_id

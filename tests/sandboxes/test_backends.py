@@ -16,7 +16,8 @@ LIMITS = SandboxLimits(memory_mb=1024, max_processes=100, cpus=2, cpu_time_s=60)
 
 
 def test_docker_plan_isolates_and_labels_the_container():
-    plan = DockerBackend().plan(SandboxSpec(backend="docker", image="python:3.11-slim", limits=LIMITS), LAYOUT, "job-1", "job-1")
+    spec = SandboxSpec(backend="docker", image="python:3.11-slim", limits=LIMITS)
+    plan = DockerBackend().plan(spec, LAYOUT, "job-1", "job-1")
     run = plan.start_argv
     assert run[1:3] == ["run", "--detach"]
     assert run[run.index("--name") + 1] == "rs-job-1"
@@ -28,7 +29,8 @@ def test_docker_plan_isolates_and_labels_the_container():
     assert "/tmp/rs-root/job-1/data/work:/workspace" in run and "/tmp/rs-root/job-1/data/tmp:/tmp" in run
     assert run[-4:] == ["sleep", "--", "python:3.11-slim", "infinity"]
     assert plan.bash_argv[1:4] == ["exec", "--interactive", "--tty"]
-    assert "rs-job-1" in plan.bash_argv and plan.bash_argv[-5:] == ["bash", "--noediting", "--noprofile", "--norc", "-i"]
+    assert "rs-job-1" in plan.bash_argv
+    assert plan.bash_argv[-5:] == ["bash", "--noediting", "--noprofile", "--norc", "-i"]
     assert plan.stop_argv[1:] == ["rm", "--force", "rs-job-1"] and plan.cleanup_argv == plan.stop_argv
     assert plan.rlimits == {}  # limits live in the container, not on the CLI
 
@@ -60,7 +62,7 @@ def test_bwrap_plan_hides_home_and_network():
     plan = get_backend("bwrap").plan(SandboxSpec(), LAYOUT, "job-1", "")
     argv = plan.bash_argv
     assert "--unshare-all" in argv and "--share-net" not in argv
-    assert ["--tmpfs", "/root"] == argv[argv.index("/root") - 1 : argv.index("/root") + 1]
+    assert argv[argv.index("/root") - 1 : argv.index("/root") + 1] == ["--tmpfs", "/root"]
     assert ["--bind", LAYOUT.work, "/workspace"] == argv[argv.index(LAYOUT.work) - 1 : argv.index(LAYOUT.work) + 2]
     assert "--clearenv" in argv and "--die-with-parent" in argv
     assert plan.rlimits["RLIMIT_AS"] == 4096 * 2**20

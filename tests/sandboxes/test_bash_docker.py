@@ -18,7 +18,8 @@ from rollstream.sandboxes.runtime.bash_session import BashSession
 from .test_bash_torture import EDITOR
 from .test_docker import BASE_IMAGE, _image_present, docker_sandbox  # noqa: F401 (the fixture)
 
-pytestmark = pytest.mark.skipif(not _image_present(), reason=f"no Docker engine with {BASE_IMAGE} (scripts/install-podman)")
+pytestmark = pytest.mark.skipif(not _image_present(),
+                                reason=f"no Docker engine with {BASE_IMAGE} (scripts/install-podman)")
 
 
 async def test_raw_mode_program_behind_docker_exec_is_interrupted_and_the_shell_keeps_its_state(docker_sandbox):  # noqa: F811
@@ -32,7 +33,8 @@ async def test_raw_mode_program_behind_docker_exec_is_interrupted_and_the_shell_
         assert (await sb.info())["terminals"]["main"].endswith("reached from the host")
 
 
-async def test_where_the_containers_pty_cannot_be_reached_the_shell_restores_it_and_is_signalled_from_beside(docker_sandbox):  # noqa: F811
+async def test_where_the_containers_pty_cannot_be_reached_the_shell_restores_it_and_is_signalled_from_beside(
+        docker_sandbox):  # noqa: F811
     with open(os.path.join(docker_sandbox.dir, "plan.json")) as handle:
         plan = json.load(handle)
     session = BashSession(plan["bash_argv"], plan["spawn_env"], plan["spawn_cwd"], {}, 65536,

@@ -132,7 +132,8 @@ CASES: dict[str, list[Call]] = {
         Call("echo after; seq 2", "after\n1\n2\n", 0),
     ],
     "no_output_timeout_with_signals_off": [
-        Call("stty -isig; echo started; sleep 30", no_output_timeout_s=1, interrupted=True, contains=["started"], exit_code=130),
+        Call("stty -isig; echo started; sleep 30", no_output_timeout_s=1, interrupted=True, contains=["started"],
+             exit_code=130),
         Call("echo after", "after\n", 0),
     ],
     "read_builtin_does_not_hang_past_the_timeout": [
@@ -258,7 +259,8 @@ CASES: dict[str, list[Call]] = {
         Call("echo ok", exit_code=0, contains=["ok\n"]),
     ],
     "huge_single_line_is_truncated_keeping_head_and_tail": [
-        Call("head -c 300000 /dev/zero | tr '\\0' x; echo end", exit_code=0, contains=["bytes of output elided", "xend\n"]),
+        Call("head -c 300000 /dev/zero | tr '\\0' x; echo end", exit_code=0,
+             contains=["bytes of output elided", "xend\n"]),
         Call("echo ok", "ok\n", 0),
     ],
     "binary_output_with_marker_bytes": [

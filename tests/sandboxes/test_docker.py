@@ -27,7 +27,8 @@ def _image_present() -> bool:
     return DockerBackend().available() and _docker("image", "inspect", BASE_IMAGE).returncode == 0
 
 
-pytestmark = pytest.mark.skipif(not _image_present(), reason=f"no Docker engine with {BASE_IMAGE} (scripts/install-podman)")
+pytestmark = pytest.mark.skipif(not _image_present(),
+                                reason=f"no Docker engine with {BASE_IMAGE} (scripts/install-podman)")
 
 
 def _containers(sandbox_id: str) -> list[str]:

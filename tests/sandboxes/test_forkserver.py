@@ -10,14 +10,23 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 from typer.testing import CliRunner
 
-from rollstream.sandboxes import reaper
-from rollstream.sandboxes import Reaper, SandboxClient, SandboxHandle, SandboxSpec, SandboxStartError, create_sandbox, destroy_sandbox
 from rollstream.cli.sandboxes import app as sandboxes_app
+from rollstream.sandboxes import (
+    Reaper,
+    SandboxClient,
+    SandboxHandle,
+    SandboxSpec,
+    SandboxStartError,
+    create_sandbox,
+    destroy_sandbox,
+    reaper,
+)
 from rollstream.sandboxes.runtime import protocol
 from rollstream.sandboxes.supervisor_spawn import server_pid, socket_path, spawn_direct, start_fork_server
 
@@ -217,7 +226,7 @@ async def test_a_supervisor_started_directly_serves_every_tool(root_dir):
     modules: every one it imports must be importable that way too."""
     layout, plan = planned_bwrap_sandbox(root_dir, "direct")
     line = await spawn_direct(layout.plan_path, layout.log_path, layout.dir, 60)
-    assert line.startswith("ok "), (line, open(layout.log_path).read()[-2000:])
+    assert line.startswith("ok "), (line, Path(layout.log_path).read_text()[-2000:])
     handle = SandboxHandle(id="direct", backend="bwrap", socket_path=layout.socket_path,
                            supervisor_pid=int(line.split()[1]), workdir=plan["workdir_inner"], owner=plan["owner"],
                            created_at=0.0, dir=layout.dir, host_workdir=layout.work)

@@ -15,7 +15,15 @@ import subprocess
 
 import pytest
 
-from rollstream.sandboxes import Reaper, SandboxClient, SandboxLimits, SandboxSpec, ToolError, create_sandbox, destroy_sandbox
+from rollstream.sandboxes import (
+    Reaper,
+    SandboxClient,
+    SandboxLimits,
+    SandboxSpec,
+    ToolError,
+    create_sandbox,
+    destroy_sandbox,
+)
 from rollstream.sandboxes.reaper import live_supervisors
 from rollstream.sandboxes.runtime import confine
 from rollstream.sandboxes.supervisor_spawn import spawn_supervisor
@@ -88,7 +96,8 @@ async def test_fork_bomb_is_held_by_the_cgroup_and_the_shell_recovers(root_dir):
 
 @needs_cgroups
 async def test_double_forked_daemon_is_killed_with_the_sandbox(root_dir):
-    handle = await create_sandbox(SandboxSpec(backend="local", allow_unisolated=True), sandbox_id="daemon", root_dir=root_dir)
+    handle = await create_sandbox(SandboxSpec(backend="local", allow_unisolated=True), sandbox_id="daemon",
+                                  root_dir=root_dir)
     record = _record(handle)
     async with SandboxClient(handle.socket_path) as sb:
         # setsid + double fork: a new session, reparented away from the shell and its supervisor.

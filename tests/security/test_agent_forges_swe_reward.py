@@ -8,11 +8,10 @@ gold patch, in a sandbox full of the same tricks, still scores 1."""
 from __future__ import annotations
 
 import pytest
-
-from rollstream.tasks.swe import SweTask, load_instances, patch_paths
-
 from tasks.conftest import episode, needs_bwrap, node_sandboxes, task_ctx  # noqa: F401  (fixtures)
 from tasks.test_harness_swe import apply_in_sandbox
+
+from rollstream.tasks.swe import SweTask, load_instances, patch_paths
 
 pytestmark = needs_bwrap
 

@@ -20,8 +20,8 @@ HEAD = '{"task": "echo", "instance": {"prompt": "x"}, '
 BODIES = {  # raw JSON text, as any HTTP client may send it; what the 422 must say
     HEAD + '"metadata": {"a": %s}}' % ("[" * (MAX_NESTING + 1) + "]" * (MAX_NESTING + 1)): "metadata.a[0]",
     HEAD + '"metadata": {"a": %s}}' % ("[" * 300 + "]" * 300): "nests deeper",
-    HEAD + '"metadata": {"n": %d}}' % 2**64: "metadata.n: 18446744073709551616",
-    HEAD + '"metadata": {"n": %d}}' % 2**63: "64-bit",
+    HEAD + f'"metadata": {{"n": {2**64}}}}}': "metadata.n: 18446744073709551616",
+    HEAD + f'"metadata": {{"n": {2**63}}}}}': "64-bit",
     HEAD + '"metadata": {"n": 1%s}}' % ("0" * 4000): "64-bit",
     HEAD + '"metadata": {"x": [NaN]}}': "metadata.x[0]: nan",
     HEAD + '"agent": {"chat_template_kwargs": {"x": -Infinity}}}': "agent.chat_template_kwargs.x: -inf",

@@ -21,8 +21,7 @@ import pytest
 
 from rollstream.sandboxes import images
 from rollstream.sandboxes.backends.docker import DockerBackend
-from rollstream.sandboxes.env_images import (DEFAULT_BASE_IMAGE, EnvRecipe, build_env_image, build_network,
-                                             image_exists)
+from rollstream.sandboxes.env_images import DEFAULT_BASE_IMAGE, EnvRecipe, build_env_image, build_network, image_exists
 from rollstream.tasks import swe_env
 
 needs_engine = pytest.mark.skipif(not DockerBackend().available(),

@@ -65,7 +65,8 @@ def test_a_job_template_is_never_rendered_where_the_operator_did_not_allow_it(to
         ChatRenderer(tokenizer, template_kwargs={"chat_template": NESTED_LOOPS}).render(MESSAGES, True)
 
 
-@pytest.mark.parametrize("parameter", ["tokenize", "tools", "continue_final_message", "return_dict", "tokenizer_kwargs"])
+@pytest.mark.parametrize("parameter",
+                         ["tokenize", "tools", "continue_final_message", "return_dict", "tokenizer_kwargs"])
 def test_the_renderers_own_parameters_never_come_from_a_job(tokenizer, parameter, allowed):
     with pytest.raises(ChatTemplateRefused, match=parameter):
         ChatRenderer(tokenizer, template_kwargs={parameter: True})
@@ -90,7 +91,8 @@ def test_an_allowed_job_template_renders_in_jinjas_sandbox(tokenizer, allowed):
     with pytest.raises(ChatTemplateRefused, match="SecurityError"):
         ChatRenderer(tokenizer, template_kwargs={"chat_template": ESCAPE}).render(MESSAGES, True)
     chat = ChatRenderer(tokenizer, template_kwargs={"chat_template": PLAIN})
-    assert chat.render(MESSAGES + [{"role": "assistant", "content": "yo"}], False) == "<user>hi<|im_end|><assistant>yo<|im_end|>"
+    rendered = chat.render(MESSAGES + [{"role": "assistant", "content": "yo"}], False)
+    assert rendered == "<user>hi<|im_end|><assistant>yo<|im_end|>"
 
 
 def test_the_models_own_template_with_variables_still_renders(tokenizer):

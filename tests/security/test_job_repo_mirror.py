@@ -13,6 +13,7 @@ import stat
 import uuid
 
 import pytest
+from sandboxes.conftest import needs_bwrap, root_dir  # noqa: F401  (fixture)
 
 from rollstream.errors import InvalidJob
 from rollstream.messages import Envelope, Job
@@ -21,8 +22,6 @@ from rollstream.tasks.base import TaskContext
 from rollstream.tasks.swe import SweTask, load_instances
 from rollstream.workers.init import set_up
 from rollstream.workers.node_sandboxes import NodeSandboxes
-
-from sandboxes.conftest import needs_bwrap, root_dir  # noqa: F401  (fixture)
 
 SECRET = b"root:$6$secret-hash-only-root-may-read:19000:0:99999:7:::\n"
 COMMIT = "a" * 40

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from sandboxes.conftest import needs_bwrap, root_dir  # noqa: F401  (fixture)
 
 from rollstream.config import Settings
 from rollstream.errors import InvalidJob
@@ -22,8 +23,6 @@ from rollstream.tasks.base import TaskContext
 from rollstream.tasks.swe import SweTask, load_instances
 from rollstream.workers.init import set_up
 from rollstream.workers.node_sandboxes import NodeSandboxes
-
-from sandboxes.conftest import needs_bwrap, root_dir  # noqa: F401  (fixture)
 
 INSTANCE = load_instances()[0]
 HOST_FOLDERS = ["/.", "/", "/etc/..", "/usr", "/root", "//"]
@@ -77,7 +76,8 @@ def test_an_image_override_stays_under_the_image_policy_where_the_operator_allow
     policy = OverridePolicy(allowed=("image",))
     with pytest.raises(SandboxOverrideRefused, match="job.sandbox.image='/'"):
         policy.apply(SandboxSpec(), {"image": "/"})
-    assert policy.apply(SandboxSpec(), {"image": "localhost/rollstream/env:abc"}).image == "localhost/rollstream/env:abc"
+    image = "localhost/rollstream/env:abc"
+    assert policy.apply(SandboxSpec(), {"image": image}).image == image
 
 
 def test_rollstreams_own_images_and_the_cache_pass_and_the_operator_widens_the_list(images_dir, monkeypatch):

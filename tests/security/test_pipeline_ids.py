@@ -15,6 +15,7 @@ from rollstream.messages import DeadLetter, Job
 from rollstream.pipeline.codec import unpack
 from rollstream.pipeline.keys import Keys
 from rollstream.pipeline.priorities import queued_count
+
 from .pipeline_workers import alive, stage_tasks
 
 # What an attacker tries: absolute paths, '..', key separators, option-like, non-ASCII, NUL,

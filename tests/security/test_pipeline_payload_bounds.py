@@ -70,7 +70,7 @@ async def test_raw_messages_over_the_bounds_are_dead_lettered_and_workers_live_o
     texts = {
         "deep": json.dumps({"metadata": nested(300)}),
         "deeper-than-json": '{"metadata": ' + "[" * 100_000 + "]" * 100_000 + "}",
-        "huge-int": '{"metadata": {"n": %d}}' % 2**70,
+        "huge-int": f'{{"metadata": {{"n": {2**70}}}}}',
         "nan": '{"metadata": {"x": NaN}}',
         "inf-timeout": '{"timeout_s": Infinity}',
     }
@@ -86,8 +86,8 @@ async def test_raw_messages_over_the_bounds_are_dead_lettered_and_workers_live_o
         # An envelope (not a bare job) whose own fields no codec can carry on to the next stage.
         for name, field in (("huge-attempt", "attempt"), ("huge-state", "state")):
             job = json.dumps({"task": "echo", "instance": {"prompt": "x"}, "job_id": name, "submitter": "alice"})
-            value = 2**70 if field == "attempt" else '{"n": %d}' % 2**70
-            await client.r.xadd(keys.init_stream, {"json": '{"%s": %s, "job": %s}' % (field, value, job)})
+            value = 2**70 if field == "attempt" else f'{{"n": {2**70}}}'
+            await client.r.xadd(keys.init_stream, {"json": f'{{"{field}": {value}, "job": {job}}}'})
         await client.r.xadd(keys.init_stream, {"json": json.dumps(
             {"task": "echo", "instance": {"prompt": "hi"}, "job_id": "good", "submitter": "alice"})})
         async with stage_tasks(settings) as tasks:

@@ -39,7 +39,7 @@ async def _deliver(settings, submitter: str, n: int) -> list[str]:
 def test_an_exception_in_the_sync_results_loop_does_not_acknowledge_that_result(settings):
     with Client(settings=settings, submitter="sync-ack") as client:
         client._run(client._client._ensure_results_group())
-        ids = client._run(_deliver(settings, "sync-ack", 3))
+        client._run(_deliver(settings, "sync-ack", 3))
         seen = []
         with pytest.raises(Boom):
             for result in client.results(timeout_s=1):

@@ -9,12 +9,11 @@ import asyncio
 
 import psutil
 import pytest
+from sandboxes.conftest import needs_bwrap, root_dir, sandbox, sb  # noqa: F401  (fixtures)
 
 from rollstream.agent.tools import CallToolAdapter, call_with_timeout
 from rollstream.sandboxes import SandboxClient, ToolError, tool_schemas
 from rollstream.sandboxes.runtime.editor import EDIT_MAX_BYTES, LIST_MAX_ENTRIES
-
-from sandboxes.conftest import needs_bwrap, root_dir, sandbox, sb  # noqa: F401  (fixtures)
 
 pytestmark = needs_bwrap
 CALL_S = 60  # a call that would hang (the old FIFO view) fails the test instead of stalling it
@@ -48,12 +47,16 @@ async def test_fifos_sockets_and_folders_get_a_clear_error_and_never_wedge_the_e
     made = await sb.bash("mkfifo fifo && python3 -c \"import socket; s = socket.socket(socket.AF_UNIX); "
                          "s.bind('sock')\" && mkdir folder && echo ok > ok.txt")
     assert made.exit_code == 0, made.output
+
+    def attempts(name: str) -> tuple:
+        return (lambda: sb.edit("view", name), lambda: sb.edit("view", name, view_range=[1, 1]),
+                lambda: sb.edit("str_replace", name, old_str="a", new_str="b"),
+                lambda: sb.edit("insert", name, insert_line=0, new_str="x"),
+                lambda: sb.edit("create", name, file_text="x"), lambda: sb.read_file(name),
+                lambda: sb.write_file(name, b"x"))
+
     for name, kind in (("fifo", "FIFO"), ("sock", "socket")):
-        for attempt in (lambda: sb.edit("view", name), lambda: sb.edit("view", name, view_range=[1, 1]),
-                        lambda: sb.edit("str_replace", name, old_str="a", new_str="b"),
-                        lambda: sb.edit("insert", name, insert_line=0, new_str="x"),
-                        lambda: sb.edit("create", name, file_text="x"), lambda: sb.read_file(name),
-                        lambda: sb.write_file(name, b"x")):
+        for attempt in attempts(name):
             with pytest.raises(ToolError, match=kind):
                 await call(attempt())
     for attempt in (lambda: sb.edit("str_replace", "folder", old_str="a", new_str="b"),

@@ -10,12 +10,11 @@ import shutil
 import tempfile
 
 import pytest
+from sandboxes.conftest import needs_bwrap, root_dir, sandbox, sb  # noqa: F401  (fixtures)
 
 from rollstream.sandboxes import SandboxClient, SandboxSpec, create_sandbox, destroy_sandbox
 from rollstream.sandboxes.backends.base import SandboxLayout
 from rollstream.sandboxes.backends.bwrap import BwrapBackend
-
-from sandboxes.conftest import needs_bwrap, root_dir, sandbox, sb  # noqa: F401  (fixtures)
 
 pytestmark = needs_bwrap
 
@@ -49,7 +48,8 @@ async def test_root_only_host_files_are_unreadable_while_the_workdir_stays_writa
 async def test_files_the_editor_creates_stay_writable_from_inside(sb):
     await sb.edit("create", "sub/dir/notes.txt", file_text="one\n")
     await sb.write_file("data.bin", b"x")
-    result = await sb.bash("echo two >> sub/dir/notes.txt && echo y > data.bin && touch sub/dir/new && cat sub/dir/notes.txt")
+    result = await sb.bash("echo two >> sub/dir/notes.txt && echo y > data.bin && touch sub/dir/new "
+                           "&& cat sub/dir/notes.txt")
     assert result.exit_code == 0 and result.output == "one\ntwo\n", result.output
 
 

@@ -15,10 +15,9 @@ import tempfile
 import threading
 
 import pytest
+from sandboxes.conftest import needs_bwrap, root_dir, sandbox, sb  # noqa: F401  (fixtures)
 
 from rollstream.sandboxes.errors import ToolError
-
-from sandboxes.conftest import needs_bwrap, root_dir, sandbox, sb  # noqa: F401  (fixtures)
 
 pytestmark = needs_bwrap
 

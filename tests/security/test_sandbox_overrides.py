@@ -8,6 +8,7 @@ import os
 import uuid
 
 import pytest
+from sandboxes.conftest import needs_bwrap, root_dir  # noqa: F401  (fixture)
 
 from rollstream.config import Settings
 from rollstream.errors import InvalidJob
@@ -18,8 +19,6 @@ from rollstream.tasks.agent_task import AgentTask
 from rollstream.tasks.base import TaskContext
 from rollstream.workers.init import set_up
 from rollstream.workers.node_sandboxes import NodeSandboxes
-
-from sandboxes.conftest import needs_bwrap, root_dir  # noqa: F401  (fixture)
 
 BASE = SandboxSpec(backend="bwrap", limits={"memory_mb": 1024, "cpus": 1.0})
 # Every field that changes how (or whether) the job's code is confined.

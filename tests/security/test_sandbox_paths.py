@@ -9,21 +9,20 @@ import os
 import re
 
 import pytest
+from sandboxes.conftest import needs_bwrap, root_dir  # noqa: F401  (fixture)
+from sandboxes.test_hostile_input import outside as victim  # noqa: F401  (fixture: a host folder no job may touch)
 
 from rollstream.messages import Envelope, Job
+from rollstream.sandbox_spec import SANDBOX_ID_PATTERN, SandboxHandle
 from rollstream.sandboxes import SandboxSpec, create_sandbox, destroy_sandbox
 from rollstream.sandboxes.backends.base import SandboxLayout
 from rollstream.sandboxes.errors import SandboxError
 from rollstream.sandboxes.paths import PathEscape, sandbox_id_for
-from rollstream.sandbox_spec import SANDBOX_ID_PATTERN, SandboxHandle
 from rollstream.tasks.agent_task import AgentTask
 from rollstream.tasks.base import TaskContext
 from rollstream.tasks.echo import EchoTask
 from rollstream.workers.init import set_up
 from rollstream.workers.node_sandboxes import NodeSandboxes
-
-from sandboxes.conftest import needs_bwrap, root_dir  # noqa: F401  (fixture)
-from sandboxes.test_hostile_input import outside as victim  # noqa: F401  (fixture: a host folder no job may touch)
 
 HOSTILE_IDS = ["/tmp/victim", "../../../../tmp/victim2", "..", ".", "a/../../b", "-rf", "a:b", "é" * 50,
                "a\x00b", "", "x" * 300, "job\n", "~root"]

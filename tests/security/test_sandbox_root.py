@@ -18,10 +18,11 @@ import shutil
 import signal
 import subprocess
 import uuid
+from pathlib import Path
 
 import psutil
-
 import pytest
+from sandboxes.conftest import needs_bwrap, root_dir  # noqa: F401  (fixture)
 
 from rollstream.config import Settings
 from rollstream.sandboxes import SandboxSpec, create_sandbox
@@ -29,10 +30,7 @@ from rollstream.sandboxes.reaper import Reaper, teardown
 from rollstream.sandboxes.roots import UnsafeSandboxRoot, check_root, ensure_root
 from rollstream.sandboxes.runtime import confine
 from rollstream.sandboxes.supervisor_spawn import start_fork_server
-
 from rollstream.workers.process import serve_stage
-
-from sandboxes.conftest import needs_bwrap, root_dir  # noqa: F401  (fixture)
 
 ATTACKER = 1000
 pytestmark = [
@@ -144,7 +142,7 @@ def test_a_planted_plan_is_never_run_by_the_reaper(squatted_root, proof_folder):
     proof = os.path.join(proof_folder, "proof")
     plant_sandbox(squatted_root, proof)
     refusal = reap_all(squatted_root)
-    assert not os.path.exists(proof), f"the reaper ran the planted cleanup_argv: {open(proof).read()}"
+    assert not os.path.exists(proof), f"the reaper ran the planted cleanup_argv: {Path(proof).read_text()}"
     assert isinstance(refusal, UnsafeSandboxRoot), refusal
     # teardown, the fallback of destroy_sandbox, refuses that folder as well.
     teardown(os.path.join(squatted_root, "evil"))

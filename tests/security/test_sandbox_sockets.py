@@ -12,12 +12,11 @@ import socket
 import tempfile
 
 import pytest
+from sandboxes.conftest import needs_bwrap, root_dir  # noqa: F401  (fixture)
 
 from rollstream.sandboxes import SandboxClient, SandboxSpec, create_sandbox, destroy_sandbox
 from rollstream.sandboxes.runtime.identity import HostIdentity
 from rollstream.sandboxes.runtime.supervisor import Supervisor
-
-from sandboxes.conftest import needs_bwrap, root_dir  # noqa: F401  (fixture)
 
 pytestmark = needs_bwrap
 

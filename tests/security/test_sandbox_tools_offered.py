@@ -5,12 +5,12 @@ sandbox."""
 
 from __future__ import annotations
 
+from sandboxes.conftest import needs_bwrap, root_dir, sandbox, sb  # noqa: F401  (fixtures)
+
 from rollstream.agent.harness import HarnessContext
 from rollstream.agent.tools import CallToolAdapter
 from rollstream.episode_settings import AgentSettings
 from rollstream.sandboxes.tools import tool_schemas
-
-from sandboxes.conftest import needs_bwrap, root_dir, sandbox, sb  # noqa: F401  (fixtures)
 
 pytestmark = needs_bwrap
 

@@ -20,7 +20,8 @@ TASKS = ["hello-file", "fix-calc", "sum-numbers"]
 # Terminal-Bench-style tasks: pytest baked into the image, tests/test_outputs.py, a CTRF report.
 TB_DIR = TASKS_DIR.parent / "harbor_tasks_tb"
 TB_TASKS = ["log-status-summary", "csv-join-report", "fix-script-permissions", "git-recover-commit", "sqlite-answer"]
-SOLVE = "mkdir -p /solution && cd /solution && tar -xf /tmp/.rs-solution.tar && cd - >/dev/null && bash /solution/solve.sh"
+SOLVE = ("mkdir -p /solution && cd /solution && tar -xf /tmp/.rs-solution.tar && cd - >/dev/null "
+         "&& bash /solution/solve.sh")
 
 
 def harbor_environment(tmp_path_factory) -> Iterator[Path]:

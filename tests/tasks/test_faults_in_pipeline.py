@@ -53,13 +53,12 @@ async def test_crashing_hanging_and_flooding_evals_end_with_reasons_and_workers_
         job("code-scripted", "import os\nos._exit(1)\n", "crash"),
         job("code-crashing-eval", GOOD, "reward-raises"),
     ]
-    async with workers(pipeline_settings):
-        async with AsyncClient(settings=pipeline_settings) as client:
-            await client.submit_many(jobs)
-            first = {r.metadata["name"]: r for r in await client.collect(len(jobs), timeout_s=120)}
-            # The same workers then score a good job as usual.
-            await client.submit(job("code-scripted", GOOD, "after"))
-            [after] = await client.collect(1, timeout_s=60)
+    async with workers(pipeline_settings), AsyncClient(settings=pipeline_settings) as client:
+        await client.submit_many(jobs)
+        first = {r.metadata["name"]: r for r in await client.collect(len(jobs), timeout_s=120)}
+        # The same workers then score a good job as usual.
+        await client.submit(job("code-scripted", GOOD, "after"))
+        [after] = await client.collect(1, timeout_s=60)
 
     def reason(name: str) -> str:
         return first[name].trajectory.extra["eval"]["reason"]

@@ -23,7 +23,8 @@ from rollstream.tasks.swe import SweTask, load_instances
 
 from .test_harness_swe import apply_in_sandbox
 
-PYPI_INSTANCES = load_instances(Path(__file__).resolve().parents[2] / "rollstream" / "data" / "swe" / "pypi_instances.jsonl")
+PYPI_INSTANCES = load_instances(
+    Path(__file__).resolve().parents[2] / "rollstream" / "data" / "swe" / "pypi_instances.jsonl")
 BUILD_HINT = "scripts/install-podman (rollstream images build rollstream/data/swe/pypi_instances.jsonl --now)"
 
 

@@ -45,7 +45,8 @@ def test_swe_bench_record_with_json_string_lists_loads():
 
 
 def test_swe_smith_record_without_test_patch_loads():
-    record = {"instance_id": "oauthlib__oauthlib.1fd52536.combine_file__0q7n3z7k", "repo": "swesmith/oauthlib__oauthlib.1fd52536",
+    record = {"instance_id": "oauthlib__oauthlib.1fd52536.combine_file__0q7n3z7k",
+              "repo": "swesmith/oauthlib__oauthlib.1fd52536",
               "base_commit": "0123456789abcdef0123456789abcdef01234567", "patch": "", "problem_statement": "bug",
               "image_name": "jyangballin/swesmith.x86_64.oauthlib_1776_oauthlib.1fd52536",
               "FAIL_TO_PASS": ["tests/test_a.py::test_x"], "PASS_TO_PASS": ["tests/test_a.py::test_y"]}

@@ -36,5 +36,6 @@ def test_prompts_show_the_agent_the_task_but_never_the_answer():
             if not hasattr(cls, "prompt_messages"):
                 continue  # echo has no prompt for a model
             text = json.dumps(cls().prompt_messages(inst))
-            secret = {"arith": None, "math": None, "code": inst.get("reference_solution"), "swe": inst.get("patch")}[name]
+            secret = {"arith": None, "math": None, "code": inst.get("reference_solution"),
+                      "swe": inst.get("patch")}[name]
             assert secret is None or json.dumps(secret)[1:-1] not in text

@@ -57,7 +57,8 @@ async def test_a_weight_sync_pauses_every_backend_and_each_turn_keeps_its_exact_
             publisher = WeightPublisher(tmp_path / "weights", [WatchedLoad(u, balancer, seen) for u in (first, second)],
                                         redis=client.r, namespace=settings.namespace)
             pool.start_all(concurrency=8)
-            job_ids = [str(j) for j in await client.submit_many([arith.job(i) for i in arith.make_instances(24, seed=5)])]
+            jobs = [arith.job(i) for i in arith.make_instances(24, seed=5)]
+            job_ids = [str(j) for j in await client.submit_many(jobs)]
             while int(await client.r.get(balancer.keys.lease_seq) or 0) < 6:  # turns are under way
                 await asyncio.sleep(0.05)
             await publisher.publish(model, tokenizer, policy_version=1)

@@ -46,7 +46,8 @@ async def _train(config, base_url, tokenizer, seen_versions):
 
 
 @pytest.mark.slow
-async def test_reward_rises_and_trajectories_carry_the_policy_version_that_made_them(tiny_model_dir, model_server, tmp_path):
+async def test_reward_rises_and_trajectories_carry_the_policy_version_that_made_them(tiny_model_dir, model_server,
+                                                                                     tmp_path):
     _, base_url = model_server
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     seen: list[tuple[int, int]] = []
@@ -64,7 +65,8 @@ async def test_reward_rises_and_trajectories_carry_the_policy_version_that_made_
     # the server serves the last published weights
     assert httpx.get(f"{base_url}/v1/policy_version").json()["policy_version"] == summary.policy_version == 12
     assert summary.reward_curve is not None and summary.reward_curve.stat().st_size > 0
-    assert {"loss", "clip_frac", "keep_rate", "tokens", "update_tokens_per_s", "sync_s", "staleness_mean"} <= rows[-1].keys()
+    logged = {"loss", "clip_frac", "keep_rate", "tokens", "update_tokens_per_s", "sync_s", "staleness_mean"}
+    assert logged <= rows[-1].keys()
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ import asyncio
 import pytest
 
 from rollstream.trainer.sampler import DynamicSampler, SamplerConfig, SamplerStalled
+
 from .sim_source import SimulatedSource
 
 INFORMATIVE = {"rewards": [1.0, 0.0]}
@@ -129,7 +130,8 @@ async def test_state_round_trip_resumes_the_prompt_order_and_reruns_in_flight_pr
 
 async def test_results_from_a_backend_that_never_syncs_raise_instead_of_spinning():
     source = SimulatedSource(seed=9)  # always reports policy version 0
-    sampler = DynamicSampler(source, [INFORMATIVE], SamplerConfig(groups_per_batch=1, group_size=2, max_in_flight_groups=2))
+    sampler = DynamicSampler(source, [INFORMATIVE],
+                             SamplerConfig(groups_per_batch=1, group_size=2, max_in_flight_groups=2))
     with pytest.raises(SamplerStalled, match="weight sync"):
         await sampler.next_batch(policy_version=5)
     await sampler.cancel_all()
@@ -141,7 +143,8 @@ async def test_a_silent_source_raises_an_error_that_says_what_to_check():
             self.submitted[f"silent{len(self.submitted)}"] = prompt
             return f"silent{len(self.submitted)}"
 
-    sampler = DynamicSampler(Silent(), [INFORMATIVE], SamplerConfig(groups_per_batch=1, group_size=2, result_timeout_s=0.05))
+    sampler = DynamicSampler(Silent(), [INFORMATIVE],
+                             SamplerConfig(groups_per_batch=1, group_size=2, result_timeout_s=0.05))
     with pytest.raises(SamplerStalled, match="rollstream status"):
         await sampler.next_batch(0)
 

@@ -24,7 +24,6 @@ from rollstream.trainer.source import ClientRolloutSource
 from rollstream.trajectory import Trajectory
 from rollstream.workers.process import serve_stage
 
-
 SUPERVISORS: dict[str, int] = {}  # job id -> sandbox supervisor pid, filled by setup
 
 

@@ -7,7 +7,14 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rollstream.trainer.batch import build_batch
-from rollstream.trainer.checkpoint import CheckpointMeta, latest_checkpoint, list_checkpoints, load_checkpoint, model_dir, save_checkpoint
+from rollstream.trainer.checkpoint import (
+    CheckpointMeta,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    model_dir,
+    save_checkpoint,
+)
 from rollstream.trainer.config import LossConfig, OptimConfig
 from rollstream.trainer.update import PolicyUpdater, token_logprobs
 from rollstream.trajectory import Trajectory
@@ -27,7 +34,8 @@ def _batch(seed: int, model=None):
     batch = build_batch(trajs, [1.0, -1.0, 0.5, -0.5], pad_token_id=0)
     if model is not None:
         with torch.no_grad():
-            batch.behaviour_logprobs = token_logprobs(model, batch.input_ids, batch.attention_mask) * batch.response_mask
+            logprobs = token_logprobs(model, batch.input_ids, batch.attention_mask)
+            batch.behaviour_logprobs = logprobs * batch.response_mask
     return batch
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rollstream.llm.weights_transfer import SHM_ROOT
 from rollstream.trainer.update import token_logprobs
 from rollstream.trainer.weight_sync import (
     BackendSpec,
@@ -16,7 +17,6 @@ from rollstream.trainer.weight_sync import (
     WeightPublisher,
     WeightSyncError,
 )
-from rollstream.llm.weights_transfer import SHM_ROOT
 
 PROMPT = [5, 17, 42, 99, 7]
 
@@ -115,7 +115,8 @@ async def test_vllm_without_dev_mode_says_how_to_enable_it(tiny_model_dir, tmp_p
 
 def test_backend_specs_build_their_strategy():
     assert isinstance(BackendSpec(url="http://a:1").build(), BuiltinServerBackend)
-    assert isinstance(BackendSpec(type="vllm_reload", url="http://b:2", served_model_dir="/m").build(), VllmReloadBackend)
+    reload = BackendSpec(type="vllm_reload", url="http://b:2", served_model_dir="/m")
+    assert isinstance(reload.build(), VllmReloadBackend)
     with pytest.raises(ValueError, match="served_model_dir"):
         BackendSpec(type="vllm_reload", url="http://b:2").build()
 
@@ -160,7 +161,7 @@ def test_saved_weights_are_what_save_pretrained_writes_and_load_back_bit_for_bit
     with safe_open(tmp_path / "ours" / "model.safetensors", "pt") as ours, \
             safe_open(tmp_path / "theirs" / "model.safetensors", "pt") as theirs:
         assert sorted(ours.keys()) == sorted(theirs.keys())  # the tied lm_head is left out as transformers does
-        for name in theirs.keys():
+        for name in theirs.keys():  # noqa: SIM118 - a safetensors handle: keys(), no iteration
             assert ours.get_tensor(name).dtype == torch.bfloat16
             assert torch.equal(ours.get_tensor(name), theirs.get_tensor(name)), name
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "ours", dtype=torch.bfloat16)

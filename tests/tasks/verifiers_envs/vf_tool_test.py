@@ -43,7 +43,8 @@ def tool_call_reward_func(completion: vf.Messages, info: dict) -> float:
 def load_environment() -> vf.ToolEnv:
     def build_dataset() -> Dataset:
         return Dataset.from_list([
-            {"prompt": [{"role": "user", "content": f"Call the following tools with arguments of your choice: {names}"}],
+            {"prompt": [{"role": "user",
+                         "content": f"Call the following tools with arguments of your choice: {names}"}],
              "info": {"tool_names": names}}
             for names in ROWS])
 

@@ -5,15 +5,18 @@ server: one server (for this module) serves the tiny model that learnt every pre
 episode (all_presets_model.py), and the twelve jobs run at once. Each job's model turns are vLLM's
 own ids, the very ones its preset's episode taught the model, and eval scores the answer the
 harness printed. The same server, its weights then swapped for random ones, shows a CLI on a model
-that emits garbage: the agent's failure, scored, once; swapped for those of mini-SWE-agent's SWE
-model, it drives mini-SWE-agent to fix a shipped SWE instance, whose diff eval's hidden tests pass."""
+that emits garbage: the agent's failure, scored, once; swapped in turn for each preset's SWE model,
+it drives every preset to fix a shipped SWE instance, whose diff eval's hidden tests pass."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import itertools
 import json
 import shutil
 import time
+from pathlib import Path
 
 import httpx
 import model_cache
@@ -36,7 +39,9 @@ from .sandbox_presets import assert_fixed_and_scored, installed_preset, swe_job
 # Twelve harness sandboxes at once on a busy 2-core machine; vLLM's startup first (tens of seconds).
 pytestmark = [pytest.mark.timeout(1200),
               pytest.mark.skipif(bool(not_runnable_reason()), reason=str(not_runnable_reason()))]
-MAX_MODEL_LEN = 4096  # the tiny model's positions: the CLIs' lean prompts run to ~3k tokens
+# The CLIs' lean arith prompts run to ~3.7k tokens, their SWE episodes past the tiny model's 4096
+# positions (Qwen Code's to ~4.4k): the context each CLI's SWE job is served on the built-in server.
+MAX_MODEL_LEN = max(cli.swe_context_tokens for cli in CLIS.values())
 TOOLS = {"qwen-code": "run_shell_command", "opencode": "bash", "codex": "exec_command", "claude-code": "Bash",
          "mini-swe-agent": "mswea_bash_command", "openhands-sdk": "terminal"}
 
@@ -74,9 +79,15 @@ def all_presets_arith_model_dir():
 @pytest.fixture(scope="module")
 def presets_vllm(all_presets_arith_model_dir, tmp_path_factory):
     """The suite's vLLM (its own venv, unmodified) on the model of every preset, for this module:
-    on a copy, into which the garbage test loads other weights (one server start less)."""
+    on a copy, into which other tests load other weights (one server start for all). The copy's
+    config declares MAX_MODEL_LEN positions, as vLLM asks of a longer context: the model's rotary
+    positions are computed, not learnt (no weight depends on their number), and the tests check
+    the learnt ids still come out."""
     served = tmp_path_factory.mktemp("vllm-served") / "all-presets"
     shutil.copytree(all_presets_arith_model_dir, served)
+    config = json.loads((served / "config.json").read_text())
+    assert config["rope_parameters"]["rope_type"] == "default", config  # no scaling that reads the count
+    (served / "config.json").write_text(json.dumps({**config, "max_position_embeddings": MAX_MODEL_LEN}))
     server = start_vllm(served, free_port(), tmp_path_factory.mktemp("vllm-log") / "vllm.log",
                         "rollstream-presets", max_model_len=MAX_MODEL_LEN)
     yield server
@@ -127,17 +138,30 @@ def tiny_model_dir():
 
 
 @contextlib.asynccontextmanager
-async def _serving(vllm, weights_dir, then_dir):
-    """``vllm`` serving ``weights_dir``'s weights, loaded as a trainer's weight sync loads them (every
-    model here is trained from one tiny base: same architecture, tokenizer and template); afterwards
-    ``then_dir``'s again, so the module's other tests find the model they expect in any order."""
+async def _weights(vllm, then_dir):
+    """Yields ``load(weights_dir)``, which has ``vllm`` serve those weights, loaded as a trainer's
+    weight sync loads them (every model here is trained from one tiny base: same architecture,
+    tokenizer and template); afterwards ``then_dir``'s again, so the module's other tests find the
+    model they expect in any order."""
     backend = VllmReloadBackend(vllm.url, vllm.model_dir)
+    versions = itertools.count(1)
     async with httpx.AsyncClient(timeout=300) as http:
-        await backend.load(http, weights_dir, policy_version=1)
+
+        async def load(weights_dir) -> None:
+            await backend.load(http, weights_dir, policy_version=next(versions))
+
         try:
-            yield vllm
+            yield load
         finally:
-            await backend.load(http, then_dir, policy_version=2)
+            await load(then_dir)
+
+
+@contextlib.asynccontextmanager
+async def _serving(vllm, weights_dir, then_dir):
+    """``vllm`` serving ``weights_dir``'s weights; afterwards ``then_dir``'s again."""
+    async with _weights(vllm, then_dir) as load:
+        await load(weights_dir)
+        yield vllm
 
 
 @pytest.fixture
@@ -173,30 +197,99 @@ async def test_a_cli_on_vllm_serving_a_model_that_emits_garbage_is_the_agents_fa
     assert result.reward == 0.0 and result.attempts == 1, context
 
 
+# Each preset's SWE model (tests/model_cache.py's name: conftest builds a missing one before the tests),
+# and its SWE job's agent and sandbox, as its own test on the built-in server submits it.
+SWE_MODELS = {"mini-swe-agent": "mini_swe_swe_model_dir", "codex": "codex_swe_model_dir",
+              "claude-code": "claude_code_swe_model_dir", "qwen-code": "qwen_code_swe_model_dir",
+              "opencode": "opencode_swe_model_dir", "openhands-sdk": "openhands_swe_model_dir"}
+
+
+# OpenHands' SWE model learnt its episode captured on this host (tests/harness/openhands_scripted.py), where
+# the terminal's observation names the capture's folder and the host's Python; in a bwrap job it names
+# /workspace/inventory and the venv's Python, a text the model never saw. Its edit comes out as learnt;
+# after the observation its greedy turn is a near tie (' Next' -2.68, '<tool_call>' -2.99: vLLM, the
+# built-in server and transformers all give the same 170 tokens), which OpenHands takes as its final
+# message. The diff is the edit's: eval scores it. A model that learnt the sandbox's capture would end
+# on its learnt `finish`.
+UNLEARNT_LAST_TURN = {"openhands-sdk"}
+
+
+def swe_jobs(mirror: str) -> dict[str, dict]:
+    """Each preset's job on the shipped SWE instance (its repository mirrored into ``mirror``), in bwrap."""
+    out = {"mini-swe-agent": swe_job(mirror, _agent("mini-swe-agent", 384)),
+           "openhands-sdk": swe_job(mirror, _agent(OPENHANDS_LEAN, 384))}
+    for name, cli in CLIS.items():
+        agent = {**_agent(cli.lean, 384), "max_context_tokens": cli.swe_context_tokens}
+        out[name] = {**swe_job(mirror, agent), "sandbox": {"limits": cli.limits}}
+    return out
+
+
 @pytest.fixture(scope="module")
-def mini_swe_swe_model_dir():
-    return model_cache.load("mini_swe_swe_model_dir")
+def swe_model_dirs(mini_swe_swe_model_dir, codex_swe_model_dir, claude_code_swe_model_dir, qwen_code_swe_model_dir,
+                   opencode_swe_model_dir, openhands_swe_model_dir) -> dict[str, Path]:
+    models = locals()
+    return {preset: models[fixture] for preset, fixture in SWE_MODELS.items()}
 
 
-@pytest.fixture
-async def swe_model_on_vllm(presets_vllm, all_presets_arith_model_dir, mini_swe_swe_model_dir):
-    """vLLM serving mini-SWE-agent's SWE model; afterwards the presets' model again."""
-    async with _serving(presets_vllm, mini_swe_swe_model_dir, all_presets_arith_model_dir) as vllm:
-        yield vllm
+def _cached(fixture: str):
+    def model():
+        return model_cache.load(fixture)
+
+    return pytest.fixture(scope="module", name=fixture)(model)
 
 
-async def test_mini_swe_agent_on_vllm_fixes_a_shipped_swe_instance_in_bwrap_with_vllms_ids_and_its_diff_is_scored(
-        settings, worker_pool, sandbox_root, tmp_path, mini_swe_swe_model_dir, swe_model_on_vllm):
-    installed_preset("mini-swe-agent")
-    _start_pool(worker_pool, mini_swe_swe_model_dir, sandbox_root, tmp_path, 1)
-    [result] = await run_jobs(settings, swe_model_on_vllm.url,
-                              [swe_job(str(tmp_path / "swe-mirror"), _agent("mini-swe-agent", 384))])
-    assert result.status == "completed", result.error
-    print(f"mini-SWE-agent's SWE job on vLLM, per stage: {result.timings_s}")
-    traj = result.trajectory
-    context = (traj.extra["harness_run"], traj.response_text[-1500:], swe_model_on_vllm.log_tail(1500))
-    assert {call["backend"] for call in traj.extra["calls"]} == {swe_model_on_vllm.url}, context
-    # Every model turn is vLLM's own ids, the very ones the SWE episode taught: an edit, then submit.
-    generated = [[t for t, m in zip(s.response_ids, s.loss_mask) if m] for s in traj.segments]
-    assert sum(generated, []) == sum(replies(kept_examples(mini_swe_swe_model_dir)), []), context
-    assert_fixed_and_scored(result)  # the hidden tests pass on the diff mini-SWE-agent left
+(mini_swe_swe_model_dir, codex_swe_model_dir, claude_code_swe_model_dir, qwen_code_swe_model_dir,
+ opencode_swe_model_dir, openhands_swe_model_dir) = (_cached(fixture) for fixture in SWE_MODELS.values())
+
+
+async def _past_the_run_stage(client, job_id: str, timeout_s: float = 600) -> None:
+    """Wait until ``job_id`` has left the run stage: its harness has made its last model call."""
+    deadline = time.monotonic() + timeout_s
+    while (state := await client.status(job_id)) is None or state.stage not in ("eval", "done", "dead"):
+        assert time.monotonic() < deadline, f"job {job_id} still in {state and state.stage} after {timeout_s} s"
+        await asyncio.sleep(0.1)
+
+
+async def test_every_preset_fixes_a_shipped_swe_instance_on_vllm_in_bwrap_with_vllms_ids_and_its_diff_is_scored(
+        settings, worker_pool, sandbox_root, tmp_path, presets_vllm, all_presets_arith_model_dir, swe_model_dirs):
+    from rollstream.client import AsyncClient
+    from rollstream.llm.balancer import add_backend
+
+    for name in SWE_MODELS:
+        installed_preset(name)
+    # One pool (the door renders with the models' one tokenizer) and one server: vLLM serves one model
+    # at a time, so each preset's job runs on its SWE model's weights alone. A job's run stage (its
+    # model calls) waits for the weights; its eval overlaps the next job's init and run.
+    _start_pool(worker_pool, all_presets_arith_model_dir, sandbox_root,
+                write_lean_preset(write_lean_presets(tmp_path / "presets")), len(SWE_MODELS))
+    submitted: dict[str, str] = {}
+    swaps_s = []
+    started = time.monotonic()
+    async with AsyncClient(settings=settings) as client, _weights(presets_vllm, all_presets_arith_model_dir) as load:
+        await add_backend(client.r, presets_vllm.url, settings.namespace)
+        for preset, job in swe_jobs(str(tmp_path / "swe-mirror")).items():
+            swap_started = time.monotonic()
+            await load(swe_model_dirs[preset])
+            swaps_s.append(time.monotonic() - swap_started)
+            submitted[preset] = str(await client.submit(job))
+            await _past_the_run_stage(client, submitted[preset])
+        results = {result.job_id: result for result in await client.collect(len(submitted), timeout_s=600)}
+    print(f"{len(submitted)} presets' SWE jobs on one vLLM, one after another: {time.monotonic() - started:.0f} s "
+          f"(weight swaps {sum(swaps_s):.1f} s)")
+
+    for preset, job_id in submitted.items():
+        print(f"{preset}'s SWE job on vLLM, per stage: {results[job_id].timings_s}")
+    for preset, job_id in submitted.items():
+        result = results[job_id]
+        assert result.status == "completed", (preset, result.error)
+        traj = result.trajectory
+        context = (preset, traj.extra["harness_run"], traj.response_text[-1500:], presets_vllm.log_tail(1500))
+        assert {call["backend"] for call in traj.extra["calls"]} == {presets_vllm.url}, context
+        # Every model turn is vLLM's own ids, the very ones the preset's SWE episode taught: an edit, then done.
+        generated = sum([[t for t, m in zip(s.response_ids, s.loss_mask) if m] for s in traj.segments], [])
+        learnt = replies(kept_examples(swe_model_dirs[preset]))
+        if preset in UNLEARNT_LAST_TURN:
+            learnt = learnt[:-1]
+            generated = generated[:len(sum(learnt, []))]
+        assert generated == sum(learnt, []), context
+        assert_fixed_and_scored(result)  # the hidden tests pass on the diff the harness left

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import socket
@@ -165,6 +166,10 @@ def serve_model(
             namespace=namespace,
             info={"model": engine.model_name},
         )
+    # The model and the modules loaded to serve it live until the process exits: out of the cyclic
+    # collector's sight, so that neither its full collections nor the exit walk them (0.7 s of CPU
+    # at each server's exit on two loaded cores).
+    gc.freeze()
     uvicorn.run(create_app(engine, registration), host=host, port=port, log_level=log_level)
 
 

@@ -6,6 +6,7 @@ commands of one process or one Redis (worker, redis) and status, and attaches th
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
 from pathlib import Path
@@ -122,4 +123,8 @@ app.add_typer(sandboxes.app, name="sandboxes")
 
 
 def main() -> None:
+    """The ``rollstream`` process (tests drive ``app`` in their own process instead)."""
+    # The command's imports live until the process exits: out of the cyclic collector's sight, so
+    # that the exit does not walk them (~0.15 s of CPU per command; workers: see run_worker).
+    gc.freeze()
     app()

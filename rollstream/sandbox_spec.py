@@ -56,6 +56,25 @@ class SandboxLimits(BaseModel):
     max_lifetime_s: float = Field(6 * 3600.0, description="supervisor exits this long after start, busy or not")
 
 
+# When a container that depends on a service may start (compose's depends_on conditions).
+DependencyCondition = Literal["service_started", "service_healthy", "service_completed_successfully"]
+
+
+class HealthCheck(BaseModel):
+    """A service's readiness probe (compose's ``healthcheck``), run by rollstream in the service's
+    container: healthy at the first success, unhealthy after ``retries`` failures in a row once
+    ``start_period_s`` is over."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    test: list[str] = Field(min_length=1, description="argv run in the container; exit 0 is healthy")
+    interval_s: float = Field(30.0, gt=0, le=3600, description="between probes")
+    timeout_s: float = Field(30.0, gt=0, le=3600, description="a probe running longer has failed")
+    retries: int = Field(3, ge=1, le=1000, description="failures in a row that make it unhealthy")
+    start_period_s: float = Field(0.0, ge=0, le=3600, description="failures in this time after start do not count")
+    start_interval_s: float = Field(5.0, gt=0, le=3600, description="between probes in the start period")
+
+
 class SidecarSpec(BaseModel):
     """A container started beside a docker sandbox, on a network of the sandbox's own, under its
     capability and limit policy (a Harbor compose task's service other than main)."""
@@ -66,6 +85,9 @@ class SidecarSpec(BaseModel):
     image: str = Field(pattern=r"^[A-Za-z0-9][\x21-\x7e]*$")
     command: list[str] | None = None
     env: dict[str, str] = Field(default_factory=dict)
+    healthcheck: HealthCheck | None = None
+    depends_on: dict[str, DependencyCondition] = Field(
+        default_factory=dict, description="the containers it starts after (other services or main), and when")
 
 
 class SandboxSpec(BaseModel):
@@ -103,6 +125,9 @@ class SandboxSpec(BaseModel):
     services: list[SidecarSpec] = Field(
         default_factory=list, description="docker: containers started beside the sandbox on its own network, "
         "reachable by name and removed with it; the task's to declare, never a job's"
+    )
+    depends_on: dict[str, DependencyCondition] = Field(
+        default_factory=dict, description="docker with services: those the main container starts after, and when"
     )
 
     @field_validator("workdir")

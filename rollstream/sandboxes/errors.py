@@ -15,6 +15,15 @@ class SandboxStartError(SandboxError):
     """The supervisor or the container did not come up."""
 
 
+# How a container backend's start says that one of the sandbox's own services failed (below).
+SERVICE_FAILED_MARK = "rs-service-failed: "
+
+
+class SandboxServiceFailed(SandboxStartError):
+    """A service of the spec (a sidecar) failed on its own: it exited, or its healthcheck judged it
+    unhealthy. The environment's fault, not the node's: another start would fail the same way."""
+
+
 class SandboxSetupError(SandboxError):
     """A setup command of the spec failed; the sandbox was destroyed."""
 

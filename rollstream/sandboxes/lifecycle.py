@@ -19,7 +19,14 @@ from rollstream.sandbox_spec import SANDBOX_ID_PATTERN, SandboxHandle, SandboxSp
 
 from .backends import SandboxLayout, select_backend
 from .backends.common import write_plan
-from .errors import SandboxError, SandboxGone, SandboxSetupError, SandboxStartError
+from .errors import (
+    SERVICE_FAILED_MARK,
+    SandboxError,
+    SandboxGone,
+    SandboxServiceFailed,
+    SandboxSetupError,
+    SandboxStartError,
+)
 from .reaper import reap_finished_children, teardown
 from .roots import default_root_dir, ensure_root
 from .runtime.supervisor import remove_tree
@@ -56,6 +63,8 @@ async def create_sandbox(
         remove_tree(layout.dir)
         raise
     plan.created_at = time.time()
+    if plan.start_timeout_s is not None:  # a start that waits for services: the supervisor reports after it
+        ready_timeout_s = max(ready_timeout_s, plan.start_timeout_s + 30.0)
     write_plan(layout.plan_path, plan.to_json_dict())
     starting = asyncio.ensure_future(_start_supervisor(layout, sandbox_id, ready_timeout_s))
     try:
@@ -68,7 +77,8 @@ async def create_sandbox(
     if not line.startswith("ok "):
         teardown(layout.dir)
         detail = line[len("error ") :] if line.startswith("error ") else "it exited before reporting ready"
-        raise SandboxStartError(f"sandbox {sandbox_id} ({backend.name}) did not start: {detail}")
+        failed = SandboxServiceFailed if SERVICE_FAILED_MARK in detail else SandboxStartError
+        raise failed(f"sandbox {sandbox_id} ({backend.name}) did not start: {detail.replace(SERVICE_FAILED_MARK, '')}")
     handle = SandboxHandle(
         id=sandbox_id,
         backend=backend.name,

@@ -139,6 +139,7 @@ class HarborTask(AgentTask):
         # test.sh as root expect them (tar restoring owners, writing files other users own): a
         # root task's container keeps the few of them SECURITY.md argues for, within the operator's.
         return SandboxSpec(image=image.tag, workdir=image.workdir, limits=limits, network=network, services=services,
+                           depends_on=compose.main_depends_on if compose else {},
                            **({"backend": NETWORK_BACKEND} if network or services else {}),
                            setup_commands=[restore_workdir_command(image.workdir)], setup_timeout_s=SETUP_TIMEOUT_S,
                            env={**(image.env or {}), **(compose.main_env if compose else {}),

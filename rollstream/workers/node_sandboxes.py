@@ -11,7 +11,7 @@ from rollstream.config import Settings
 from rollstream.errors import JobFailed
 from rollstream.messages import Envelope
 from rollstream.sandbox_spec import SandboxHandle, SandboxSpec
-from rollstream.sandboxes.errors import SandboxSetupError
+from rollstream.sandboxes.errors import SandboxServiceFailed, SandboxSetupError
 from rollstream.sandboxes.lifecycle import checked_handle, create_sandbox, destroy_sandbox
 from rollstream.sandboxes.paths import sandbox_id_for
 from rollstream.sandboxes.policy import OverridePolicy
@@ -80,6 +80,8 @@ class NodeSandboxes:
             )
         except SandboxSetupError as exc:  # the job's own environment recipe fails: not the service's fault
             raise JobFailed(str(exc), failure="job") from exc
+        except SandboxServiceFailed as exc:  # the task's own service exited or stayed unhealthy: again, it would too
+            raise JobFailed(str(exc), retryable=False, failure="task") from exc
 
     async def destroy(self, env: Envelope) -> None:
         """Stop the job's sandbox and remove its folder; idempotent."""

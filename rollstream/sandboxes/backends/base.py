@@ -108,6 +108,7 @@ class LaunchPlan:
     # False where a container runtime (docker) holds the processes and their limits itself.
     confine_processes: bool = True
     start_argv: list[str] | None = None
+    start_timeout_s: float | None = None  # how long start_argv may run (None: the supervisor's 300 s)
     stop_argv: list[str] | None = None
     cleanup_argv: list[str] | None = None  # what a reaper runs when the supervisor died uncleanly
     # Prints the host pid of the container's first process and the container's id (docker

@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import resource
-import shlex
 import subprocess
 
 from rollstream.sandbox_spec import ROOT_TASK_CAPABILITIES, SandboxSpec
@@ -34,6 +33,7 @@ from .common import (
     ulimit_wrapped,
     which,
 )
+from .docker_services import MAIN, services_script
 
 log = logging.getLogger(__name__)
 
@@ -132,53 +132,6 @@ def policy_flags(spec: SandboxSpec, sandbox_id: str, owner: str) -> list[str]:
     return argv
 
 
-_IP = "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}"
-_STATE = "{{.State.Running}} {{.State.ExitCode}}"
-
-
-def _with_hosts(argv: list[str], hosts: list[str]) -> str:
-    """``docker run`` as shell text, with the ``--add-host`` flags (which expand a variable) after ``run``."""
-    return " ".join([*map(shlex.quote, argv[:2]), *hosts, *map(shlex.quote, argv[2:])])
-
-
-def with_sidecars(docker: str, spec: SandboxSpec, sandbox_id: str, owner: str,
-                  main_argv: list[str]) -> tuple[list[str], list[str]]:
-    """(start, cleanup) commands of a sandbox with sidecars: its network (internal, no route out,
-    unless ``spec.network``), each sidecar on it reachable by its name (``--add-host``: podman's
-    Docker API gives a network no DNS), then the main container; a sidecar that has exited by
-    then fails the start with its last output. A failed start removes what it made; the
-    cleanup (the supervisor's stop, the reaper's after a killed worker) removes it all."""
-    q = shlex.quote
-    net = network_name(sandbox_id)
-    names = [container_name(sandbox_id)] + [sidecar_name(sandbox_id, s.name) for s in spec.services]
-    cleanup = (f"{q(docker)} rm --force {' '.join(map(q, names))} >/dev/null 2>&1; "
-               f"{q(docker)} network rm {q(net)} >/dev/null 2>&1; true")
-    lines = ["set -e", f"trap 'status=$?; if [ $status != 0 ]; then {cleanup}; fi' EXIT",
-             f"{q(docker)} network create {'' if spec.network else '--internal '}--label {q(f'{LABEL}={sandbox_id}')} "
-             f"{q(net)} >/dev/null"]
-    hosts: list[str] = []
-    for service in spec.services:
-        name = sidecar_name(sandbox_id, service.name)
-        argv = [docker, "run", "--detach", "--name", name, "--hostname", service.name, "--network", net,
-                *policy_flags(spec, sandbox_id, owner)]
-        for key, value in service.env.items():
-            argv += ["--env", f"{key}={value}"]
-        argv += ["--", service.image, *(service.command or [])]
-        lines.append(_with_hosts(argv, hosts) + " >/dev/null")
-        lines.append(f"ip_{service.name.replace('-', '_')}=$({q(docker)} inspect --format {q(_IP)} {q(name)})")
-        hosts.append(f"--add-host {q(service.name)}:\"$ip_{service.name.replace('-', '_')}\"")
-    network_at = main_argv.index("--network")
-    main = main_argv[:network_at] + ["--network", net] + main_argv[network_at + 2:]
-    lines.append(_with_hosts(main, hosts))
-    for service in spec.services:
-        name = sidecar_name(sandbox_id, service.name)
-        # One line: the supervisor reports the first line of a failed start.
-        lines.append(f"set -- $({q(docker)} inspect --format {q(_STATE)} {q(name)})")
-        lines.append(f'[ "$1" = true ] || {{ echo "service {service.name} exited (exit code $2); its last output: '
-                     f'$({q(docker)} logs --tail 20 {q(name)} 2>&1 | tail -c 1500 | tr \"\\n\" \" \")" >&2; exit 1; }}')
-    return ["bash", "-c", "\n".join(lines), "rs-start"], ["bash", "-c", cleanup, "rs-cleanup"]
-
-
 @functools.lru_cache(maxsize=1)
 def _engine_answers() -> bool:
     binary = which("docker")
@@ -239,8 +192,12 @@ class DockerBackend:
         docker = which("docker") or "docker"
         start = self.run_argv(spec, layout, sandbox_id, owner, env)
         cleanup = [docker, "rm", "--force", name]
+        start_timeout_s = None
         if spec.services:
-            start, cleanup = with_sidecars(docker, spec, sandbox_id, owner, start)
+            containers = {MAIN: name, **{s.name: sidecar_name(sandbox_id, s.name) for s in spec.services}}
+            start, cleanup, start_timeout_s = services_script(
+                docker, spec, containers, network_name(sandbox_id), f"{LABEL}={sandbox_id}",
+                policy_flags(spec, sandbox_id, owner), start)
         return LaunchPlan(
             **base_plan(spec, layout, sandbox_id, owner, self.name),
             workdir_inner=spec.workdir,
@@ -259,6 +216,7 @@ class DockerBackend:
             rlimits={},  # limits apply inside the container; host rlimits would only bind the CLI
             confine_processes=False,  # dockerd holds the processes: --pids-limit, --memory, --cpus
             start_argv=start,
+            start_timeout_s=start_timeout_s,
             stop_argv=cleanup,
             cleanup_argv=cleanup,
             inspect_argv=[docker, "inspect", "--format", "{{.State.Pid}} {{.Id}}", name],

@@ -51,6 +51,7 @@ class Plan(SharedPlanFields, total=False):
     # the container runtime's commands, where one holds the sandbox
     host_env: dict[str, str]
     start_argv: list[str] | None
+    start_timeout_s: float | None
     stop_argv: list[str] | None
     cleanup_argv: list[str] | None
     inspect_argv: list[str] | None

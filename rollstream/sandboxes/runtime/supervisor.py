@@ -106,7 +106,8 @@ class Supervisor:
         if start_argv := self.plan.get("start_argv"):
             import subprocess
 
-            completed = subprocess.run(start_argv, capture_output=True, env=self.plan["host_env"], timeout=300)
+            completed = subprocess.run(start_argv, capture_output=True, env=self.plan["host_env"],
+                                       timeout=self.plan.get("start_timeout_s") or 300.0)
             if completed.returncode != 0:
                 raise RuntimeError(
                     f"starting the container failed ({completed.returncode}): "

@@ -1,9 +1,10 @@
 """The images of tests/harness/test_swe_on_podman.py: the shipped SWE instance with an environment
 recipe (its image holds the test runner eval needs: podman's base image has no pytest, while bwrap
-jobs run on the host's root, which has), and Codex's harness layer on that image, built as an
-operator builds them (`rollstream images build ... --now --harness`). scripts/install-harnesses
-builds them before the suite (`cd tests && python -m harness.swe_podman_image`), so that the test
-finds them cached; a layer is named by the install, so the test's lean variant of Codex shares it."""
+jobs run on the host's root, which has), and every shipped preset's harness layer on that image,
+built as an operator builds them (`rollstream images build ... --now --harness NAME ...`).
+scripts/install-harnesses builds them before the suite (`cd tests && python -m harness.swe_podman_image`),
+so that the test finds them cached; a layer is named by the install, so the tests' lean variants
+share their preset's layer."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from pathlib import Path
 from .sandbox_presets import swe_instance
 
 ENVIRONMENT = {"pip_packages": ["pytest==8.3.3"], "install": "true"}
-HARNESS = "codex"
+# The shipped presets, each layered once on the instance's environment image.
+HARNESSES = ("codex", "claude-code", "opencode", "qwen-code", "mini-swe-agent", "openhands-sdk")
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -25,21 +27,25 @@ def instance() -> dict:
     return {**swe_instance(), "environment": ENVIRONMENT}
 
 
-def build(folder: Path, harness: str = HARNESS, preset_dirs: list[Path] | None = None) -> dict:
-    """Build (once; cached) the instance's environment image and ``harness``'s layer on it with the
-    CLI; what it printed of that environment ({"tag": ..., "harnesses": {harness: layer}, ...})."""
+def build(folder: Path, harnesses: tuple[str, ...] = HARNESSES) -> dict:
+    """Build (once; cached) the instance's environment image and the layers of ``harnesses`` on it
+    with the CLI; what it printed of that environment ({"tag": ..., "harnesses": {name: layer}, ...})."""
     source = folder / "instances.jsonl"
     source.write_text(json.dumps(instance()) + "\n")
-    env = {**os.environ, "ROLLSTREAM_HARNESS_PRESET_DIRS": json.dumps([str(d) for d in preset_dirs or []])}
+    # openhands-sdk's install runs on a copy of pyenv's 3.12, which finds its libpython there.
+    library = os.pathsep.join(filter(None, ["/opt/rollstream/python/3.12/lib", os.environ.get("LD_LIBRARY_PATH")]))
     completed = subprocess.run(
         [sys.executable, "-m", "rollstream", "images", "build", str(source), "--now", "--backend", "docker",
-         "--harness", harness, "--json"], capture_output=True, text=True, timeout=1500, env=env, cwd=ROOT)
+         *[arg for name in harnesses for arg in ("--harness", name)], "--json"],
+        capture_output=True, text=True, timeout=1500, env={**os.environ, "LD_LIBRARY_PATH": library}, cwd=ROOT)
     if completed.returncode != 0:
-        raise RuntimeError(f"building the SWE environment with {harness} failed:\n{completed.stderr[-3000:]}")
+        raise RuntimeError(f"building the SWE environment with {', '.join(harnesses)} failed:\n"
+                           f"{completed.stderr[-3000:]}")
     [entry] = json.loads(completed.stdout.strip().splitlines()[-1])
     return entry
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # python -m harness.swe_podman_image [NAME...]: the layers of those of HARNESSES
+    asked = tuple(name for name in HARNESSES if name in sys.argv[1:]) if sys.argv[1:] else HARNESSES
     with tempfile.TemporaryDirectory(prefix="rs-swe-podman-") as scratch:
-        print(json.dumps(build(Path(scratch))["harnesses"]))
+        print(json.dumps(build(Path(scratch), asked)["harnesses"] if asked else {}))

@@ -92,3 +92,55 @@ def preset_server():
     server = PresetServer()
     yield server
     server.close()
+
+
+@pytest.fixture(scope="module")
+def module_settings(redis_url, tmp_path_factory):
+    """Pipeline settings of one namespace for a whole module (its module_pool's), on the session Redis."""
+    import uuid
+
+    from conftest import FAST
+
+    from rollstream.config import Settings
+
+    return Settings(redis_url=redis_url, namespace=f"t{uuid.uuid4().hex[:10]}", node="n1",
+                    data_dir=tmp_path_factory.mktemp("data"), **FAST)
+
+
+@pytest.fixture(scope="module")
+def module_pool(module_settings, tmp_path_factory):
+    """``module_pool(model_dir, env)``: the module's one worker pool (started at the first call, with
+    that tokenizer and the operator's ``env``; later calls get the same pool) on a sandbox root of
+    its own: a pool start and stop per test (three processes, the run worker's tokenizer) once
+    per module. Each test still submits its own jobs, as its own submitter, to the backend it names
+    (node_clis.run_jobs makes it the namespace's only one)."""
+    import asyncio
+    import os
+    import shutil
+    import tempfile
+
+    from conftest import settings_env
+
+    from rollstream.sandboxes import reaper
+    from rollstream.sandboxes.supervisor_spawn import stop_fork_server
+    from rollstream.workers.pool import WorkerPool
+
+    root = tempfile.mkdtemp(prefix="rs-", dir="/tmp")  # as tests/conftest.py's sandbox_root
+    os.chmod(root, 0o711)
+    pools: list[WorkerPool] = []
+
+    def start(model_dir, env: dict[str, str]) -> WorkerPool:
+        if not pools:
+            s = module_settings.model_copy(update={"model_dir": model_dir, "sandbox_root": root})
+            pool = WorkerPool(redis_url=s.redis_url, namespace=s.namespace, node=s.node, data_dir=s.data_dir,
+                              env={**settings_env(s), **env}, log_dir=tmp_path_factory.mktemp("pool-logs"))
+            pool.start_all(concurrency=2)
+            pools.append(pool)
+        return pools[0]
+
+    yield start
+    for pool in pools:
+        pool.stop(timeout_s=15)
+    asyncio.run(stop_fork_server(root))
+    reaper.reap_finished_children()
+    shutil.rmtree(root, ignore_errors=True)

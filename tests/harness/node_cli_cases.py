@@ -56,14 +56,13 @@ def cli_server(preset_server, cli_model_dir):
     return preset_server.serving(cli_model_dir)
 
 
-def _pool(worker_pool, model_dir, sandbox_root, presets_dir):
-    pool = worker_pool(model_dir=model_dir, sandbox_root=sandbox_root)
-    pool.env["ROLLSTREAM_HARNESS_PRESET_DIRS"] = json.dumps([str(presets_dir)])
+@pytest.fixture(scope="module")
+def pool(module_pool, presets_dir, cli_model_dir):
+    """The module's workers (its jobs' models share their tokenizer), told of the lean presets."""
     # The operator lets these jobs pick their sandbox's backend and image, and have LIMITS.
-    pool.env["ROLLSTREAM_SANDBOX_JOB_OVERRIDES"] = '["backend", "image", "limits"]'
-    pool.env["ROLLSTREAM_SANDBOX_JOB_MAY_RAISE_LIMITS"] = "1"
-    pool.start_all(concurrency=2)
-    return pool
+    return module_pool(cli_model_dir, {"ROLLSTREAM_HARNESS_PRESET_DIRS": json.dumps([str(presets_dir)]),
+                                       "ROLLSTREAM_SANDBOX_JOB_OVERRIDES": '["backend", "image", "limits"]',
+                                       "ROLLSTREAM_SANDBOX_JOB_MAY_RAISE_LIMITS": "1"})
 
 
 async def test_the_cli_runs_on_its_own_node_in_a_bwrap_sandbox(cli, preset, sandbox_root):
@@ -83,24 +82,22 @@ async def test_the_cli_runs_on_its_own_node_in_a_bwrap_sandbox(cli, preset, sand
 
 
 async def test_the_cli_in_bwrap_and_in_podman_completes_its_loop_and_its_answer_is_scored(
-        settings, worker_pool, sandbox_root, cli, preset, presets_dir, cli_model_dir, cli_server):
+        module_settings, pool, cli, preset, cli_server):
     # One pool runs both jobs at once, each in the sandbox backend it asks for.
     sandboxes = [{"backend": "bwrap", "limits": cli.limits}]
     if DockerBackend().available():  # (a podman engine answers here: scripts/install-podman)
         image = build_image(preset, DEFAULT_BASE_IMAGE)  # once; its lean variant runs from the same prefix
         sandboxes.append({"backend": "docker", "image": image, "limits": cli.limits})
-    _pool(worker_pool, cli_model_dir, sandbox_root, presets_dir)
-    results = await run_jobs(settings, cli_server, [arith.job(INSTANCE, sampling=GREEDY, agent=agent(cli),
-                                                              sandbox=sandbox) for sandbox in sandboxes])
+    results = await run_jobs(module_settings, cli_server, [arith.job(INSTANCE, sampling=GREEDY, agent=agent(cli),
+                                                                     sandbox=sandbox) for sandbox in sandboxes])
     for result in results:
         assert_answered_and_scored(result, cli.tool, calls=len(cli.replies))
 
 
 async def test_the_cli_on_a_model_that_emits_garbage_is_the_agents_failure_scored_once(
-        settings, worker_pool, sandbox_root, cli, preset, presets_dir, arith_model_dir, arith_server):
-    _pool(worker_pool, arith_model_dir, sandbox_root, presets_dir)
-    result = await run_job(settings, arith_server, arith.job(INSTANCE, agent=agent(cli, max_turns=2),
-                                                             sandbox={"limits": cli.limits}))
+        module_settings, pool, cli, preset, arith_server):
+    result = await run_job(module_settings, arith_server, arith.job(INSTANCE, agent=agent(cli, max_turns=2),
+                                                                    sandbox={"limits": cli.limits}))
     assert result.status == "completed" and result.attempts == 1, result.error
     traj = result.trajectory
     assert traj.extra["door"]["requests"] >= 1 and result.reward == 0.0, traj.extra
@@ -109,12 +106,11 @@ async def test_the_cli_on_a_model_that_emits_garbage_is_the_agents_failure_score
 
 
 async def the_cli_fixes_a_shipped_swe_instance_in_bwrap_and_its_diff_is_scored(
-        settings, worker_pool, sandbox_root, cli, preset, presets_dir, cli_swe_model_dir, preset_server, tmp_path):
+        module_settings, pool, cli, preset, cli_swe_model_dir, preset_server, tmp_path):
     """(Collected by the modules of the CLIs whose SWE model tests/model_cache.py builds.)"""
-    _pool(worker_pool, cli_swe_model_dir, sandbox_root, presets_dir)
     job = swe_job(str(tmp_path / "swe-mirror"), agent(cli, max_context_tokens=cli.swe_context_tokens))
     server = preset_server.serving(cli_swe_model_dir)
-    result = await run_job(settings, server, {**job, "sandbox": {"limits": cli.limits}})
+    result = await run_job(module_settings, server, {**job, "sandbox": {"limits": cli.limits}})
     assert_fixed_and_scored(result)
 
 

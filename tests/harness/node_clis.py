@@ -215,11 +215,14 @@ async def run_job(settings, server: str, job: dict):
 
 
 async def run_jobs(settings, server: str, jobs: list[dict], timeout_s: float = 600):
-    """Submit ``jobs`` at once with ``server`` as the backend; their results, in the jobs' order."""
+    """Submit ``jobs`` at once with ``server`` as the backend (the namespace's only one: a module's
+    tests may share a namespace and pool, each test its server); their results, in the jobs' order."""
     from rollstream.client import AsyncClient
-    from rollstream.llm.balancer import add_backend
+    from rollstream.llm.balancer import add_backend, list_backends, remove_backend
 
     async with AsyncClient(settings=settings) as client:
+        for backend in await list_backends(client.r, settings.namespace):
+            await remove_backend(client.r, backend.url, settings.namespace)
         await add_backend(client.r, server, settings.namespace)
         ids = [str(await client.submit(job)) for job in jobs]
         results = {result.job_id: result for result in await client.collect(len(jobs), timeout_s=timeout_s)}

@@ -50,6 +50,13 @@ def mini_server(preset_server, mini_swe_arith_model_dir):
     return preset_server.serving(mini_swe_arith_model_dir)
 
 
+@pytest.fixture(scope="module")
+def pool(module_pool, mini_swe_arith_model_dir):
+    """The module's workers (its jobs' models share their tokenizer); the operator lets the jobs
+    pick their sandbox's backend and image."""
+    return module_pool(mini_swe_arith_model_dir, {"ROLLSTREAM_SANDBOX_JOB_OVERRIDES": '["backend", "image"]'})
+
+
 def _assert_submitted_and_scored(result) -> None:
     assert result.status == "completed", result.error
     traj = result.trajectory
@@ -61,23 +68,19 @@ def _assert_submitted_and_scored(result) -> None:
 
 
 async def test_mini_swe_agent_in_bwrap_and_in_podman_completes_its_loop_and_its_submission_is_scored(
-        settings, worker_pool, sandbox_root, mini_swe_arith_model_dir, mini_server, preset):
+        module_settings, pool, mini_server, preset):
     # One pool runs both jobs at once, each in the sandbox backend it asks for.
     sandboxes = [{"backend": "bwrap"}]
     if DockerBackend().available():  # (a podman engine answers here: scripts/install-podman)
         sandboxes.append({"backend": "docker", "image": build_image(preset, DEFAULT_BASE_IMAGE)})  # once
-    pool = worker_pool(model_dir=mini_swe_arith_model_dir, sandbox_root=sandbox_root)
-    pool.env["ROLLSTREAM_SANDBOX_JOB_OVERRIDES"] = '["backend", "image"]'
-    pool.start_all(concurrency=2)
-    for result in await run_jobs(settings, mini_server, [arith.job(INSTANCE, sampling=GREEDY, agent=AGENT,
+    for result in await run_jobs(module_settings, mini_server, [arith.job(INSTANCE, sampling=GREEDY, agent=AGENT,
                                                                    sandbox=sandbox) for sandbox in sandboxes]):
         _assert_submitted_and_scored(result)
 
 
 async def test_mini_swe_agent_on_a_model_that_emits_garbage_is_the_agents_failure_scored_once(
-        settings, worker_pool, sandbox_root, arith_model_dir, arith_server, preset):
-    worker_pool(model_dir=arith_model_dir, sandbox_root=sandbox_root).start_all(concurrency=2)
-    result = await _run(settings, arith_server, arith.job(INSTANCE, agent={**AGENT, "max_turns": 2}))
+        module_settings, pool, arith_server, preset):
+    result = await _run(module_settings, arith_server, arith.job(INSTANCE, agent={**AGENT, "max_turns": 2}))
     assert result.status == "completed" and result.failure == "agent", result.error
     traj = result.trajectory
     # Two answers without a bash block (format errors), then a third call past the budget: refused
@@ -88,8 +91,7 @@ async def test_mini_swe_agent_on_a_model_that_emits_garbage_is_the_agents_failur
 
 
 async def test_mini_swe_agent_fixes_a_shipped_swe_instance_in_bwrap_and_its_diff_is_scored(
-        settings, worker_pool, sandbox_root, mini_swe_swe_model_dir, preset_server, tmp_path):
-    worker_pool(model_dir=mini_swe_swe_model_dir, sandbox_root=sandbox_root).start_all(concurrency=2)
-    result = await _run(settings, preset_server.serving(mini_swe_swe_model_dir),
+        module_settings, pool, mini_swe_swe_model_dir, preset_server, tmp_path):
+    result = await _run(module_settings, preset_server.serving(mini_swe_swe_model_dir),
                         swe_job(str(tmp_path / "swe-mirror"), AGENT))
     assert_fixed_and_scored(result)

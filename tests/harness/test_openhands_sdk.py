@@ -52,19 +52,14 @@ def openhands_server(preset_server, openhands_arith_model_dir):
     return preset_server.serving(openhands_arith_model_dir)
 
 
-@pytest.fixture
-def pool(worker_pool, sandbox_root, tmp_path, preset):
-    """Workers told of the lean preset (an operator's folder); the model is the test's."""
-    folder = write_lean_preset(tmp_path / "presets")
-
-    def start(model_dir):
-        pool = worker_pool(model_dir=model_dir, sandbox_root=sandbox_root)
-        pool.env["ROLLSTREAM_HARNESS_PRESET_DIRS"] = json.dumps([str(folder)])
-        pool.env["ROLLSTREAM_SANDBOX_JOB_OVERRIDES"] = '["backend", "image"]'  # the tests' jobs pick them
-        pool.start_all(concurrency=2)
-        return pool
-
-    return start
+@pytest.fixture(scope="module")
+def pool(module_pool, tmp_path_factory, preset, openhands_arith_model_dir):
+    """The module's workers (its jobs' models share their tokenizer), told of the lean preset (an
+    operator's folder)."""
+    folder = write_lean_preset(tmp_path_factory.mktemp("presets"))
+    return module_pool(openhands_arith_model_dir, {"ROLLSTREAM_HARNESS_PRESET_DIRS": json.dumps([str(folder)]),
+                                                   # the tests' jobs pick them
+                                                   "ROLLSTREAM_SANDBOX_JOB_OVERRIDES": '["backend", "image"]'})
 
 
 def test_the_preset_pins_the_sdk_and_its_tools_and_runs_rollstreams_runner_of_them(tmp_path):
@@ -89,25 +84,23 @@ def test_the_preset_pins_the_sdk_and_its_tools_and_runs_rollstreams_runner_of_th
 
 
 async def test_openhands_in_bwrap_and_in_podman_completes_its_tool_loop_and_its_answer_is_scored(
-        settings, pool, preset, openhands_arith_model_dir, openhands_server):
+        module_settings, pool, preset, openhands_server):
     # One pool runs both jobs at once, each in the sandbox backend it asks for. The podman image
     # copies in the host's venv and the Python 3.12 it was made from (the base has 3.11):
     # scripts/install-harnesses builds it once; here a no-op.
     sandboxes = [{"backend": "bwrap"}]
     if DockerBackend().available():  # (a podman engine answers here: scripts/install-podman)
         sandboxes.append({"backend": "docker", "image": build_image(preset, DEFAULT_BASE_IMAGE)})
-    pool(openhands_arith_model_dir)
-    for result in await run_jobs(settings, openhands_server, [arith.job(ARITH_INSTANCE, sampling=GREEDY, agent=AGENT,
-                                                                        sandbox=sandbox) for sandbox in sandboxes]):
+    jobs = [arith.job(ARITH_INSTANCE, sampling=GREEDY, agent=AGENT, sandbox=sandbox) for sandbox in sandboxes]
+    for result in await run_jobs(module_settings, openhands_server, jobs):
         assert_answered_and_scored(result, "terminal", calls=2)
         assert '"name": "finish"' in result.trajectory.response_text
 
 
 async def test_openhands_on_a_model_that_emits_garbage_ends_once_scored_zero_as_the_agents_answer(
-        settings, pool, arith_model_dir, arith_server):
-    pool(arith_model_dir)
-    result = await run_job(settings, arith_server, arith.job(ARITH_INSTANCE, sampling=GREEDY,
-                                                             agent={**AGENT, "max_turns": 2}))
+        module_settings, pool, arith_server):
+    result = await run_job(module_settings, arith_server, arith.job(ARITH_INSTANCE, sampling=GREEDY,
+                                                                    agent={**AGENT, "max_turns": 2}))
     # A reply without a tool call is OpenHands' final message: the agent's answer (garbage), scored
     # 0 by eval; a call of a tool it lacks gets an error back until the budget ends it (the agent's
     # failure). Either way: once, scored, never the service's failure, never retried.
@@ -122,8 +115,7 @@ async def test_openhands_on_a_model_that_emits_garbage_ends_once_scored_zero_as_
 
 
 async def test_openhands_fixes_a_shipped_swe_instance_in_bwrap_and_its_diff_is_scored(
-        settings, pool, openhands_swe_model_dir, preset_server, tmp_path):
-    pool(openhands_swe_model_dir)
-    result = await run_job(settings, preset_server.serving(openhands_swe_model_dir),
+        module_settings, pool, openhands_swe_model_dir, preset_server, tmp_path):
+    result = await run_job(module_settings, preset_server.serving(openhands_swe_model_dir),
                            swe_job(str(tmp_path / "swe-mirror"), AGENT))
     assert_fixed_and_scored(result)

@@ -120,7 +120,7 @@ class LocalCluster:
         extra = ["--dir", str(self.redis_disk.path)] if self.redis_disk else []
         return EmbeddedRedis(self.cfg.data_dir / "redis", appendonly=True, extra_args=extra)
 
-    async def start(self) -> "LocalCluster":
+    async def start(self) -> LocalCluster:
         if self.redis_disk:
             self.redis_disk.mount()
         self.redis.start()

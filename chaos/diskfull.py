@@ -30,7 +30,7 @@ class SmallDisk:
         self.filler = self.path / "filler"
         self.mounted = False
 
-    def mount(self) -> "SmallDisk":
+    def mount(self) -> SmallDisk:
         reason = cannot_mount()
         if reason:
             raise PermissionError(reason)
@@ -63,7 +63,7 @@ class SmallDisk:
                 subprocess.run(["umount", "-l", str(self.path)], capture_output=True)
             self.mounted = False
 
-    def __enter__(self) -> "SmallDisk":
+    def __enter__(self) -> SmallDisk:
         return self.mount()
 
     def __exit__(self, *exc) -> None:

@@ -31,7 +31,7 @@ class Ledger:
         if result.error:
             self.errors[result.job_id] = result.error
 
-    def verdict(self, dead_letters: list[DeadLetter], max_deliveries: int) -> "Verdict":
+    def verdict(self, dead_letters: list[DeadLetter], max_deliveries: int) -> Verdict:
         lost = [j for j in self.submitted if j not in self.received]
         doubled = [j for j, n in self.received.items() if n > 1]
         unexpected = [j for j in self.received if j not in self.submitted]

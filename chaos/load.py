@@ -100,7 +100,8 @@ class HttpLoad:
         async with httpx.AsyncClient(base_url=self.api_url, headers=self.headers, timeout=30) as http:
             reader = asyncio.create_task(self._read(http, {j["job_id"] for j in jobs}, deadline))
             for start in range(0, len(jobs), self.chunk):
-                await self._call(http, "POST", "/v1/jobs/batch", deadline, json={"jobs": jobs[start:start + self.chunk]})
+                chunk = jobs[start:start + self.chunk]
+                await self._call(http, "POST", "/v1/jobs/batch", deadline, json={"jobs": chunk})
                 if pace_s:
                     await asyncio.sleep(pace_s)
             await reader

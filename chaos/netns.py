@@ -196,7 +196,7 @@ class Network:
         self._namespaces.clear()
         self.hosts.clear()
 
-    def __enter__(self) -> "Network":
+    def __enter__(self) -> Network:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -228,7 +228,7 @@ class Forwarder:
         self.source = source or host
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "Forwarder":
+    def start(self) -> Forwarder:
         argv = [sys.executable, "-m", "chaos.netns", "forward", self.host.netns or "-",
                 f"{self.listen[0]}:{self.listen[1]}", f"{self.target[0]}:{self.target[1]}"]
         self.proc = subprocess.Popen(self.source.command(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -244,7 +244,7 @@ class Forwarder:
         if self.proc:
             _stop(self.proc)
 
-    def __enter__(self) -> "Forwarder":
+    def __enter__(self) -> Forwarder:
         return self.start()
 
     def __exit__(self, *exc) -> None:

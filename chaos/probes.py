@@ -86,7 +86,7 @@ class MemorySampler:
                 self.samples.setdefault(f"{name}@{pid}", []).append(rss)
             try:
                 await asyncio.wait_for(stop.wait(), self.period_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def growth(self) -> dict[str, tuple[float, float, float]]:

@@ -64,7 +64,7 @@ async def _keep_workers_alive(cluster: LocalCluster, stop: asyncio.Event) -> Non
         cluster.restart_dead_workers()
         try:
             await asyncio.wait_for(stop.wait(), 1.0)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
 
@@ -81,7 +81,8 @@ async def run_phase(cluster: LocalCluster, fault: str, *, echo_n: int, llm_n: in
     py = PythonLoad(settings, ledger, submitter=f"soak-py-{tag}", chunk=100)
     http = HttpLoad(cluster.api_url, cluster.cfg.api_token, ledger, submitter=f"soak-http-{tag}", chunk=100)
     half_e, half_l = echo_n // 2, llm_n // 2
-    py_jobs = _interleave(echo_jobs(half_e, f"py-{tag}"), arith_jobs(half_l, f"py-{tag}", seed=rng.randrange(10**6)), rng)
+    py_jobs = _interleave(echo_jobs(half_e, f"py-{tag}"),
+                          arith_jobs(half_l, f"py-{tag}", seed=rng.randrange(10**6)), rng)
     http_jobs = _interleave(echo_jobs(echo_n - half_e, f"http-{tag}"),
                             arith_jobs(llm_n - half_l, f"http-{tag}", seed=rng.randrange(10**6)), rng)
     deadline = time.monotonic() + timeout_s

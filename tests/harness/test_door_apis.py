@@ -259,7 +259,8 @@ class ThinkingBackend:
 
     def __init__(self, tokenizer) -> None:
         self.text = "<think>\nLet me add 12 and 30.\n</think>\n\nThe answer is 42."
-        self.ids = tokenizer.encode(self.text, add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+        end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.ids = tokenizer.encode(self.text, add_special_tokens=False) + [end]
         self.prompts: list[list[int]] = []
 
     async def generate(self, base_url, prompt_ids, params, timeout_s=None) -> Generation:

@@ -166,7 +166,8 @@ async def test_malformed_oversized_and_unknown_model_requests_and_a_cli_asking_f
     # The job beside them, on the same workers at the same time, is undisturbed.
     assert results[good].status == "completed" and results[good].reward == 1.0, results[good].error
     for state in states:
-        await wait_until(lambda: _gone(sandbox_root, state.sandbox), 60, "the failed jobs' sandboxes to be gone")
+        await wait_until(lambda sandbox=state.sandbox: _gone(sandbox_root, sandbox), 60,
+                         "the failed jobs' sandboxes to be gone")
 
 
 async def _gone(sandbox_root: str, sandbox_id: str) -> bool:

@@ -103,10 +103,9 @@ def start_vllm(model_dir: Path, port: int, log_path: Path, model_name: str,
            "--served-model-name", model_name, "--host", host, "--port", str(port),
            "--dtype", "float32", "--max-model-len", str(max_model_len), "--max-num-seqs", str(MAX_NUM_SEQS),
            "--enforce-eager", "--enable-prompt-tokens-details"]
-    log = open(log_path, "wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(log_path.parent),
-                            start_new_session=True)
-    log.close()
+    with open(log_path, "wb") as log:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(log_path.parent),
+                                start_new_session=True)
     server = VLLMServer(proc, f"http://{host}:{port}", Path(model_dir), model_name, log_path)
     started = time.monotonic()
     while True:

@@ -11,8 +11,7 @@ import time
 
 import pytest
 
-from rollstream.sandboxes import SandboxClient, SandboxSpec, create_sandbox, destroy_sandbox
-from rollstream.sandboxes import image_jobs, images
+from rollstream.sandboxes import SandboxClient, SandboxSpec, create_sandbox, destroy_sandbox, image_jobs, images
 
 from .conftest import needs_bwrap
 
@@ -30,7 +29,10 @@ def _minimal_rootfs_tarball(folder: str) -> str:
         for source in files:
             real = os.path.realpath(source)
             for target in {source, real}:
-                destination = os.path.join(rootfs, target.lstrip("/").replace("bin/", "usr/bin/", 1) if target.startswith("/bin/") else target.lstrip("/"))
+                inside = target.lstrip("/")
+                if target.startswith("/bin/"):
+                    inside = inside.replace("bin/", "usr/bin/", 1)
+                destination = os.path.join(rootfs, inside)
                 os.makedirs(os.path.dirname(destination), exist_ok=True)
                 if not os.path.exists(destination):
                     shutil.copy2(real, destination)

@@ -15,8 +15,14 @@ from rollstream.sandboxes import SandboxSpec, image_cache, image_jobs, images
 from rollstream.sandboxes.backends import SandboxLayout
 from rollstream.sandboxes.backends.docker import DockerBackend
 from rollstream.sandboxes.backends.singularity import SingularityBackend
-from rollstream.sandboxes.env_images import (ENV_PREFIX, EnvBuildFailed, EnvRecipe, build_env_image, containerfile,
-                                             image_exists)
+from rollstream.sandboxes.env_images import (
+    ENV_PREFIX,
+    EnvBuildFailed,
+    EnvRecipe,
+    build_env_image,
+    containerfile,
+    image_exists,
+)
 from rollstream.tasks import swe_env, swe_records
 from rollstream.tasks.swe import load_instances
 
@@ -30,7 +36,8 @@ def test_bwrap_runs_the_cached_rootfs_of_an_image_and_says_how_to_make_a_missing
     with pytest.raises(FileNotFoundError, match="rollstream images pull --backend bwrap"):
         image_cache.resolve_image(TAG, "bwrap")
     os.makedirs(image_cache.rootfs_path(TAG))
-    assert image_cache.resolve_image(TAG, "bwrap") == str(tmp_path / "localhost_rollstream_env_0123456789abcdef0123.rootfs")
+    rootfs = tmp_path / "localhost_rollstream_env_0123456789abcdef0123.rootfs"
+    assert image_cache.resolve_image(TAG, "bwrap") == str(rootfs)
     assert image_cache.resolve_image(str(tmp_path), "bwrap") == str(tmp_path)  # a folder is a rootfs already
 
 
@@ -40,7 +47,8 @@ def test_singularity_runs_a_cached_sif_else_the_docker_reference(tmp_path, monke
         "docker://swebench/sweb.eval.x86_64.a_1776_b-1:latest"
     Path(image_cache.sif_path(TAG)).write_bytes(b"sif")
     layout = SandboxLayout(str(tmp_path / "sb"))
-    plan = SingularityBackend("/usr/bin/apptainer").plan(SandboxSpec(backend="singularity", image=TAG), layout, "s1", "")
+    spec = SandboxSpec(backend="singularity", image=TAG)
+    plan = SingularityBackend("/usr/bin/apptainer").plan(spec, layout, "s1", "")
     assert plan.start_argv[-2:] == [image_cache.sif_path(TAG), "rs-s1"]
 
 
@@ -61,9 +69,9 @@ def test_recipe_build_checks_python_installs_into_a_venv_and_drops_the_checkout(
     assert steps.startswith(f"FROM {RECIPE.base_image}\n")
     assert "COPY repo /workspace/parse\n" in steps
     assert "recipe wants Python 3.11" in steps
-    order = [steps.index(part) for part in ("apt-get install -y libxml2", f"python3 -m venv --system-site-packages {ENV_PREFIX}",
-                                            "pip install -q pytest==8.3.3", "cd /workspace/parse", RECIPE.install,
-                                            "rm -rf /workspace/parse")]
+    parts = ("apt-get install -y libxml2", f"python3 -m venv --system-site-packages {ENV_PREFIX}",
+             "pip install -q pytest==8.3.3", "cd /workspace/parse", RECIPE.install, "rm -rf /workspace/parse")
+    order = [steps.index(part) for part in parts]
     assert order == sorted(order)
 
 

@@ -1,6 +1,6 @@
 """``rollstream images ...``: prepare sandbox images (SIF files, unpacked rootfs folders, SWE
 environment images). They are built by image workers on the nodes (``rollstream images worker``
-reads typed requests from Redis: sandboxes/image_jobs.py) unless --now builds them here."""
+reads typed requests from Redis: workers/image_jobs.py) unless --now builds them here."""
 
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ from rollstream.agent import harness_images
 from rollstream.cli.common import fail, redis_option, redis_url_alias, require_redis_url, settings_from
 from rollstream.config import load_settings
 from rollstream.errors import InvalidJob
-from rollstream.sandboxes import image_jobs, images
+from rollstream.sandboxes import images
 from rollstream.sandboxes.env_images import EnvBuildFailed
 from rollstream.tasks import swe_env, swe_repos
 from rollstream.tasks.swe import load_instances
+from rollstream.workers import image_jobs
 
 app = typer.Typer(help="Prepare sandbox images (SIF files, unpacked rootfs folders) as requests to image workers.",
                   no_args_is_help=True)

@@ -1,4 +1,4 @@
-"""Image preparation for sandboxes, run here (`--now`) or by a node's image worker (image_jobs.py).
+"""Image preparation for sandboxes, run here (`--now`) or by a node's image worker (workers/image_jobs.py).
 
 `pull_image` makes a SIF (Singularity/Apptainer, through spython) or an unpacked rootfs
 folder (bubblewrap's `image`) from a docker:// URI, a SIF or a rootfs tarball (safe_tar.py);

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from rollstream.sandboxes import SandboxClient, SandboxSpec, create_sandbox, destroy_sandbox, image_jobs, images
+from rollstream.sandboxes import SandboxClient, SandboxSpec, create_sandbox, destroy_sandbox, images
+from rollstream.workers import image_jobs
 
 from .conftest import needs_bwrap
 

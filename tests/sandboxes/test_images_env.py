@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rollstream.sandboxes import SandboxSpec, image_cache, image_jobs, images
+from rollstream.sandboxes import SandboxSpec, image_cache, images
 from rollstream.sandboxes.backends import SandboxLayout
 from rollstream.sandboxes.backends.docker import DockerBackend
 from rollstream.sandboxes.backends.singularity import SingularityBackend
@@ -25,6 +25,7 @@ from rollstream.sandboxes.env_images import (
 )
 from rollstream.tasks import swe_env, swe_records
 from rollstream.tasks.swe import load_instances
+from rollstream.workers import image_jobs
 
 TAG = "localhost/rollstream/env:0123456789abcdef0123"
 RECIPE = EnvRecipe(python="3.11", pre_install=["apt-get install -y libxml2"], pip_packages=["pytest==8.3.3"],

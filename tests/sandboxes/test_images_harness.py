@@ -17,7 +17,7 @@ from rollstream.agent.harness_images import agent_spec, layer_tag
 from rollstream.agent.presets import find_preset
 from rollstream.cli.images import app
 from rollstream.errors import JobFailed
-from rollstream.sandboxes import SandboxSpec, image_jobs
+from rollstream.sandboxes import SandboxSpec
 from rollstream.sandboxes.backends import SandboxLayout
 from rollstream.sandboxes.backends.docker import DockerBackend
 from rollstream.sandboxes.backends.singularity import SingularityBackend
@@ -26,6 +26,7 @@ from rollstream.sandboxes.image_cache import resolve_image, rootfs_path, sif_pat
 from rollstream.sandboxes.images import sif_build_argv
 from rollstream.tasks import swe_env, swe_records
 from rollstream.tasks.swe import load_instances
+from rollstream.workers import image_jobs
 
 SHIPPED = Path(__file__).resolve().parents[2] / "rollstream" / "data" / "swe" / "pypi_instances.jsonl"
 ENV_IMAGE = "localhost/rollstream/env:0123456789abcdef0123"

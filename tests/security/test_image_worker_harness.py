@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 
-from rollstream.sandboxes import image_jobs
 from rollstream.tasks.swe import load_instances
+from rollstream.workers import image_jobs
 
 from .test_image_worker_requests import _run_worker, redis_alone  # noqa: F401 (a fixture)
 
@@ -37,9 +37,11 @@ def test_a_queued_harness_layer_names_a_preset_of_the_workers_folders_never_a_fi
     named = image_jobs.enqueue(url, image_jobs.EnvironmentsRequest(instances=[instance], harnesses=["evil"]))
     worker = _run_worker(url, tmp_path / "images")
     assert worker.returncode == 0, worker.stderr[-2000:]
-    outcomes = [json.loads(client.get(key)) for key in client.keys(image_jobs.RESULT_PREFIX + "*")]
-    assert sorted(o["status"] for o in outcomes) == ["refused", "refused"], outcomes
-    by_path = next(o for o in outcomes if "harnesses" in o["error"])
-    assert "not an image request" in by_path["error"]
-    assert "no harness preset 'evil'" in json.loads(client.get(image_jobs.RESULT_PREFIX + named))["error"]
+    outcomes = {key.decode().removeprefix(image_jobs.RESULT_PREFIX): json.loads(client.get(key))
+                for key in client.keys(image_jobs.RESULT_PREFIX + "*")}
+    assert sorted(o["status"] for o in outcomes.values()) == ["refused", "refused"], outcomes
+    # (both errors name "harnesses": the path's by its field, the name's in its hint; tell them by id)
+    [by_path] = [o for request_id, o in outcomes.items() if request_id != named]
+    assert "not an image request" in by_path["error"], by_path
+    assert "no harness preset 'evil'" in outcomes[named]["error"], outcomes[named]
     assert not (tmp_path / "images").exists() or not any((tmp_path / "images").iterdir())  # nothing built

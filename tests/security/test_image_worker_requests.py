@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import redis as redis_sync
 
-from rollstream.sandboxes import image_jobs
+from rollstream.workers import image_jobs
 
 
 class _RunsOnLoad:

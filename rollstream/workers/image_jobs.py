@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from .env_images import IMAGE_REFERENCE
+from rollstream.sandboxes.env_images import IMAGE_REFERENCE
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +210,7 @@ class ImageWorker:
 
 
 def _pull(worker: ImageWorker, request: PullRequest) -> str:
-    from . import images
+    from rollstream.sandboxes import images
 
     source = request.source
     scheme, has_scheme, _ = source.partition("://")
@@ -228,14 +228,14 @@ def _pull(worker: ImageWorker, request: PullRequest) -> str:
 
 
 def _sif(worker: ImageWorker, request: SifBuildRequest) -> str:
-    from . import images
+    from rollstream.sandboxes import images
 
     return images.build_image(worker._local_source(request.definition, "a definition file"), request.name,
                               worker.images_dir)
 
 
 def _environments(worker: ImageWorker, request: EnvironmentsRequest) -> list[dict]:
-    # tasks/ builds recipes from SWE records; imported here so that sandboxes/ does not need it otherwise.
+    # tasks/ builds recipes from SWE records: imported when a build is asked for, not by every image command.
     from rollstream.tasks import swe_env, swe_repos
 
     for instance in request.instances:
@@ -257,7 +257,7 @@ def _environments(worker: ImageWorker, request: EnvironmentsRequest) -> list[dic
 def _harness_presets(worker: ImageWorker, names: list[str]) -> list:
     if not names:
         return []
-    # agent/ knows the presets; imported here so that sandboxes/ does not need it otherwise.
+    # agent/ knows the presets: imported when a layer is asked for, not by every image command.
     from rollstream.agent import harness_images
 
     try:

@@ -21,6 +21,7 @@ from pathlib import Path
 import model_cache
 import pytest
 import redis as redis_sync
+from pipeline_env import FAST, settings_env
 
 from rollstream.config import Settings
 
@@ -67,32 +68,10 @@ def namespace() -> str:
     return f"t{uuid.uuid4().hex[:10]}"
 
 
-FAST = {
-    "visibility_timeout_s": 2.0,
-    "heartbeat_interval_s": 0.5,
-    "worker_ttl_s": 3.0,
-    "max_deliveries": 3,
-    "shutdown_grace_s": 5.0,
-    "read_block_ms": 200,
-}
-
-
 @pytest.fixture
 def settings(redis_url, namespace, tmp_path) -> Settings:
     """Pipeline settings with short timeouts, on the session Redis, in a private namespace."""
     return Settings(redis_url=redis_url, namespace=namespace, data_dir=tmp_path / "data", node="n1", **FAST)
-
-
-def settings_env(s: Settings) -> dict[str, str]:
-    """The same settings as environment variables, for worker subprocesses."""
-    env = {"REDIS_URL": s.redis_url or "", "ROLLSTREAM_NAMESPACE": s.namespace, "ROLLSTREAM_NODE": s.node,
-           "ROLLSTREAM_DATA_DIR": str(s.data_dir), "ROLLSTREAM_EVENT_LOOP": s.event_loop}
-    for k in FAST:
-        env[f"ROLLSTREAM_{k.upper()}"] = str(getattr(s, k))
-    for k in ("model_dir", "sandbox_root"):  # where run workers find the tokenizer and sandboxes live
-        if getattr(s, k):
-            env[f"ROLLSTREAM_{k.upper()}"] = str(getattr(s, k))
-    return env
 
 
 @pytest.fixture

@@ -99,7 +99,7 @@ def module_settings(redis_url, tmp_path_factory):
     """Pipeline settings of one namespace for a whole module (its module_pool's), on the session Redis."""
     import uuid
 
-    from conftest import FAST
+    from pipeline_env import FAST
 
     from rollstream.config import Settings
 
@@ -119,7 +119,7 @@ def module_pool(module_settings, tmp_path_factory):
     import shutil
     import tempfile
 
-    from conftest import settings_env
+    from pipeline_env import settings_env
 
     from rollstream.sandboxes import reaper
     from rollstream.sandboxes.supervisor_spawn import stop_fork_server

@@ -192,3 +192,4 @@ class SandboxOverrides(TypedDict, total=False):
     allow_unisolated: bool
     capabilities: list[str]  # named only to be refused with the reason (policy.NEVER_FROM_A_JOB)
     services: list[dict]  # named only to be refused with the reason (policy.NEVER_FROM_A_JOB)
+    depends_on: dict[str, str]  # named only to be refused with the reason (policy.NEVER_FROM_A_JOB)

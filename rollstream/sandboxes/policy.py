@@ -31,7 +31,7 @@ from rollstream.sandboxes.image_cache import default_images_dir
 # sandbox, confined as the operator configured it.
 DEFAULT_JOB_OVERRIDES = ("limits", "files", "env", "setup_commands", "setup_timeout_s", "workdir")
 # Never from a job, whatever the setting says.
-NEVER_FROM_A_JOB = ("allow_unisolated", "capabilities", "services")
+NEVER_FROM_A_JOB = ("allow_unisolated", "capabilities", "services", "depends_on")  # the last two: the task's compose
 # Setup commands run through the backend: unconfined on the host with `local`.
 _UNCONFINED_BACKENDS = ("local",)
 # Fields whose value is a budget: a job may only lower it unless raising is allowed.

@@ -192,6 +192,8 @@ async def test_compose_keys_that_reach_the_host_and_a_bwrap_backend_are_refused(
     with pytest.raises(SandboxOverrideRefused, match="services cannot come from a job"):
         OverridePolicy(allowed=("limits", "services")).apply(unlisted.model_copy(update={"services": []}),
                                                              {"services": [{"name": "db", "image": "x"}]})
+    with pytest.raises(SandboxOverrideRefused, match="depends_on cannot come from a job"):
+        OverridePolicy(allowed=("limits", "depends_on")).apply(unlisted, {"depends_on": {"db": "service_started"}})
     # Waits that cannot be met are refused at submit, not found out at init.
     for services, refusal in [
         ({"kv": {"image": SLIM, "depends_on": ["db"]}, "db": {"image": SLIM, "depends_on": ["kv"]}},

@@ -125,6 +125,7 @@ app.add_typer(sandboxes.app, name="sandboxes")
 def main() -> None:
     """The ``rollstream`` process (tests drive ``app`` in their own process instead)."""
     # The command's imports live until the process exits: out of the cyclic collector's sight, so
-    # that the exit does not walk them (~0.15 s of CPU per command; workers: see run_worker).
+    # that neither its full collections nor the exit walk them (~0.15 s of CPU per command; a
+    # worker pool of three stops in 0.8 s instead of 2.4 s on two loaded cores).
     gc.freeze()
     app()

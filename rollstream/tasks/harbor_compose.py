@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pydantic import ValidationError
 
 from rollstream.sandbox_spec import DependencyCondition, HealthCheck, SidecarSpec
-from rollstream.sandboxes.backends.docker_services import MAIN, dependency_order
+from rollstream.sandboxes.backends.docker_services import MAIN, start_order
 from rollstream.sandboxes.env_images import EnvBuildFailed, image_exists
 from rollstream.tasks.harbor_folder import COMPOSE_FILES, FolderFiles, HarborTaskRefused, TaskFolder
 from rollstream.tasks.harbor_image import map_dockerfile, map_image, run_build
@@ -205,8 +205,7 @@ def parse(text: str, where: str) -> Compose:
             raise HarborTaskRefused(f"harbor: {where_s} has neither a build context nor an image")
         sidecars.append(service)
     try:  # the order the containers will start in: refused now if there is none
-        dependency_order({**{s.name: s.depends_on for s in sidecars}, MAIN: main_depends_on},
-                         {s.name for s in sidecars if s.healthcheck is not None})
+        start_order(sidecars, main_depends_on)
     except ValueError as error:
         raise HarborTaskRefused(f"harbor: {where}: {error}") from None
     return Compose(main_env, sidecars, main_depends_on)

@@ -15,7 +15,8 @@ task's fault); running out of the spec's ``setup_timeout_s`` while waiting is th
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from rollstream.sandbox_spec import HealthCheck, SandboxSpec, SidecarSpec
 
@@ -78,19 +79,27 @@ rs_completed() {
 """.replace("%(state)s", _STATE)
 
 
-def start_order(spec: SandboxSpec) -> list[str]:
-    """The containers' start order (service names, ``main`` for the sandbox's own)."""
-    needs = {**{s.name: s.depends_on for s in spec.services}, MAIN: spec.depends_on}
-    if len(needs) != len(spec.services) + 1:
-        raise ValueError(f"services must have distinct names other than {MAIN!r}: {[s.name for s in spec.services]}")
-    return dependency_order(needs, {s.name for s in spec.services if s.healthcheck is not None})
+class Dependent(Protocol):
+    """What the start order reads of a service (a spec's SidecarSpec, a compose file's service)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def depends_on(self) -> Mapping[str, str]: ...
+    @property
+    def healthcheck(self) -> HealthCheck | None: ...
 
 
-def dependency_order(needs: Mapping[str, Mapping[str, str]], healthchecked: set[str]) -> list[str]:
-    """Each container after what it ``needs`` (name -> condition), else in ``needs``' order (main
-    last, as ``start_order`` gives it); ValueError on a name that is not another container, a
-    circle, a wait for health without a healthcheck, or a wait main cannot satisfy (it runs the
-    sandbox's own command, no service of the task's)."""
+def start_order(services: Sequence[Dependent], main_depends_on: Mapping[str, str]) -> list[str]:
+    """The containers' start order (service names, ``main`` for the sandbox's own): each after what
+    it depends on, else in the services' order, main last; ValueError on names that are not
+    distinct, a name that is not another container, a circle, a wait for health without a
+    healthcheck, or a wait main cannot satisfy (it runs the sandbox's own command, no service of
+    the task's)."""
+    needs: dict[str, Mapping[str, str]] = {**{s.name: s.depends_on for s in services}, MAIN: main_depends_on}
+    if len(needs) != len(services) + 1:
+        raise ValueError(f"services must have distinct names other than {MAIN!r}: {[s.name for s in services]}")
+    healthchecked = {s.name for s in services if s.healthcheck is not None}
     for name, deps in needs.items():
         for dep, condition in deps.items():
             if dep not in needs or dep == name:
@@ -129,7 +138,7 @@ def services_script(docker: str, spec: SandboxSpec, containers: dict[str, str], 
     the sandbox's own ``docker run``. A failed start removes what it made; the cleanup (the
     supervisor's stop, the reaper's after a killed worker) removes it all."""
     q = shlex.quote
-    order = start_order(spec)
+    order = start_order(spec.services, spec.depends_on)
     services = {s.name: s for s in spec.services}
     cleanup = (f"{q(docker)} rm --force {' '.join(q(containers[n]) for n in order)} >/dev/null 2>&1; "
                f"{q(docker)} network rm {q(network)} >/dev/null 2>&1; true")

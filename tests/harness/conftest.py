@@ -4,6 +4,7 @@ the arith server that samples greedily, with the official clients of its APIs.""
 from __future__ import annotations
 
 import anthropic
+import model_cache
 import pytest
 from openai import AsyncOpenAI
 
@@ -144,3 +145,29 @@ def module_pool(module_settings, tmp_path_factory):
     asyncio.run(stop_fork_server(root))
     reaper.reap_finished_children()
     shutil.rmtree(root, ignore_errors=True)
+
+
+# Each preset's SWE model, by tests/model_cache.py's name for it (the fixture's name: conftest builds
+# a missing one before the tests start).
+SWE_MODELS = {"mini-swe-agent": "mini_swe_swe_model_dir", "codex": "codex_swe_model_dir",
+              "claude-code": "claude_code_swe_model_dir", "qwen-code": "qwen_code_swe_model_dir",
+              "opencode": "opencode_swe_model_dir", "openhands-sdk": "openhands_swe_model_dir"}
+
+
+def _cached(fixture: str):
+    def model():
+        return model_cache.load(fixture)
+
+    return pytest.fixture(scope="module", name=fixture)(model)
+
+
+(mini_swe_swe_model_dir, codex_swe_model_dir, claude_code_swe_model_dir, qwen_code_swe_model_dir,
+ opencode_swe_model_dir, openhands_swe_model_dir) = (_cached(fixture) for fixture in SWE_MODELS.values())
+
+
+@pytest.fixture(scope="module")
+def swe_model_dirs(mini_swe_swe_model_dir, codex_swe_model_dir, claude_code_swe_model_dir, qwen_code_swe_model_dir,
+                   opencode_swe_model_dir, openhands_swe_model_dir) -> dict:
+    """{preset: the folder of its SWE model}, every shipped preset's."""
+    models = locals()
+    return {preset: models[fixture] for preset, fixture in SWE_MODELS.items()}

@@ -16,7 +16,6 @@ import itertools
 import json
 import shutil
 import time
-from pathlib import Path
 
 import httpx
 import model_cache
@@ -197,13 +196,6 @@ async def test_a_cli_on_vllm_serving_a_model_that_emits_garbage_is_the_agents_fa
     assert result.reward == 0.0 and result.attempts == 1, context
 
 
-# Each preset's SWE model (tests/model_cache.py's name: conftest builds a missing one before the tests),
-# and its SWE job's agent and sandbox, as its own test on the built-in server submits it.
-SWE_MODELS = {"mini-swe-agent": "mini_swe_swe_model_dir", "codex": "codex_swe_model_dir",
-              "claude-code": "claude_code_swe_model_dir", "qwen-code": "qwen_code_swe_model_dir",
-              "opencode": "opencode_swe_model_dir", "openhands-sdk": "openhands_swe_model_dir"}
-
-
 # OpenHands' SWE model learnt its episode captured on this host (tests/harness/openhands_scripted.py), where
 # the terminal's observation names the capture's folder and the host's Python; in a bwrap job it names
 # /workspace/inventory and the venv's Python, a text the model never saw. Its edit comes out as learnt;
@@ -224,24 +216,6 @@ def swe_jobs(mirror: str) -> dict[str, dict]:
     return out
 
 
-@pytest.fixture(scope="module")
-def swe_model_dirs(mini_swe_swe_model_dir, codex_swe_model_dir, claude_code_swe_model_dir, qwen_code_swe_model_dir,
-                   opencode_swe_model_dir, openhands_swe_model_dir) -> dict[str, Path]:
-    models = locals()
-    return {preset: models[fixture] for preset, fixture in SWE_MODELS.items()}
-
-
-def _cached(fixture: str):
-    def model():
-        return model_cache.load(fixture)
-
-    return pytest.fixture(scope="module", name=fixture)(model)
-
-
-(mini_swe_swe_model_dir, codex_swe_model_dir, claude_code_swe_model_dir, qwen_code_swe_model_dir,
- opencode_swe_model_dir, openhands_swe_model_dir) = (_cached(fixture) for fixture in SWE_MODELS.values())
-
-
 async def _past_the_run_stage(client, job_id: str, timeout_s: float = 600) -> None:
     """Wait until ``job_id`` has left the run stage: its harness has made its last model call."""
     deadline = time.monotonic() + timeout_s
@@ -255,13 +229,13 @@ async def test_every_preset_fixes_a_shipped_swe_instance_on_vllm_in_bwrap_with_v
     from rollstream.client import AsyncClient
     from rollstream.llm.balancer import add_backend
 
-    for name in SWE_MODELS:
+    for name in swe_model_dirs:
         installed_preset(name)
     # One pool (the door renders with the models' one tokenizer) and one server: vLLM serves one model
     # at a time, so each preset's job runs on its SWE model's weights alone. A job's run stage (its
     # model calls) waits for the weights; its eval overlaps the next job's init and run.
     _start_pool(worker_pool, all_presets_arith_model_dir, sandbox_root,
-                write_lean_preset(write_lean_presets(tmp_path / "presets")), len(SWE_MODELS))
+                write_lean_preset(write_lean_presets(tmp_path / "presets")), len(swe_model_dirs))
     submitted: dict[str, str] = {}
     swaps_s = []
     started = time.monotonic()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 
-import model_cache
 import pytest
 
 from rollstream.agent.harness_images import ENGINE_BACKENDS, agent_spec, layer_tag
@@ -36,13 +35,12 @@ def _agent(harness: str, context_tokens: int = 4000) -> dict:
     return {"harness": harness, "max_turns": 4, "max_context_tokens": context_tokens, "max_wall_time_s": 300}
 
 
-# Each preset's SWE job as its bwrap test runs it (the harness, its context, its sandbox limits),
-# and the model that learnt its episode (tests/model_cache.py's name).
+# Each preset's SWE job as its bwrap test runs it (the harness, its context, its sandbox limits); its
+# model is conftest's swe_model_dirs[name].
 JOBS = {
-    **{name: (_agent(cli.lean, cli.swe_context_tokens), cli.limits, f"{name.replace('-', '_')}_swe_model_dir")
-       for name, cli in CLIS.items()},
-    "mini-swe-agent": (_agent("mini-swe-agent"), None, "mini_swe_swe_model_dir"),
-    "openhands-sdk": (_agent(OPENHANDS_LEAN), None, "openhands_swe_model_dir"),
+    **{name: (_agent(cli.lean, cli.swe_context_tokens), cli.limits) for name, cli in CLIS.items()},
+    "mini-swe-agent": (_agent("mini-swe-agent"), None),
+    "openhands-sdk": (_agent(OPENHANDS_LEAN), None),
 }
 # The learnt turns run to 225 tokens: a turn past them is off the episode anyway.
 MAX_TOKENS = 256
@@ -98,48 +96,20 @@ async def test_only_a_preset_job_on_an_engine_starts_from_the_layer(instance, bu
     assert not failed.value.retryable
 
 
-def _model_fixture(name: str):
-    """A module fixture ``name``: tests/model_cache.py's model of that name (conftest has the cache
-    build the models the tests ask for before they start)."""
-
-    def model():
-        return model_cache.load(name)
-
-    return pytest.fixture(scope="module", name=name)(model)
-
-
-codex_swe_model_dir = _model_fixture("codex_swe_model_dir")
-claude_code_swe_model_dir = _model_fixture("claude_code_swe_model_dir")
-opencode_swe_model_dir = _model_fixture("opencode_swe_model_dir")
-qwen_code_swe_model_dir = _model_fixture("qwen_code_swe_model_dir")
-mini_swe_swe_model_dir = _model_fixture("mini_swe_swe_model_dir")
-openhands_swe_model_dir = _model_fixture("openhands_swe_model_dir")
-
-
-@pytest.fixture(scope="module")
-def swe_models(codex_swe_model_dir, claude_code_swe_model_dir, opencode_swe_model_dir, qwen_code_swe_model_dir,
-               mini_swe_swe_model_dir, openhands_swe_model_dir):
-    """{preset: the folder of its SWE model}."""
-    folders = {"codex_swe_model_dir": codex_swe_model_dir, "claude_code_swe_model_dir": claude_code_swe_model_dir,
-               "opencode_swe_model_dir": opencode_swe_model_dir, "qwen_code_swe_model_dir": qwen_code_swe_model_dir,
-               "mini_swe_swe_model_dir": mini_swe_swe_model_dir, "openhands_swe_model_dir": openhands_swe_model_dir}
-    return {name: folders[model] for name, (_, _, model) in JOBS.items()}
-
-
 async def test_every_preset_fixes_the_swe_instance_in_podman_and_eval_scores_its_diff(
-        module_settings, module_pool, preset_server, built, presets_dir, swe_models, tmp_path):
+        module_settings, module_pool, preset_server, built, presets_dir, swe_model_dirs, tmp_path):
     # The jobs pick their backend and limits, not their image: init picks the layer, eval the environment.
-    module_pool(next(iter(swe_models.values())), {  # (the models share their tokenizer)
+    module_pool(next(iter(swe_model_dirs.values())), {  # (the models share their tokenizer)
         "ROLLSTREAM_HARNESS_PRESET_DIRS": json.dumps([str(presets_dir)]),
         "ROLLSTREAM_SANDBOX_JOB_OVERRIDES": '["backend", "limits"]', "ROLLSTREAM_SANDBOX_JOB_MAY_RAISE_LIMITS": "1"})
     results = {}
-    for name, (agent, limits, _) in JOBS.items():
+    for name, (agent, limits) in JOBS.items():
         job = swe_job(str(tmp_path / "swe-mirror"), {**agent, "max_tokens_per_turn": MAX_TOKENS})
         job = {**job, "instance": {**job["instance"], "environment": swe_podman_image.ENVIRONMENT},
                "sampling": {**job["sampling"], "max_tokens": MAX_TOKENS},
                "sandbox": {"backend": "docker", **({"limits": limits} if limits else {})}}
         # Each preset's model in turn on the one server, as a weight sync loads a policy.
-        results[name] = await run_job(module_settings, preset_server.serving(swe_models[name]), job)
+        results[name] = await run_job(module_settings, preset_server.serving(swe_model_dirs[name]), job)
     failed = {}
     for name, result in results.items():
         try:  # The harness ran (exit 0) from its layer: the environment image alone has none of them.
@@ -148,7 +118,7 @@ async def test_every_preset_fixes_the_swe_instance_in_podman_and_eval_scores_its
             # it was given in podman are the ones it learnt.
             traj = result.trajectory
             generated = replies([(s.response_ids, s.loss_mask) for s in traj.segments])
-            learnt = replies(kept_examples(swe_models[name]))
+            learnt = replies(kept_examples(swe_model_dirs[name]))
             turns = LEARNT_TURNS.get(name, len(learnt))
             assert generated[:turns] == learnt[:turns] and len(generated) >= turns, traj.response_text[-1500:]
         except AssertionError as error:

@@ -23,6 +23,7 @@ On a CUDA machine 0 is repeated on the GPU with the Qwen3-0.6B shape in bf16 (64
 of 512 + 768-1,536 tokens, micro-batch 8, as in #28), and 1 and 2 with a ~150M Qwen2.
 
     python bench/trainer.py [--e2e-steps 12] [--e2e arith|digits] [--quick] [--skip-e2e]
+    python bench/trainer.py --accelerator-only   (a GPU node: the CUDA sections alone)
 Last line: RESULT {json} with dapo_over_plain_step, dapo_tok_s, plain_tok_s, dapo_peak_mb,
 plain_peak_mb, tokens_per_s, sync_s, reward_first, reward_last, ...
 """
@@ -280,13 +281,14 @@ def plain_step(model, optimizer, batch: PaddedBatch, groups: list[list[int]], de
     optimizer.step()
 
 
-def run_variant(variant: str, preset: str, device_name: str, reps: int) -> dict:
+def run_variant(variant: str, preset: str, device_name: str, reps: int, micro_batch: int | None = None) -> dict:
     """One variant in this process: a warm-up step, then `reps` timed steps; peak memory of
     the whole process (CPU: ru_maxrss; CUDA: max_memory_allocated)."""
     device = torch.device(device_name)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model, vocab = qwen3_model(preset, device, dtype)
     batch, micro_batch_size = workload_batch(preset, vocab)
+    micro_batch_size = micro_batch or micro_batch_size
     groups = micro_batch_rows(batch, micro_batch_size)
     if variant == "dapo":
         with torch.no_grad():  # on-policy behaviour logprobs, as a rollout reports them
@@ -330,13 +332,24 @@ def run_variant(variant: str, preset: str, device_name: str, reps: int) -> dict:
     }
 
 
-def variant_in_subprocess(variant: str, preset: str, device: str, reps: int, timeout_s: float) -> dict:
+class VariantFailed(RuntimeError):
+    def __init__(self, variant: str, micro_batch: int | None, message: str):
+        super().__init__(message)
+        self.variant, self.micro_batch = variant, micro_batch
+        self.out_of_memory = "OutOfMemoryError" in message
+
+
+def variant_in_subprocess(variant: str, preset: str, device: str, reps: int, timeout_s: float,
+                          micro_batch: int | None = None) -> dict:
     cmd = [sys.executable, __file__, "--variant", variant, "--preset", preset, "--device", device,
-           "--reps", str(reps)]
-    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout_s, env=os.environ.copy())
+           "--reps", str(reps)] + (["--micro-batch", str(micro_batch)] if micro_batch else [])
+    env = os.environ.copy()
+    if device == "cuda":  # both variants alike: freed blocks are reused whatever their size
+        env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout_s, env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("VARIANT ")]
     if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-3000:]}")
+        raise VariantFailed(variant, micro_batch, f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-3000:]}")
     return json.loads(lines[-1].removeprefix("VARIANT "))
 
 
@@ -345,16 +358,31 @@ def dapo_vs_plain(preset: str, device: str, reps: int, rounds: int, rows: list, 
     hits both alike); the median step time over all rounds, the largest peak."""
     runs: dict[str, list[dict]] = {"dapo": [], "plain": []}
     load = os.getloadavg()[0]
+    plain_micro_batch = None  # the preset's; halved while the plain step does not fit on the accelerator
     try:
         for _ in range(rounds):
             for variant in ("dapo", "plain"):
-                runs[variant].append(variant_in_subprocess(variant, preset, device, reps, timeout_s=3600))
-    except RuntimeError as exc:
+                while True:
+                    micro = plain_micro_batch if variant == "plain" else None
+                    try:
+                        runs[variant].append(variant_in_subprocess(variant, preset, device, reps, 3600, micro))
+                        break
+                    except VariantFailed as exc:
+                        smaller = (micro or PRESETS[preset][1][4]) // 2
+                        if not (prefix and variant == "plain" and exc.out_of_memory and smaller >= 1):
+                            raise
+                        # the plain step's full [rows, length, vocab] logits do not fit: say so, and
+                        # compare with the largest micro-batch that does (DAPO keeps the preset's)
+                        result.setdefault(f"{prefix}plain_out_of_memory_at_micro_batch", []).append(
+                            micro or PRESETS[preset][1][4])
+                        plain_micro_batch = smaller
+    except VariantFailed as exc:
         if not prefix:
             raise
-        # on an accelerator a variant may not fit (the plain step's full logits): say so, go on
-        result[f"{prefix}dapo_vs_plain_error"] = str(exc)[-1000:]
-        rows.append((f"DAPO vs plain step, {device}, {preset}", "failed", str(exc).splitlines()[-1][:200]))
+        # on an accelerator a variant may not fit: say which, go on
+        result[f"{prefix}dapo_vs_plain_error"] = f"{exc.variant}: {str(exc)[-1000:]}"
+        rows.append((f"DAPO vs plain step, {device}, {preset}", "failed",
+                     f"{exc.variant}: {str(exc).splitlines()[-1][:200]}"))
         return
     figures = {}
     for variant, found in runs.items():
@@ -380,8 +408,15 @@ def dapo_vs_plain(preset: str, device: str, reps: int, rounds: int, rows: list, 
     rows.append((f"DAPO update, {where}", f"{figures['dapo']['tok_s']:.0f} tok/s",
                  f"peak {figures['dapo']['peak_mb']:.0f} MB; {first['sequences']} seqs, {first['tokens']} real tokens, "
                  f"micro-batch {first['micro_batch_size']}, packed"))
+    plain_first = runs["plain"][0]
+    result[f"{prefix}plain_micro_batch"] = plain_first["micro_batch_size"]
+    plain_padding = 1 - plain_first["tokens"] / plain_first["padded_tokens"]
+    result[f"{prefix}plain_padding_share"] = plain_padding
     rows.append((f"plain transformers step, {where}", f"{figures['plain']['tok_s']:.0f} tok/s",
-                 f"peak {figures['plain']['peak_mb']:.0f} MB; same tokens padded ({padding:.0%} padding)"))
+                 f"peak {figures['plain']['peak_mb']:.0f} MB; same tokens padded ({plain_padding:.0%} padding), "
+                 f"micro-batch {plain_first['micro_batch_size']}"
+                 + (f" (out of memory at {result[f'{prefix}plain_out_of_memory_at_micro_batch']})"
+                    if f"{prefix}plain_out_of_memory_at_micro_batch" in result else "")))
     rows.append((f"DAPO / plain step, {where}", f"{ratio:.2f}x",
                  f"memory {figures['dapo']['peak_mb'] / figures['plain']['peak_mb']:.2f}x; by process CPU time "
                  f"{figures['plain']['cpu_s'] / figures['dapo']['cpu_s']:.2f}x; load avg {load:.1f}"))
@@ -440,18 +475,23 @@ def main() -> None:
     parser.add_argument("--sync-threads", type=int, default=None,
                         help="threads of the weight-sync server and copy floor "
                              "(default 1: steadier, and faster on 2 cores)")
+    parser.add_argument("--accelerator-only", action="store_true",
+                        help="the accelerator sections alone (a GPU node's lease is short: no CPU sections)")
     parser.add_argument("--cpu-only", action="store_true",
                         help="CPU sections only, even where CUDA is (or the driver sees GPUs torch cannot use)")
     parser.add_argument("--variant", choices=("dapo", "plain"), help=argparse.SUPPRESS)  # one child process
     parser.add_argument("--device", default="cpu", help=argparse.SUPPRESS)
     parser.add_argument("--reps", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--micro-batch", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     if args.variant:
-        print("VARIANT " + json.dumps(run_variant(args.variant, args.preset, args.device, args.reps or 3)), flush=True)
+        print("VARIANT " + json.dumps(run_variant(args.variant, args.preset, args.device, args.reps or 3,
+                                                      args.micro_batch)), flush=True)
         return
     cuda = torch.cuda.is_available() and not args.cpu_only
-    e2e_arith = not (args.skip_e2e or args.only_sync or args.only_dapo_vs_plain) and args.e2e == "arith"
+    e2e_arith = not (args.skip_e2e or args.only_sync or args.only_dapo_vs_plain or args.accelerator_only) \
+        and args.e2e == "arith"
     if e2e_arith:  # bwrap sandboxes and a Redis: say now, not after the other sections' minutes
         require("bench/trainer.py (the end-to-end run; --skip-e2e leaves it out)", [], ("redis-server", "bwrap"))
     say(f"bench/trainer.py on {describe()}")
@@ -470,6 +510,10 @@ def main() -> None:
     result: dict = {}
 
     result["machine"] = describe()
+    if args.accelerator_only:
+        accelerator_sections(args, cuda, model_dir, tokenizer, reps, rows, result)
+        print_table(rows, result)
+        return
     if args.only_sync:
         say(f"  weight sync, {args.sync_model}")
         result["sync_model"] = args.sync_model
@@ -533,15 +577,26 @@ def main() -> None:
                      f"{steps} steps in {e2e_s:.0f} s; curve {curve}"))
 
     if cuda or args.accelerator_section_on_cpu:
-        device = torch.device("cuda" if cuda else "cpu")
-        say(f"  accelerator sections on {device.type}: DAPO vs plain, update, weight sync")
-        dapo_vs_plain("cpu-small" if args.accelerator_section_on_cpu else args.gpu_preset, device.type, 3, args.rounds,
-                      rows, result, prefix="gpu_")
-        accelerator_section(device, model_dir, tokenizer, batch, reps, rows, result,
-                            small=args.accelerator_section_on_cpu)
-        sync_row("cpu-small" if args.accelerator_section_on_cpu else args.gpu_preset, device, tokenizer, reps,
-                 rows, result, prefix="gpu_qwen3_")
+        accelerator_sections(args, cuda, model_dir, tokenizer, reps, rows, result, batch)
     print_table(rows, result)
+
+
+def accelerator_sections(args, cuda: bool, model_dir: Path, tokenizer, reps: int, rows: list, result: dict,
+                         batch: PaddedBatch | None = None) -> None:
+    """0 on the accelerator (or its dry run on the CPU), then its update and weight-sync rows."""
+    if not (cuda or args.accelerator_section_on_cpu):
+        raise SystemExit("--accelerator-only: no CUDA device here (--accelerator-section-on-cpu for a dry run)")
+    device = torch.device("cuda" if cuda else "cpu")
+    preset = "cpu-small" if args.accelerator_section_on_cpu else args.gpu_preset
+    say(f"  accelerator sections on {device.type}: DAPO vs plain, update, weight sync")
+    dapo_vs_plain(preset, device.type, 3, args.rounds, rows, result, prefix="gpu_")
+    if batch is None:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        batch = synthetic_batch(model, len(tokenizer), 32, 64, 192, torch.device("cpu"))
+    accelerator_section(device, model_dir, tokenizer, batch, reps, rows, result, small=args.accelerator_section_on_cpu)
+    sync_row(preset, device, tokenizer, reps, rows, result, prefix="gpu_qwen3_")
 
 
 def print_table(rows: list, result: dict) -> None:

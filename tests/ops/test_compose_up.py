@@ -308,6 +308,14 @@ def test_down_removes_every_container_network_and_volume_of_the_project(deployme
     made = {kind: deployment.labelled(kind) for kind in ("container", "network", "volume")}
     assert len(made["container"]) >= len(SERVICES) and made["network"], made
     assert {f"{deployment.project}_redis-data", f"{deployment.project}_sandboxes"} <= set(made["volume"]), made
+    since = int(time.time()) - 1
     deployment.compose("down", "--volumes", "--timeout", "10")
     left = {kind: deployment.labelled(kind) for kind in ("container", "network", "volume")}
     assert left == {"container": [], "network": [], "volume": []}
+    # Redis got down's SIGTERM and shut down cleanly (AOF flushed): exit 0, not 137 (SIGKILLed
+    # when the timeout ran out, as when a shell that ignores SIGTERM stood in front of it).
+    events = _docker("events", "--since", str(since), "--until", str(int(time.time()) + 1), "--filter",
+                     f"container={deployment.project}-redis-1", "--format",
+                     "{{.Action}} {{.Actor.Attributes.exitCode}}", timeout=60)
+    died = [line.split()[1:] for line in events.stdout.splitlines() if line.startswith("die")]
+    assert died == [["0"]], (events.stdout, events.stderr)

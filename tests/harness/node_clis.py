@@ -6,7 +6,19 @@ model can take (4096 positions) or learn in minutes. The tests run each shipped 
 with options the CLI itself offers added (written as an operator writes a preset of their own: a
 short system prompt, its shell tool alone, no startup discovery), so that its prompt fits. The model
 learns the calls the door renders for that CLI (tests/harness/door_capture.py: the CLI, on this
-host, against a door answering the script): a shell call that computes, then the answer."""
+host, against a door answering the script): a shell call that computes, then the answer.
+
+The CLIs tell the model today's date, and a model learnt by heart on one date misses its turns on
+another (tried: re-rendered with another date, Qwen Code's model answered before calling its tool
+on 8 of 10 dates; trained on four dates, it still missed 19 of 40 unseen ones). Claude Code says it
+last in its system prompt ("Today's date is 2026-11-27.", Bun's Date), OpenCode in its <env> block
+(Bun's Date.toDateString()), Qwen Code in its startup context and a reminder (Node's Date,
+toLocaleDateString en-US long), Codex in <environment_context> (<current_date>, <timezone>; a static
+Rust binary: no preload reaches its clock). So the lean variants show them one fixed day, each by a
+way the CLI or its runtime offers: Codex's own config drops the date (include_environment_context_time);
+the JS CLIs' runtime first loads FIXED_DATE_JS (Node: NODE_OPTIONS --require; Bun: BUN_OPTIONS
+--preload; OpenCode, a Bun binary that reads neither, as a plugin of its config), which sets that
+process's Date, and nothing else of its clock, to FIXED_DAY. The models then hold on any day."""
 
 from __future__ import annotations
 
@@ -29,6 +41,20 @@ INSTANCE = {"a": 12, "op": "+", "b": 30}
 LIMITS = {"cpu_time_s": 600, "default_timeout_s": 60, "default_no_output_timeout_s": 60, "idle_timeout_s": 600}
 RECIPE = 2  # bump when the way the models are built changes (their folders are then built anew)
 SYSTEM = "You are a coding agent in a sandbox. Use the shell tool, then answer with the result alone."
+FIXED_DAY = datetime.date(2026, 1, 1)  # the day the JS CLIs see (noon UTC: that day in every zone from -11 to +11)
+# This process's Date from its start: FIXED_DAY at noon UTC, then running as the real clock runs (a
+# constant shift: durations measured with Date stay true). Timers and performance.now() are untouched.
+FIXED_DATE_JS = f"""// rollstream's tests: this process's Date starts at noon UTC on {FIXED_DAY.isoformat()}.
+const RealDate = Date;
+const shift = RealDate.UTC({FIXED_DAY.year}, {FIXED_DAY.month - 1}, {FIXED_DAY.day}, 12) - RealDate.now();
+const now = () => RealDate.now() + shift;
+globalThis.Date = new Proxy(RealDate, {{
+  construct: (target, args, newTarget) => Reflect.construct(target, args.length ? args : [now()], newTarget),
+  apply: () => new RealDate(now()).toString(),
+  get: (target, key) => (key === "now" ? now : Reflect.get(target, key)),
+}});
+"""
+FIXED_DATE_FILE = ("{harness_dir}/fixed-date.js", FIXED_DATE_JS)
 
 
 def shell_call(name: str, arguments: dict) -> str:
@@ -45,6 +71,9 @@ class Cli:
     lean_config: str = ""  # JSON merged into the preset's JSON config file (its first [[files]] entry)
     memory_mb: int = 4096  # the sandbox's address space per process it needs to start and run
     lean_files: tuple[tuple[str, str], ...] = ()  # (path, content) files the lean options name
+    # (name, value) environment the lean variant adds: appended (after a space) to the preset's value
+    # of that variable where it sets one (NODE_OPTIONS), else set.
+    lean_env: tuple[tuple[str, str], ...] = ()
     # The context its SWE job is served (the tiny model's config names 4096 positions; its rotary
     # positions have no table to run out of, and a CLI whose SWE episode runs longer learnt it past 4096).
     swe_context_tokens: int = 4096
@@ -80,22 +109,39 @@ SWE_SHELL_EXTRA = {"bash": {"description": "Fix the stock check"}}
 QWEN_CODE = Cli("qwen-code", "run_shell_command", 2,
                 ("--bare", f"--system-prompt={SYSTEM}", "--core-tools=run_shell_command",
                  "--exclude-tools=edit,get_goal,notebook_edit,read_file,update_goal"),
+                lean_files=(FIXED_DATE_FILE,), lean_env=(("NODE_OPTIONS", "--require={harness_dir}/fixed-date.js"),),
                 # Its shell tool's description alone is ~2.5k tokens, and it echoes the command in the result.
                 swe_context_tokens=8192)
-# Its prompt and tools come from its config: the build agent's prompt, and every tool but bash off.
+# Its prompt and tools come from its config: the build agent's prompt, and every tool but bash off;
+# the fixed date, a plugin of its config. Before it loads a plugin, OpenCode installs its plugin SDK
+# (npm @opencode-ai/plugin) into its config folder unless that folder's lock lists it: in a sandbox
+# without network, ~70 s of retries, then a failure. The plugin imports nothing of it, and the lock
+# and the package's manifest say it is there.
+_OPENCODE_CONFIG_DIR = "{harness_dir}/home/.config/opencode"
 OPENCODE = Cli("opencode", "bash", 1, (),
                json.dumps({"agent": {"build": {"prompt": SYSTEM}},
                            "tools": {name: False for name in ("edit", "glob", "grep", "read", "skill", "task",
-                                                              "todowrite", "webfetch", "write")}}),
-               memory_mb=16384)
+                                                              "todowrite", "webfetch", "write")},
+                           "plugin": ["file://{harness_dir}/fixed-date-plugin.js"]}),
+               memory_mb=16384,
+               lean_files=(FIXED_DATE_FILE,
+                           ("{harness_dir}/fixed-date-plugin.js",
+                            'import "./fixed-date.js";\nexport const FixedDate = async () => ({});\n'),
+                           (f"{_OPENCODE_CONFIG_DIR}/package-lock.json",
+                            json.dumps({"packages": {"": {"dependencies": {"@opencode-ai/plugin": "*"}}}})),
+                           (f"{_OPENCODE_CONFIG_DIR}/node_modules/@opencode-ai/plugin/package.json",
+                            json.dumps({"name": "@opencode-ai/plugin"}))))
 
-# Its instructions from a file of its own; its sub-agents, goals and skills off (its own config keys).
+# Its instructions from a file of its own; its sub-agents, goals and skills off, and no date (nor
+# zone) in its <environment_context> (its own config keys).
 CODEX = Cli("codex", "exec_command", 2,
             ("-c", 'model_instructions_file="{harness_dir}/instructions.md"', "-c", "features.multi_agent=false",
-             "-c", "features.goals=false", "-c", "features.skills=false"),
+             "-c", "features.goals=false", "-c", "features.skills=false",
+             "-c", "include_environment_context_time=false"),
             lean_files=(("{harness_dir}/instructions.md", SYSTEM),))
 
-CLAUDE_CODE = Cli("claude-code", "Bash", 1, (f"--system-prompt={SYSTEM}", "--tools=Bash"), memory_mb=16384)
+CLAUDE_CODE = Cli("claude-code", "Bash", 1, (f"--system-prompt={SYSTEM}", "--tools=Bash"), memory_mb=16384,
+                  lean_files=(FIXED_DATE_FILE,), lean_env=(("BUN_OPTIONS", "--preload={harness_dir}/fixed-date.js"),))
 
 CLIS = {cli.preset: cli for cli in (QWEN_CODE, OPENCODE, CODEX, CLAUDE_CODE)}
 
@@ -116,6 +162,9 @@ def lean_preset_text(cli: Cli) -> str:
     at = next(i for i, a in enumerate(argv) if "{instruction}" in a)
     data["run"]["argv"] = argv[:at] + list(cli.lean_args) + argv[at:]
     data["files"] = data.get("files", []) + [{"path": path, "content": content} for path, content in cli.lean_files]
+    env = data["run"].setdefault("env", {})
+    for name, value in cli.lean_env:
+        env[name] = f"{env[name]} {value}" if name in env else value
     if cli.lean_config:
         config = json.loads(data["files"][0]["content"])
         config.update(json.loads(cli.lean_config))
@@ -139,6 +188,23 @@ def episode_of(which: str) -> tuple[Cli, str]:
     return CLIS[preset], "arith" if preset == which else "swe"
 
 
+def date_forms(day: datetime.date) -> tuple[str, ...]:
+    """The ways the CLIs write a day: ISO (Claude Code, Codex), Date.toDateString() (OpenCode),
+    toLocaleDateString en-US long (Qwen Code)."""
+    return day.isoformat(), day.strftime("%a %b %d %Y"), f"{day:%A, %B} {day.day}, {day.year}"
+
+
+def real_date_shown(text: str) -> str | None:
+    """The real date (the day before to the day after today here: whatever the sandbox's zone), as
+    a CLI writes it, where ``text`` shows it."""
+    today = datetime.date.today()
+    for day in (today - datetime.timedelta(days=1), today, today + datetime.timedelta(days=1)):
+        for form in date_forms(day):
+            if form in text:
+                return form
+    return None
+
+
 def _swe_setup():
     """The shipped SWE instance's sandbox spec, instruction, and its init (the checkout), as a job's."""
     from rollstream.agent.sandbox_harness import instruction_of
@@ -156,10 +222,10 @@ def _swe_setup():
 
 
 def model_key(cli: Cli, episode: str = "arith") -> str:
-    """Changes with the preset, the episode and the way the model is built."""
-    # The date: CLIs tell the model today's date, and a model learnt by heart may not get past another.
+    """Changes with the preset, the episode and the way the model is built (not with the day: the
+    lean variants show the CLIs a fixed one, and episode_examples checks that they do)."""
     replies = cli.replies if episode == "arith" else (cli.swe_replies, _swe_setup()[1])
-    parts = [lean_preset_text(cli), json.dumps(replies), str(RECIPE), datetime.date.today().isoformat(),
+    parts = [lean_preset_text(cli), json.dumps(replies), str(RECIPE),
              Path(__file__).with_name("door_capture.py").read_text()]
     return hashlib.sha1("\n".join(parts).encode()).hexdigest()[:12]
 
@@ -204,6 +270,10 @@ def episode_examples(tokenizer, which: str) -> list[tuple[list[int], list[int]]]
     if len(captured.prompts) != len(replies) or captured.exit_code != 0:
         raise RuntimeError(f"{which} made {len(captured.prompts)} calls (the episode has {len(replies)}) "
                            f"and exited {captured.exit_code}:\n{captured.output[-3000:]}")
+    for prompt in captured.prompts:
+        if shown := real_date_shown(tokenizer.decode(prompt)):
+            raise RuntimeError(f"{which} showed the model today's date ({shown!r}): a model learnt on it "
+                               f"fails on another day; its lean variant must show it FIXED_DAY")
     return [(prompt + reply, [0] * len(prompt) + [1] * len(reply))
             for prompt, reply in zip(captured.prompts, captured.replies)]
 

@@ -80,19 +80,37 @@ def cli_env(settings) -> dict[str, str]:
     return settings_env(settings)
 
 
-@pytest.fixture
-async def sandbox_root():
-    """A sandbox root for one test: in /tmp, not under pytest's 0700 tmp_path, because each
-    sandbox's processes run under a host uid of their own that must reach its folder."""
+def _new_sandbox_root() -> str:
+    """In /tmp, not under pytest's 0700 tmp_path, because each sandbox's processes run under a
+    host uid of their own that must reach its folder."""
+    path = tempfile.mkdtemp(prefix="rs-", dir="/tmp")
+    os.chmod(path, 0o711)
+    return path
+
+
+async def _remove_sandbox_root(path: str) -> None:
     from rollstream.sandboxes import reaper
     from rollstream.sandboxes.supervisor_spawn import stop_fork_server
 
-    path = tempfile.mkdtemp(prefix="rs-", dir="/tmp")
-    os.chmod(path, 0o711)
-    yield path
     await stop_fork_server(path)  # started by the first sandbox made in this root
     reaper.reap_finished_children()
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def sandbox_root():
+    """A sandbox root for one test (see _new_sandbox_root)."""
+    path = _new_sandbox_root()
+    yield path
+    await _remove_sandbox_root(path)
+
+
+@pytest.fixture(scope="module")
+def module_sandbox_root():
+    """A sandbox root for the worker pools a module's tests share (see _new_sandbox_root)."""
+    path = _new_sandbox_root()
+    yield path
+    asyncio.run(_remove_sandbox_root(path))  # after the module's tests: no event loop runs here
 
 
 @pytest.fixture
@@ -127,6 +145,33 @@ def worker_pool(settings, tmp_path):
 
     yield make
     for pool in pools:
+        pool.stop(timeout_s=15)
+
+
+@pytest.fixture(scope="module")
+def shared_pool(redis_url, tmp_path_factory, module_sandbox_root):
+    """Worker pools that a module's tests share, for tests whose pools would be alike: each pool
+    is three real worker processes in a namespace of its own, with the module's sandbox root.
+    ``shared_pool(key, env=..., concurrency=..., **settings) -> Settings`` starts the pool named
+    ``key`` on first use (later calls return its settings); all are stopped after the module.
+    Each test still gets its own results stream (a client is a submitter of its own)."""
+    from rollstream.workers.pool import WorkerPool
+
+    made: dict[str, tuple[Settings, WorkerPool]] = {}
+
+    def get(key: str, *, env: dict[str, str] | None = None, concurrency: int = 64, **overrides) -> Settings:
+        if key not in made:
+            s = Settings(redis_url=redis_url, namespace=f"t{uuid.uuid4().hex[:10]}", node="n1",
+                         data_dir=tmp_path_factory.mktemp(f"{key}-data"), sandbox_root=module_sandbox_root,
+                         **{**FAST, **overrides})
+            pool = WorkerPool(redis_url=redis_url, namespace=s.namespace, node=s.node, data_dir=s.data_dir,
+                              env={**settings_env(s), **(env or {})}, log_dir=tmp_path_factory.mktemp(f"{key}-logs"))
+            made[key] = (s, pool)
+            pool.start_all(concurrency=concurrency)
+        return made[key][0]
+
+    yield get
+    for _settings, pool in made.values():
         pool.stop(timeout_s=15)
 
 

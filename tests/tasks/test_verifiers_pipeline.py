@@ -74,12 +74,30 @@ def allowed(monkeypatch):
     monkeypatch.setenv("ROLLSTREAM_VERIFIERS_ENVIRONMENTS", json.dumps(ALLOWED))
 
 
+def pool_env() -> dict[str, str]:
+    return {"PYTHONPATH": str(ENVS_DIR),  # the environments' packages, installed on the workers
+            "ROLLSTREAM_SANDBOX_JOB_OVERRIDES": json.dumps([*DEFAULT_JOB_OVERRIDES, *PODMAN]),
+            "ROLLSTREAM_VERIFIERS_ENVIRONMENTS": json.dumps(ALLOWED)}
+
+
 def start_pool(worker_pool, model_dir, sandbox_root):
     pool = worker_pool(model_dir=model_dir, sandbox_root=sandbox_root)
-    pool.env["PYTHONPATH"] = str(ENVS_DIR)  # the environments' packages, installed on the workers
-    pool.env["ROLLSTREAM_SANDBOX_JOB_OVERRIDES"] = json.dumps([*DEFAULT_JOB_OVERRIDES, *PODMAN])
+    pool.env.update(pool_env())
     pool.start_all(concurrency=4)
     return pool
+
+
+@pytest.fixture
+def answering_settings(shared_pool, answering_model_dir):
+    """Settings of the module's pool for the answering model (its tokenizer): shared by the tests
+    that run jobs on it, so workers start and load each environment once, not once a test."""
+    return shared_pool("answering", env=pool_env(), concurrency=4, model_dir=answering_model_dir)
+
+
+@pytest.fixture
+def random_settings(shared_pool, random_model_dir):
+    """The same for the untrained model (a tokenizer of its own)."""
+    return shared_pool("random", env=pool_env(), concurrency=4, model_dir=random_model_dir)
 
 
 def job(environment: str, index: int = 0, **instance) -> dict:
@@ -112,8 +130,8 @@ def engine_events(job_id: str, since: int) -> list[str]:
 
 
 async def test_each_environment_scores_the_datasets_answer_one_and_the_ids_are_the_models_own(
-        settings, worker_pool, answering_model_dir, answering_server, sandbox_root, allowed):
-    start_pool(worker_pool, answering_model_dir, sandbox_root)
+        answering_settings, answering_server, allowed):
+    settings = answering_settings
     since = int(time.time()) - 1
     results = await run_jobs(settings, answering_server,
                              [job(name) for name in ENVIRONMENTS] + [on_podman("vf-sandbox-secret")])
@@ -163,9 +181,8 @@ async def test_each_environment_scores_the_datasets_answer_one_and_the_ids_are_t
 
 
 async def test_a_model_answering_garbage_scores_zero_in_each_environment(
-        settings, worker_pool, random_model_dir, random_server, sandbox_root, allowed):
-    start_pool(worker_pool, random_model_dir, sandbox_root)
-    results = await run_jobs(settings, random_server, [job(name) for name in ENVIRONMENTS])
+        random_settings, random_server, allowed):
+    results = await run_jobs(random_settings, random_server, [job(name) for name in ENVIRONMENTS])
     assert sorted(results) == sorted(ENVIRONMENTS), [r.error for r in results.values()]
     for name, result in results.items():
         assert result.status == "completed" and result.reward == 0.0, (name, result.trajectory.extra)
@@ -173,10 +190,9 @@ async def test_a_model_answering_garbage_scores_zero_in_each_environment(
 
 
 async def test_an_environment_that_raises_fails_its_job_naming_the_error(
-        settings, worker_pool, random_model_dir, random_server, sandbox_root, allowed):
-    start_pool(worker_pool, random_model_dir, sandbox_root)
-    async with AsyncClient(settings=settings) as client:
-        await add_backend(client.r, random_server, settings.namespace)
+        random_settings, random_server, allowed):
+    async with AsyncClient(settings=random_settings) as client:
+        await add_backend(client.r, random_server, random_settings.namespace)
         with pytest.raises(InvalidJob, match="not allowed here"):
             await client.submit(job("vf-not-listed"))
         with pytest.raises(InvalidJob, match="never a path"):
@@ -213,12 +229,11 @@ async def test_a_run_worker_that_loaded_an_environment_still_stops_as_a_worker_o
 
 
 async def test_the_jobs_turn_budget_ends_a_multi_turn_environment_as_the_agents_end(
-        settings, worker_pool, answering_model_dir, answering_server, sandbox_root, allowed):
+        answering_settings, answering_server, allowed):
     # alphabet-sort wants two turns; the job allows one: the door refuses the second call, the
     # environment's rollout ends on that error, its rubric scores the first turn alone.
-    start_pool(worker_pool, answering_model_dir, sandbox_root)
     one_turn = {**job("vf-alphabet-sort"), "agent": {**AGENT, "max_turns": 1}}
-    [result] = (await run_jobs(settings, answering_server, [one_turn])).values()
+    [result] = (await run_jobs(answering_settings, answering_server, [one_turn])).values()
     assert result.status == "completed" and result.failure == "agent", result.error
     assert result.trajectory.finish_reason == "max_turns" and len(result.trajectory.extra["calls"]) == 1
     found = result.trajectory.extra["verifiers"]

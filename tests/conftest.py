@@ -155,6 +155,7 @@ def shared_pool(redis_url, tmp_path_factory, module_sandbox_root):
     ``shared_pool(key, env=..., concurrency=..., **settings) -> Settings`` starts the pool named
     ``key`` on first use (later calls return its settings); all are stopped after the module.
     Each test still gets its own results stream (a client is a submitter of its own)."""
+    from rollstream.pipeline.keys import Keys
     from rollstream.workers.pool import WorkerPool
 
     made: dict[str, tuple[Settings, WorkerPool]] = {}
@@ -168,6 +169,16 @@ def shared_pool(redis_url, tmp_path_factory, module_sandbox_root):
                               env={**settings_env(s), **(env or {})}, log_dir=tmp_path_factory.mktemp(f"{key}-logs"))
             made[key] = (s, pool)
             pool.start_all(concurrency=concurrency)
+            # Tests time their jobs from submission: hand the pool over once every stage serves.
+            r = redis_sync.Redis.from_url(redis_url)
+            try:
+                deadline = time.monotonic() + 120
+                while r.zcard(Keys(s.namespace).workers) < 3:
+                    pool.check_alive()
+                    assert time.monotonic() < deadline, f"the {key} pool's workers did not register in 120 s"
+                    time.sleep(0.05)
+            finally:
+                r.close()
         return made[key][0]
 
     yield get

@@ -90,7 +90,9 @@ def lone_primary(tmp_path):
                 time.sleep(0.02)
         raise RuntimeError(f"redis-server on {port} did not start")
 
-    primary = start()
+    # A replica's first sync starts at once: Redis 7 otherwise waits 5 s (repl-diskless-sync-delay)
+    # for more replicas to share one transfer, and the test would wait with it.
+    primary = start("--repl-diskless-sync-delay", "0")
     yield primary, lambda: start("--replicaof", "127.0.0.1", str(primary))
     for proc in procs:
         proc.terminate()

@@ -133,7 +133,7 @@ MODELS: dict[str, Callable[[], CachedModel]] = {
                                                        "tiny model that learnt a mini-SWE-agent SWE episode"),
     "openhands_arith_model_dir": lambda: _harness_episode("openhands_scripted", "arith",
                                                           "tiny model that learnt an OpenHands SDK arith episode"),
-    "openhands_swe_model_dir": lambda: _harness_episode("openhands_scripted", "swe",
+    "openhands_swe_model_dir": lambda: _harness_episode("openhands_swe", "swe",
                                                         "tiny model that learnt an OpenHands SDK SWE episode"),
     "qwen_code_model_dir": lambda: _harness_episode("node_clis", "qwen-code",
                                                     "tiny model that learnt a Qwen Code arith episode"),

@@ -110,8 +110,9 @@ def module_settings(redis_url, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def module_pool(module_settings, tmp_path_factory):
-    """``module_pool(model_dir, env)``: the module's one worker pool (started at the first call, with
-    that tokenizer and the operator's ``env``; later calls get the same pool) on a sandbox root of
+    """``module_pool(model_dir, env, concurrency=2)``: the module's one worker pool (started at the
+    first call, with that tokenizer, the operator's ``env`` and that many jobs in flight per stage;
+    later calls get the same pool) on a sandbox root of
     its own: a pool start and stop per test (three processes, the run worker's tokenizer) once
     per module. Each test still submits its own jobs, as its own submitter, to the backend it names
     (node_clis.run_jobs makes it the namespace's only one)."""
@@ -130,12 +131,12 @@ def module_pool(module_settings, tmp_path_factory):
     os.chmod(root, 0o711)
     pools: list[WorkerPool] = []
 
-    def start(model_dir, env: dict[str, str]) -> WorkerPool:
+    def start(model_dir, env: dict[str, str], concurrency: int = 2) -> WorkerPool:
         if not pools:
             s = module_settings.model_copy(update={"model_dir": model_dir, "sandbox_root": root})
             pool = WorkerPool(redis_url=s.redis_url, namespace=s.namespace, node=s.node, data_dir=s.data_dir,
                               env={**settings_env(s), **env}, log_dir=tmp_path_factory.mktemp("pool-logs"))
-            pool.start_all(concurrency=2)
+            pool.start_all(concurrency=concurrency)
             pools.append(pool)
         return pools[0]
 
@@ -163,6 +164,26 @@ def _cached(fixture: str):
 
 (mini_swe_swe_model_dir, codex_swe_model_dir, claude_code_swe_model_dir, qwen_code_swe_model_dir,
  opencode_swe_model_dir, openhands_swe_model_dir) = (_cached(fixture) for fixture in SWE_MODELS.values())
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir():
+    """The tiny model's random weights (the base every episode model was trained from): a model that
+    emits garbage."""
+    return model_cache.load("tiny_model_dir")
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory):
+    """The shipped SWE instance's environment image and every preset's layer on it
+    (swe_podman_image.py; scripts/install-harnesses built them: cached)."""
+    from rollstream.sandboxes.backends.docker import DockerBackend
+
+    from . import swe_podman_image
+
+    if not DockerBackend().available():
+        pytest.fail("no container engine answers at DOCKER_HOST (scripts/install-podman sets up podman's)")
+    return swe_podman_image.build(tmp_path_factory.mktemp("instances"))
 
 
 @pytest.fixture(scope="module")

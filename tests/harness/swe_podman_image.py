@@ -27,6 +27,15 @@ def instance() -> dict:
     return {**swe_instance(), "environment": ENVIRONMENT}
 
 
+def on_podman(job: dict) -> dict:
+    """``job``, a job on the shipped SWE instance (sandbox_presets.swe_job), in podman: its instance
+    with the environment recipe (init starts the agent's sandbox from its preset's layer on that
+    image, eval from the image itself), its sandbox on the engine (the job's limits kept). The
+    operator lets jobs pick their sandbox's backend and limits (ROLLSTREAM_SANDBOX_JOB_OVERRIDES)."""
+    return {**job, "instance": {**job["instance"], "environment": ENVIRONMENT},
+            "sandbox": {**job.get("sandbox", {}), "backend": "docker"}}
+
+
 def build(folder: Path, harnesses: tuple[str, ...] = HARNESSES) -> dict:
     """Build (once; cached) the instance's environment image and the layers of ``harnesses`` on it
     with the CLI; what it printed of that environment ({"tag": ..., "harnesses": {name: layer}, ...})."""

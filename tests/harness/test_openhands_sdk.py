@@ -20,6 +20,7 @@ from rollstream.sandboxes.backends.docker import DockerBackend
 from rollstream.sandboxes.env_images import DEFAULT_BASE_IMAGE
 from rollstream.tasks import arith
 
+from .episode_model import kept_examples, replies
 from .node_clis import assert_answered_and_scored, run_job, run_jobs
 from .openhands_scripted import ARITH_INSTANCE, LEAN, write_lean_preset
 from .sandbox_presets import assert_fixed_and_scored, installed_preset, swe_job
@@ -119,3 +120,6 @@ async def test_openhands_fixes_a_shipped_swe_instance_in_bwrap_and_its_diff_is_s
     result = await run_job(module_settings, preset_server.serving(openhands_swe_model_dir),
                            swe_job(str(tmp_path / "swe-mirror"), AGENT))
     assert_fixed_and_scored(result)
+    # Every model turn (an edit, then finish) is the learnt one: the episode was captured in a sandbox.
+    generated = replies([(s.response_ids, s.loss_mask) for s in result.trajectory.segments])
+    assert generated == replies(kept_examples(openhands_swe_model_dir)), result.trajectory.response_text[-1500:]

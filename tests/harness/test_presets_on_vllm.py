@@ -6,7 +6,8 @@ episode (all_presets_model.py), and the twelve jobs run at once. Each job's mode
 own ids, the very ones its preset's episode taught the model, and eval scores the answer the
 harness printed. The same server, its weights then swapped for random ones, shows a CLI on a model
 that emits garbage: the agent's failure, scored, once; swapped in turn for each preset's SWE model,
-it drives every preset to fix a shipped SWE instance, whose diff eval's hidden tests pass."""
+it drives every preset to fix a shipped SWE instance in bwrap and in podman at once, whose diff
+eval's hidden tests pass."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from rollstream.sandboxes.backends.docker import DockerBackend
 from rollstream.tasks import arith
 from rollstream.trainer.weight_sync import VllmReloadBackend
 
+from . import swe_podman_image
 from .all_presets_model import expected_replies
 from .episode_model import kept_examples, replies
 from .mini_swe_scripted import ARITH_INSTANCE
@@ -131,11 +133,6 @@ async def test_every_preset_completes_its_arith_loop_on_vllm_in_bwrap_and_podman
         assert traj.extra["answer"] == "42" and result.reward == 1.0, context
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir():
-    return model_cache.load("tiny_model_dir")
-
-
 @contextlib.asynccontextmanager
 async def _weights(vllm, then_dir):
     """Yields ``load(weights_dir)``, which has ``vllm`` serve those weights, loaded as a trainer's
@@ -196,74 +193,73 @@ async def test_a_cli_on_vllm_serving_a_model_that_emits_garbage_is_the_agents_fa
     assert result.reward == 0.0 and result.attempts == 1, context
 
 
-# OpenHands' SWE model learnt its episode captured on this host (tests/harness/openhands_scripted.py), where
-# the terminal's observation names the capture's folder and the host's Python; in a bwrap job it names
-# /workspace/inventory and the venv's Python, a text the model never saw. Its edit comes out as learnt;
-# after the observation its greedy turn is a near tie (' Next' -2.68, '<tool_call>' -2.99: vLLM, the
-# built-in server and transformers all give the same 170 tokens), which OpenHands takes as its final
-# message. The diff is the edit's: eval scores it. A model that learnt the sandbox's capture would end
-# on its learnt `finish`.
-UNLEARNT_LAST_TURN = {"openhands-sdk"}
-
-
-def swe_jobs(mirror: str) -> dict[str, dict]:
-    """Each preset's job on the shipped SWE instance (its repository mirrored into ``mirror``), in bwrap."""
+def swe_jobs(mirror: str) -> dict[tuple[str, str], dict]:
+    """Each preset's job on the shipped SWE instance (its repository mirrored into ``mirror``), by
+    (preset, backend): in bwrap, and in podman from its layer on the instance's environment image."""
     out = {"mini-swe-agent": swe_job(mirror, _agent("mini-swe-agent", 384)),
            "openhands-sdk": swe_job(mirror, _agent(OPENHANDS_LEAN, 384))}
     for name, cli in CLIS.items():
         agent = {**_agent(cli.lean, 384), "max_context_tokens": cli.swe_context_tokens}
         out[name] = {**swe_job(mirror, agent), "sandbox": {"limits": cli.limits}}
-    return out
+    return {(name, backend): job if backend == "bwrap" else swe_podman_image.on_podman(job)
+            for name, job in out.items() for backend in ("bwrap", "docker")}
 
 
-async def _past_the_run_stage(client, job_id: str, timeout_s: float = 600) -> None:
-    """Wait until ``job_id`` has left the run stage: its harness has made its last model call."""
+async def _past_the_run_stage(client, job_ids: list[str], timeout_s: float = 600) -> None:
+    """Wait until every job of ``job_ids`` has left the run stage: its harness has made its last model call."""
     deadline = time.monotonic() + timeout_s
-    while (state := await client.status(job_id)) is None or state.stage not in ("eval", "done", "dead"):
-        assert time.monotonic() < deadline, f"job {job_id} still in {state and state.stage} after {timeout_s} s"
-        await asyncio.sleep(0.1)
+    for job_id in job_ids:
+        while (state := await client.status(job_id)) is None or state.stage not in ("eval", "done", "dead"):
+            assert time.monotonic() < deadline, f"job {job_id} still in {state and state.stage} after {timeout_s} s"
+            await asyncio.sleep(0.1)
 
 
-async def test_every_preset_fixes_a_shipped_swe_instance_on_vllm_in_bwrap_with_vllms_ids_and_its_diff_is_scored(
-        settings, worker_pool, sandbox_root, tmp_path, presets_vllm, all_presets_arith_model_dir, swe_model_dirs):
+async def test_every_preset_fixes_a_shipped_swe_instance_on_vllm_in_bwrap_and_podman_with_vllms_ids_and_is_scored(
+        settings, worker_pool, sandbox_root, tmp_path, presets_vllm, all_presets_arith_model_dir, swe_model_dirs,
+        built):
     from rollstream.client import AsyncClient
     from rollstream.llm.balancer import add_backend
 
     for name in swe_model_dirs:
         installed_preset(name)
     # One pool (the door renders with the models' one tokenizer) and one server: vLLM serves one model
-    # at a time, so each preset's job runs on its SWE model's weights alone. A job's run stage (its
-    # model calls) waits for the weights; its eval overlaps the next job's init and run.
+    # at a time, so each preset's two jobs (bwrap, podman: submitted together) run on its SWE model's
+    # weights alone. Their run stage (the model calls) waits for the weights; their eval overlaps the
+    # next preset's init and run.
+    jobs = swe_jobs(str(tmp_path / "swe-mirror"))
     _start_pool(worker_pool, all_presets_arith_model_dir, sandbox_root,
-                write_lean_preset(write_lean_presets(tmp_path / "presets")), len(swe_model_dirs))
-    submitted: dict[str, str] = {}
+                write_lean_preset(write_lean_presets(tmp_path / "presets")), len(jobs))
+    submitted: dict[tuple[str, str], str] = {}
     swaps_s = []
     started = time.monotonic()
     async with AsyncClient(settings=settings) as client, _weights(presets_vllm, all_presets_arith_model_dir) as load:
         await add_backend(client.r, presets_vllm.url, settings.namespace)
-        for preset, job in swe_jobs(str(tmp_path / "swe-mirror")).items():
+        for preset in swe_model_dirs:
             swap_started = time.monotonic()
             await load(swe_model_dirs[preset])
             swaps_s.append(time.monotonic() - swap_started)
-            submitted[preset] = str(await client.submit(job))
-            await _past_the_run_stage(client, submitted[preset])
+            for key in ((preset, "bwrap"), (preset, "docker")):
+                submitted[key] = str(await client.submit(jobs[key]))
+            await _past_the_run_stage(client, [submitted[preset, "bwrap"], submitted[preset, "docker"]])
         results = {result.job_id: result for result in await client.collect(len(submitted), timeout_s=600)}
-    print(f"{len(submitted)} presets' SWE jobs on one vLLM, one after another: {time.monotonic() - started:.0f} s "
-          f"(weight swaps {sum(swaps_s):.1f} s)")
+    print(f"{len(submitted)} SWE jobs of six presets on one vLLM, a preset's bwrap and podman jobs at once: "
+          f"{time.monotonic() - started:.0f} s (weight swaps {sum(swaps_s):.1f} s)")
 
-    for preset, job_id in submitted.items():
-        print(f"{preset}'s SWE job on vLLM, per stage: {results[job_id].timings_s}")
-    for preset, job_id in submitted.items():
+    for key, job_id in submitted.items():
+        print(f"{key}'s SWE job on vLLM, per stage: {results[job_id].timings_s}")
+    failed = {}
+    for (preset, backend), job_id in submitted.items():
         result = results[job_id]
-        assert result.status == "completed", (preset, result.error)
         traj = result.trajectory
-        context = (preset, traj.extra["harness_run"], traj.response_text[-1500:], presets_vllm.log_tail(1500))
-        assert {call["backend"] for call in traj.extra["calls"]} == {presets_vllm.url}, context
-        # Every model turn is vLLM's own ids, the very ones the preset's SWE episode taught: an edit, then done.
-        generated = sum([[t for t, m in zip(s.response_ids, s.loss_mask) if m] for s in traj.segments], [])
-        learnt = replies(kept_examples(swe_model_dirs[preset]))
-        if preset in UNLEARNT_LAST_TURN:
-            learnt = learnt[:-1]
-            generated = generated[:len(sum(learnt, []))]
-        assert generated == sum(learnt, []), context
-        assert_fixed_and_scored(result)  # the hidden tests pass on the diff the harness left
+        context = (preset, backend, result.status, result.error, traj and traj.extra["harness_run"],
+                   traj and traj.response_text[-1500:])
+        try:
+            assert result.status == "completed", context
+            assert {call["backend"] for call in traj.extra["calls"]} == {presets_vllm.url}, context
+            # Every model turn is vLLM's own ids, the very ones the preset's SWE episode taught: an edit, then done.
+            generated = sum([[t for t, m in zip(s.response_ids, s.loss_mask) if m] for s in traj.segments], [])
+            assert generated == sum(replies(kept_examples(swe_model_dirs[preset])), []), context
+            assert_fixed_and_scored(result)  # the hidden tests pass on the diff the harness left
+        except AssertionError as error:
+            failed[preset, backend] = str(error)[-1500:]
+    assert not failed, (failed, presets_vllm.log_tail(1500))

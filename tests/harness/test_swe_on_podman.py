@@ -5,25 +5,32 @@ built (`rollstream images build ... --harness`: a layer keyed by the image and t
 init starts the agent's sandbox from that layer, and eval scores the diff in a fresh sandbox of the
 pristine environment image. Each preset's model is its bwrap SWE model: the podman episode renders
 the prompts its bwrap episode renders (Codex's random chunk id in its tool output aside, which two
-bwrap runs vary as well). One built-in server serves them in turn, its weights swapped between
-jobs as a trainer's weight sync does; one pool runs the jobs."""
+bwrap runs vary as well), but for OpenHands, whose terminal names its interpreter: its model learnt
+the episode captured in both (openhands_swe.py). One built-in server serves them in turn, its
+weights swapped between jobs as a trainer's weight sync does; one pool runs the jobs. The same
+server on random weights (a model that emits garbage) runs the six jobs at once: each is scored
+once as the agent's outcome (its failure, or a garbage last word), never the service's, its
+containers gone."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import time
 
 import pytest
 
 from rollstream.agent.harness_images import ENGINE_BACKENDS, agent_spec, layer_tag
 from rollstream.agent.presets import find_preset
 from rollstream.errors import JobFailed
-from rollstream.sandboxes.backends.docker import DockerBackend
+from rollstream.sandboxes.backends.docker import client_env, container_name
+from rollstream.sandboxes.paths import sandbox_id_for
 from rollstream.tasks import swe_env, swe_records
 from rollstream.tasks.swe import SweTask
 
 from . import swe_podman_image
 from .episode_model import kept_examples, replies
-from .node_clis import CLIS, CODEX, run_job, write_lean_presets
+from .node_clis import CLIS, CODEX, run_job, run_jobs, write_lean_presets
 from .openhands_scripted import LEAN as OPENHANDS_LEAN
 from .openhands_scripted import write_lean_preset
 from .sandbox_presets import assert_fixed_and_scored, swe_job
@@ -44,11 +51,6 @@ JOBS = {
 }
 # The learnt turns run to 225 tokens: a turn past them is off the episode anyway.
 MAX_TOKENS = 256
-# OpenHands' SWE model learnt its episode from two captures on this host (openhands_scripted.py), whose
-# terminal observation names the working folder and the interpreter: in any sandbox (bwrap as podman)
-# they read /workspace/inventory (and bwrap's venv python), so its second turn ("finish") is not the
-# learnt one, and the job ends on that reply as OpenHands' final message. Its edit, the first turn, is.
-LEARNT_TURNS = {"openhands-sdk": 1}  # (the others: every turn)
 
 
 @pytest.fixture(scope="module")
@@ -60,14 +62,6 @@ def presets_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def instance():
     return swe_podman_image.instance()
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    """The environment image and every preset's layer on it (scripts/install-harnesses built them: cached)."""
-    if not DockerBackend().available():
-        pytest.fail("no container engine answers at DOCKER_HOST (scripts/install-podman sets up podman's)")
-    return swe_podman_image.build(tmp_path_factory.mktemp("instances"))
 
 
 @pytest.mark.parametrize("name", swe_podman_image.HARNESSES)
@@ -99,28 +93,90 @@ async def test_only_a_preset_job_on_an_engine_starts_from_the_layer(instance, bu
 async def test_every_preset_fixes_the_swe_instance_in_podman_and_eval_scores_its_diff(
         module_settings, module_pool, preset_server, built, presets_dir, swe_model_dirs, tmp_path):
     # The jobs pick their backend and limits, not their image: init picks the layer, eval the environment.
-    module_pool(next(iter(swe_model_dirs.values())), {  # (the models share their tokenizer)
-        "ROLLSTREAM_HARNESS_PRESET_DIRS": json.dumps([str(presets_dir)]),
-        "ROLLSTREAM_SANDBOX_JOB_OVERRIDES": '["backend", "limits"]', "ROLLSTREAM_SANDBOX_JOB_MAY_RAISE_LIMITS": "1"})
+    _pool(module_pool, next(iter(swe_model_dirs.values())), presets_dir)  # (the models share their tokenizer)
     results = {}
-    for name, (agent, limits) in JOBS.items():
-        job = swe_job(str(tmp_path / "swe-mirror"), {**agent, "max_tokens_per_turn": MAX_TOKENS})
-        job = {**job, "instance": {**job["instance"], "environment": swe_podman_image.ENVIRONMENT},
-               "sampling": {**job["sampling"], "max_tokens": MAX_TOKENS},
-               "sandbox": {"backend": "docker", **({"limits": limits} if limits else {})}}
+    for name in JOBS:
         # Each preset's model in turn on the one server, as a weight sync loads a policy.
-        results[name] = await run_job(module_settings, preset_server.serving(swe_model_dirs[name]), job)
+        results[name] = await run_job(module_settings, preset_server.serving(swe_model_dirs[name]),
+                                      _podman_job(name, str(tmp_path / "swe-mirror"), MAX_TOKENS))
     failed = {}
     for name, result in results.items():
         try:  # The harness ran (exit 0) from its layer: the environment image alone has none of them.
             assert_fixed_and_scored(result)
-            # Its model turns are the ones its bwrap episode taught (an edit, then done): the prompts
-            # it was given in podman are the ones it learnt.
+            # Its model turns, every one, are the ones its episode taught (an edit, then done): the
+            # prompts it was given in podman are the ones it learnt.
             traj = result.trajectory
             generated = replies([(s.response_ids, s.loss_mask) for s in traj.segments])
-            learnt = replies(kept_examples(swe_model_dirs[name]))
-            turns = LEARNT_TURNS.get(name, len(learnt))
-            assert generated[:turns] == learnt[:turns] and len(generated) >= turns, traj.response_text[-1500:]
+            assert generated == replies(kept_examples(swe_model_dirs[name])), traj.response_text[-1500:]
         except AssertionError as error:
             failed[name] = f"{result.status} {result.error}: {str(error)[-1500:]}"
     assert not failed, failed
+
+
+def _pool(module_pool, model_dir, presets_dir):
+    """The module's one pool, room for every preset's job at once; the operator lets these jobs pick
+    their sandbox's backend and limits."""
+    return module_pool(model_dir, {
+        "ROLLSTREAM_HARNESS_PRESET_DIRS": json.dumps([str(presets_dir)]),
+        "ROLLSTREAM_SANDBOX_JOB_OVERRIDES": '["backend", "limits"]', "ROLLSTREAM_SANDBOX_JOB_MAY_RAISE_LIMITS": "1"},
+        concurrency=len(JOBS))
+
+
+def _podman_job(name: str, mirror: str, max_tokens: int, **agent) -> dict:
+    """Preset ``name``'s SWE job in podman: it picks its backend and limits, not its image (init picks
+    the layer, eval the environment)."""
+    preset_agent, limits = JOBS[name]
+    job = swe_job(mirror, {**preset_agent, "max_tokens_per_turn": max_tokens, **agent})
+    job = {**job, "sampling": {**job["sampling"], "max_tokens": max_tokens},
+           **({"sandbox": {"limits": limits}} if limits else {})}
+    return swe_podman_image.on_podman(job)
+
+
+async def test_every_preset_in_podman_on_a_model_that_emits_garbage_is_scored_once_as_the_agents_and_torn_down(
+        module_settings, module_pool, preset_server, built, presets_dir, swe_model_dirs, tiny_model_dir, tmp_path):
+    # The tiny model's random weights: no per-preset model, so the six jobs run at once, each on a
+    # small budget (two model calls of a few tokens).
+    _pool(module_pool, next(iter(swe_model_dirs.values())), presets_dir)
+    server = preset_server.serving(tiny_model_dir)
+    since = int(time.time()) - 1
+    jobs = {name: _podman_job(name, str(tmp_path / "swe-mirror"), 24, max_turns=2) for name in JOBS}
+    started = time.monotonic()
+    results = dict(zip(jobs, await run_jobs(module_settings, server, list(jobs.values()))))
+    print(f"{len(jobs)} presets' SWE jobs in podman on garbage, at once: {time.monotonic() - started:.0f} s")
+    failed = {}
+    for name, result in results.items():
+        traj = result.trajectory
+        context = (name, result.status, result.failure, result.error, traj and traj.extra.get("harness_run"),
+                   traj and traj.response_text[-600:])
+        print(f"{name} in podman on garbage: finish {traj and traj.finish_reason}, failure {result.failure}, "
+              f"door {traj and traj.extra['door']}, seconds {({k: round(v, 1) for k, v in result.timings_s.items()})}")
+        try:
+            # Scored once (eval ran on whatever it left: no fix), never the service's failure, never retried.
+            assert result.status == "completed" and result.attempts == 1 and result.reward == 0.0, context
+            # A harness that calls past its budget, or stops on an error of its own, is the agent's failure;
+            # one that takes a reply without a tool call as its last word (OpenCode, OpenHands) exits 0
+            # and its answer is scored like any other.
+            assert result.failure == "agent" and traj.finish_reason in ("max_turns", "harness_error") or \
+                result.failure is None and traj.finish_reason == "stop" and \
+                traj.extra["harness_run"]["exit_code"] == 0, context
+            assert traj.extra["door"]["requests"] >= 1 and "reason" in traj.extra["eval"], context
+            assert {call["backend"] for call in traj.extra["calls"]} == {server}, context
+            # Its container was made, run and removed by the engine, and none of its sandboxes is left.
+            events, left = _engine_record(result.job_id, since)
+            assert {"create", "start"} <= set(events) and events[-1] in ("remove", "destroy") and not left, \
+                (name, events, left)
+        except AssertionError as error:
+            failed[name] = str(error)[-1500:]
+    assert not failed, failed
+
+
+def _engine_record(job_id: str, since: int) -> tuple[list[str], list[str]]:
+    """What the engine did with the job's agent container since ``since`` (its events), and the
+    containers of the job's sandboxes it still has (each labelled with the job as their owner)."""
+    def docker(*argv: str) -> list[str]:
+        return subprocess.run(["docker", *argv], capture_output=True, text=True, env=client_env(), timeout=60,
+                              check=True).stdout.split()
+
+    events = docker("events", "--since", str(since), "--until", str(int(time.time()) + 1), "--filter",
+                    f"container={container_name(sandbox_id_for(job_id, 0))}", "--format", "{{.Status}}")
+    return events, docker("ps", "--all", "--quiet", "--filter", f"label=rollstream.owner={job_id}")

@@ -131,9 +131,15 @@ def _instantiate_loop(worker, config, **options) -> RollstreamAgentLoop:
         data_config=DictConfigWrap(config.data), tools=ToolListWrap(worker.tools), **options)
 
 
+@pytest.fixture
+def settings(shared_pool, arith_model_dir):
+    """Overrides conftest's per-test settings here: the settings of the module's pool of arith
+    workers, shared by its tests (workers start and load the tokenizer once, not once a test)."""
+    return shared_pool("arith", concurrency=8, model_dir=arith_model_dir)
+
+
 async def test_verl_runs_the_registered_rollstream_loop_and_gets_token_exact_outputs(
-        settings, worker_pool, arith_model_dir, arith_server, sandbox_root, tmp_path):
-    pool = worker_pool(model_dir=arith_model_dir, sandbox_root=sandbox_root)
+        settings, arith_model_dir, arith_server, tmp_path):
     config = _verl_config(arith_model_dir, _loop_yaml(tmp_path, settings))
     # verl's worker, built as AgentLoopManager builds it (minus the Ray actor wrapper):
     # it loads our YAML into the registry under "rollstream".
@@ -144,7 +150,6 @@ async def test_verl_runs_the_registered_rollstream_loop_and_gets_token_exact_out
     seen: dict[str, Result] = {}
     router.observers.append(lambda r: seen.__setitem__(r.job_id, r))
     await add_backend(router.client.r, arith_server, settings.namespace)
-    pool.start_all(concurrency=8)
     try:
         # 1. run() on loops instantiated exactly as AgentLoopWorker._run_agent_loop does.
         instances = arith.make_instances(4, seed=11)
@@ -200,8 +205,7 @@ def test_example_config_names_the_registered_loop():
 
 
 async def test_failed_rollstream_job_raises_or_becomes_an_empty_zero_reward_sample(
-        settings, worker_pool, arith_model_dir, arith_server, sandbox_root, tmp_path):
-    pool = worker_pool(model_dir=arith_model_dir, sandbox_root=sandbox_root)
+        settings, arith_model_dir, arith_server, tmp_path):
     config = _verl_config(arith_model_dir, _loop_yaml(tmp_path, settings))
     worker = AgentLoopWorker(config, llm_client=None)
 
@@ -215,7 +219,6 @@ async def test_failed_rollstream_job_raises_or_becomes_an_empty_zero_reward_samp
     row["extra_info"] = {"index": 0, "rollstream": spec}  # a plain dict works as well as JSON
     router = await shared_router(settings)
     await add_backend(router.client.r, arith_server, settings.namespace)
-    pool.start_all(concurrency=4)
     try:
         with pytest.raises(RolloutFailed, match="failed"):
             await make_loop().run(dict(SAMPLING), **row)

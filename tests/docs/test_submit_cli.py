@@ -9,6 +9,16 @@ import os
 import subprocess
 import sys
 
+import pytest
+from pipeline_env import settings_env
+
+
+@pytest.fixture
+def serving(shared_pool):
+    """Settings of the module's worker pool, which the tests that run jobs share (its workers
+    start once, not once a test)."""
+    return shared_pool("cli", concurrency=8)
+
 
 def _cli(cli_env, *args, timeout_s=120, **kw):
     env = {**os.environ, **cli_env}
@@ -35,8 +45,8 @@ def test_a_bad_path_or_an_unknown_task_is_one_line_without_a_traceback(cli_env, 
     assert f"{bad}:1: not JSON" in _one_line_error(_cli(cli_env, "submit", str(bad)))
 
 
-def test_submit_runs_a_shipped_task_set_by_name_and_exits_1_when_a_job_failed(cli_env, worker_pool, tmp_path):
-    worker_pool().start_all(concurrency=8)
+def test_submit_runs_a_shipped_task_set_by_name_and_exits_1_when_a_job_failed(serving, tmp_path):
+    cli_env = settings_env(serving)
     done = _cli(cli_env, "submit", "echo", "--wait", "--timeout-s", "90")
     assert done.returncode == 0, done.stderr
     results = [json.loads(line) for line in done.stdout.splitlines()]
@@ -51,8 +61,8 @@ def test_submit_runs_a_shipped_task_set_by_name_and_exits_1_when_a_job_failed(cl
     assert "done 1  failed 1" in failed.stderr and "1 of 2 jobs did not complete" in failed.stderr
 
 
-def test_timeout_s_is_a_deadline_and_cancel_ends_the_rest_by_submitter_or_all(settings, cli_env, worker_pool, tmp_path):
-    worker_pool().start_all(concurrency=8)
+def test_timeout_s_is_a_deadline_and_cancel_ends_the_rest_by_submitter_or_all(serving, tmp_path):
+    settings, cli_env = serving, settings_env(serving)
     slow = tmp_path / "slow.jsonl"
     slow.write_text('{"task": "echo", "instance": {"prompt": "quick"}}\n'
                     '{"task": "echo", "instance": {"prompt": "slow", "run_s": 60}}\n')

@@ -27,9 +27,7 @@ def trained_folder(parent: Path, which: str = "arith") -> Path:
     return parent / f"all-presets-{which}-{key}"
 
 
-# 400 steps: at 300, the model learnt after Qwen Code's episode began to show its command's output
-# (session 16) generated Codex's learnt turn on the built-in server but not on vLLM (a near tie).
-def build(parent: Path, which: str = "arith", steps: int = 400) -> Path:
+def build(parent: Path, which: str = "arith", steps: int = 300) -> Path:
     """Train the tiny model on every preset's examples at once (each preset's own model built
     first where missing: it keeps them)."""
 

@@ -91,7 +91,7 @@ async def test_the_cli_in_bwrap_and_in_podman_completes_its_loop_and_its_answer_
     results = await run_jobs(module_settings, cli_server, [arith.job(INSTANCE, sampling=GREEDY, agent=agent(cli),
                                                                      sandbox=sandbox) for sandbox in sandboxes])
     for result in results:
-        assert_answered_and_scored(result, cli.tool, calls=len(cli.replies), replies=cli.replies)
+        assert_answered_and_scored(result, cli.tool, calls=len(cli.replies))
 
 
 async def test_the_cli_on_a_model_that_emits_garbage_is_the_agents_failure_scored_once(

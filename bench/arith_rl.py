@@ -233,5 +233,25 @@ def main() -> None:
     print("RESULT " + json.dumps(out))
 
 
+def trainer_section(steps: int, rows: list, result: dict) -> None:
+    """bench/trainer.py's end-to-end section: this run with its defaults and `steps`, its table, and
+    its figures as RESULT keys and a row of the trainer's table."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    run = run_arith_rl(parser.parse_args(["--steps", str(steps)]))
+    print_table(run)
+    summary = summarize(run)
+    result.update(reward_first=summary["reward_first"], reward_last=summary["reward_last"], e2e_steps=summary["steps"],
+                  e2e_s=summary["seconds"], e2e_reward_curve=summary["reward_curve"],
+                  e2e_task="arith tool use through the pipeline (bench/py)",
+                  e2e_update_tokens_per_s=summary["tokens_per_s"], e2e_sync_s=summary["sync_s"],
+                  e2e_trajectory_versions_ok=summary["trajectory_versions_ok"],
+                  e2e_server_serves_new_weights=summary["server_serves_new_weights"],
+                  e2e_load_avg_1m=summary["load_avg_1m"])
+    rows.append(("e2e arith reward (mean of first/last 3 steps)",
+                 f"{summary['reward_first']:.3f} -> {summary['reward_last']:.3f}",
+                 f"{summary['steps']} steps in {summary['seconds']:.0f} s; curve {summary['reward_curve']}; "
+                 f"versions ok {summary['trajectory_versions_ok']}, served ok {summary['server_serves_new_weights']}"))
+
 if __name__ == "__main__":
     main()

@@ -154,28 +154,6 @@ async def e2e(model_dir: Path, base_url: str, steps: int, out: Path) -> list[dic
     return [json.loads(line) for line in summary.metrics_path.read_text().splitlines()]
 
 
-def arith_e2e(steps: int, rows: list, result: dict) -> None:
-    """The arith tool-use task through the whole pipeline (bench/arith_rl.py, its defaults)."""
-    import arith_rl  # bench/ is the script's folder, so on sys.path
-
-    parser = argparse.ArgumentParser()
-    arith_rl.add_arguments(parser)
-    run = arith_rl.run_arith_rl(parser.parse_args(["--steps", str(steps)]))
-    arith_rl.print_table(run)
-    summary = arith_rl.summarize(run)
-    result.update(reward_first=summary["reward_first"], reward_last=summary["reward_last"], e2e_steps=summary["steps"],
-                  e2e_s=summary["seconds"], e2e_reward_curve=summary["reward_curve"],
-                  e2e_task="arith tool use through the pipeline (bench/arith_rl.py)",
-                  e2e_update_tokens_per_s=summary["tokens_per_s"], e2e_sync_s=summary["sync_s"],
-                  e2e_trajectory_versions_ok=summary["trajectory_versions_ok"],
-                  e2e_server_serves_new_weights=summary["server_serves_new_weights"],
-                  e2e_load_avg_1m=summary["load_avg_1m"])
-    rows.append(("e2e arith reward (mean of first/last 3 steps)",
-                 f"{summary['reward_first']:.3f} -> {summary['reward_last']:.3f}",
-                 f"{summary['steps']} steps in {summary['seconds']:.0f} s; curve {summary['reward_curve']}; "
-                 f"versions ok {summary['trajectory_versions_ok']}, served ok {summary['server_serves_new_weights']}"))
-
-
 def larger_model(small: bool = False):
     """A randomly initialised Qwen2 (no download): ~150M parameters, or a toy for dry runs."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -333,9 +311,9 @@ def run_variant(variant: str, preset: str, device_name: str, reps: int, micro_ba
 
 
 class VariantFailed(RuntimeError):
-    def __init__(self, variant: str, micro_batch: int | None, message: str):
+    def __init__(self, variant: str, message: str):
         super().__init__(message)
-        self.variant, self.micro_batch = variant, micro_batch
+        self.variant = variant
         self.out_of_memory = "OutOfMemoryError" in message
 
 
@@ -349,8 +327,22 @@ def variant_in_subprocess(variant: str, preset: str, device: str, reps: int, tim
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout_s, env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("VARIANT ")]
     if proc.returncode != 0 or not lines:
-        raise VariantFailed(variant, micro_batch, f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-3000:]}")
+        raise VariantFailed(variant, f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-3000:]}")
     return json.loads(lines[-1].removeprefix("VARIANT "))
+
+
+def plain_that_fits(preset: str, device: str, reps: int, micro: int | None, result: dict, prefix: str):
+    """The plain step's run and micro-batch: on an accelerator (``prefix``), its micro-batch halved
+    while its full [rows, length, vocab] logits do not fit, said in ``result`` (DAPO keeps the preset's)."""
+    while True:
+        try:
+            return variant_in_subprocess("plain", preset, device, reps, 3600, micro), micro
+        except VariantFailed as exc:
+            tried = micro or PRESETS[preset][1][4]
+            if not (prefix and exc.out_of_memory and tried > 1):
+                raise
+            result.setdefault(f"{prefix}plain_out_of_memory_at_micro_batch", []).append(tried)
+            micro = tried // 2
 
 
 def dapo_vs_plain(preset: str, device: str, reps: int, rounds: int, rows: list, result: dict, prefix: str = "") -> None:
@@ -358,24 +350,12 @@ def dapo_vs_plain(preset: str, device: str, reps: int, rounds: int, rows: list, 
     hits both alike); the median step time over all rounds, the largest peak."""
     runs: dict[str, list[dict]] = {"dapo": [], "plain": []}
     load = os.getloadavg()[0]
-    plain_micro_batch = None  # the preset's; halved while the plain step does not fit on the accelerator
+    plain_micro_batch = None  # the preset's, until it does not fit
     try:
         for _ in range(rounds):
-            for variant in ("dapo", "plain"):
-                while True:
-                    micro = plain_micro_batch if variant == "plain" else None
-                    try:
-                        runs[variant].append(variant_in_subprocess(variant, preset, device, reps, 3600, micro))
-                        break
-                    except VariantFailed as exc:
-                        smaller = (micro or PRESETS[preset][1][4]) // 2
-                        if not (prefix and variant == "plain" and exc.out_of_memory and smaller >= 1):
-                            raise
-                        # the plain step's full [rows, length, vocab] logits do not fit: say so, and
-                        # compare with the largest micro-batch that does (DAPO keeps the preset's)
-                        result.setdefault(f"{prefix}plain_out_of_memory_at_micro_batch", []).append(
-                            micro or PRESETS[preset][1][4])
-                        plain_micro_batch = smaller
+            runs["dapo"].append(variant_in_subprocess("dapo", preset, device, reps, 3600))
+            plain, plain_micro_batch = plain_that_fits(preset, device, reps, plain_micro_batch, result, prefix)
+            runs["plain"].append(plain)
     except VariantFailed as exc:
         if not prefix:
             raise
@@ -392,7 +372,8 @@ def dapo_vs_plain(preset: str, device: str, reps: int, rounds: int, rows: list, 
                             "step_s": step_s, "cpu_s": cpu_s}
     first = runs["dapo"][0]
     ratio = figures["dapo"]["tok_s"] / figures["plain"]["tok_s"]
-    padding = 1 - first["tokens"] / first["padded_tokens"]
+    plain_first = runs["plain"][0]
+    padding = 1 - plain_first["tokens"] / plain_first["padded_tokens"]
     result.update({
         f"{prefix}dapo_over_plain_step": ratio,
         f"{prefix}dapo_tok_s": figures["dapo"]["tok_s"], f"{prefix}plain_tok_s": figures["plain"]["tok_s"],
@@ -400,7 +381,7 @@ def dapo_vs_plain(preset: str, device: str, reps: int, rounds: int, rows: list, 
         f"{prefix}dapo_vs_plain_model": f"Qwen3 shape '{preset}', {first['params'] / 1e6:.0f}M params, "
                                         f"vocab {first['vocab']}, {first['dtype']}, {first['device']}",
         f"{prefix}dapo_vs_plain_tokens": first["tokens"], f"{prefix}plain_padding_share": padding,
-        f"{prefix}dapo_vs_plain_load_1m": load,
+        f"{prefix}dapo_vs_plain_load_1m": load, f"{prefix}plain_micro_batch": plain_first["micro_batch_size"],
         # process CPU seconds per step: less sensitive than wall time to other processes on a shared machine
         f"{prefix}dapo_over_plain_step_cpu_time": figures["plain"]["cpu_s"] / figures["dapo"]["cpu_s"],
     })
@@ -408,12 +389,8 @@ def dapo_vs_plain(preset: str, device: str, reps: int, rounds: int, rows: list, 
     rows.append((f"DAPO update, {where}", f"{figures['dapo']['tok_s']:.0f} tok/s",
                  f"peak {figures['dapo']['peak_mb']:.0f} MB; {first['sequences']} seqs, {first['tokens']} real tokens, "
                  f"micro-batch {first['micro_batch_size']}, packed"))
-    plain_first = runs["plain"][0]
-    result[f"{prefix}plain_micro_batch"] = plain_first["micro_batch_size"]
-    plain_padding = 1 - plain_first["tokens"] / plain_first["padded_tokens"]
-    result[f"{prefix}plain_padding_share"] = plain_padding
     rows.append((f"plain transformers step, {where}", f"{figures['plain']['tok_s']:.0f} tok/s",
-                 f"peak {figures['plain']['peak_mb']:.0f} MB; same tokens padded ({plain_padding:.0%} padding), "
+                 f"peak {figures['plain']['peak_mb']:.0f} MB; same tokens padded ({padding:.0%} padding), "
                  f"micro-batch {plain_first['micro_batch_size']}"
                  + (f" (out of memory at {result[f'{prefix}plain_out_of_memory_at_micro_batch']})"
                     if f"{prefix}plain_out_of_memory_at_micro_batch" in result else "")))
@@ -565,7 +542,9 @@ def main() -> None:
         sync_row(args.sync_model, cpu, tokenizer, reps, rows, result, prefix="", sync_threads=args.sync_threads)
     if e2e_arith:
         say(f"  3. end to end, arith task, {steps} steps")
-        arith_e2e(steps, rows, result)
+        import arith_rl  # bench/ is the script's folder, so on sys.path
+
+        arith_rl.trainer_section(steps, rows, result)
     if metrics:
         curve = [round(r["reward_mean_all"], 3) for r in metrics]
         k = min(3, len(metrics) // 2) or 1
